@@ -1,0 +1,99 @@
+"""The ingestion service: validation, all-or-nothing, idempotency, stats and advantages."""
+
+import math
+
+import pytest
+
+from tests.conftest import make_group
+from training import stats
+from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout
+
+
+def _counts():
+    return (Group.objects.count(), Rollout.objects.count(), RewardScore.objects.count(),
+            GroupComponentStat.objects.count())
+
+
+def test_it_stores_groups_rollouts_scores_and_stats(run):
+    body = {"groups": [make_group(0, "p1", [{"correct": 1, "format": 1}, {"correct": 0, "format": 1},
+                                            {"correct": 1, "format": 1}, {"correct": 0, "format": 1}])]}
+    res = ingest_groups(run, body)
+    assert (res.groups, res.rollouts) == (1, 4)
+    g = Group.objects.get()
+    assert g.size == 4 and not g.zero_std
+    fmt = GroupComponentStat.objects.get(component__name="format")
+    assert fmt.std == 0 and fmt.zero_std and fmt.mean == 1
+    cor = GroupComponentStat.objects.get(component__name="correct")
+    assert cor.std == pytest.approx(math.sqrt(1 / 3))
+    assert not GroupComponentStat.objects.filter(component__name="penalty").exists()  # never scored
+
+
+def test_it_computes_advantages_with_the_trl_formula_when_absent(run):
+    vals = [{"correct": 1, "format": 0}, {"correct": 0, "format": 1}, {"correct": 1, "format": 1}]
+    ingest_groups(run, {"groups": [make_group(0, "p", vals)]})
+    got = list(Rollout.objects.order_by("index").values_list("advantage", "reward"))
+    expected = stats.compute_advantages([[1, 0, math.nan], [0, 1, math.nan], [1, 1, math.nan]], [1.0, 0.5, 0.2],
+                                        group_size=3)
+    assert [a for a, _ in got] == pytest.approx(expected.advantages.tolist())
+    assert [r for _, r in got] == pytest.approx([1.0, 0.5, 1.5])
+
+
+def test_it_keeps_advantages_the_trainer_sent(run):
+    g = make_group(0, "p", [{"correct": 1}, {"correct": 0}])
+    g["rollouts"][0]["advantage"], g["rollouts"][1]["advantage"] = 0.25, -0.25
+    ingest_groups(run, {"groups": [g]})
+    assert sorted(Rollout.objects.values_list("advantage", flat=True)) == [-0.25, 0.25]
+
+
+def test_it_is_idempotent_on_step_and_key(run):
+    body = {"groups": [make_group(0, "a", [{"correct": 1}, {"correct": 0}]),
+                       make_group(1, "a", [{"correct": 1}, {"correct": 1}])]}
+    ingest_groups(run, body)
+    before = _counts()
+    res = ingest_groups(run, body)
+    assert res.groups == 0 and res.skipped_groups == 2
+    assert _counts() == before
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(unknown=1.0), "groups[1].rollouts[0].rewards.unknown"),
+        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct="high"),
+         "groups[1].rollouts[0].rewards.correct"),
+        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct=float("inf")),
+         "groups[1].rollouts[0].rewards.correct"),
+        (lambda b: b["groups"][1]["rollouts"][1].update(index=0), "groups[1].rollouts[1].index"),
+        (lambda b: b["groups"][1].update(step=-1), "groups[1].step"),
+        (lambda b: b["groups"][1].update(split="test"), "groups[1].split"),
+        (lambda b: b["groups"][1]["rollouts"][0].pop("completion"), "groups[1].rollouts[0]"),
+        (lambda b: b["groups"][1]["rollouts"][0].update(transcript=[{"role": "robot", "content": "x"}]),
+         "groups[1].rollouts[0]"),
+        (lambda b: b["groups"][1]["rollouts"].extend([b["groups"][1]["rollouts"][0]] * 1030), "groups[1].rollouts"),
+        (lambda b: b["groups"].append(dict(b["groups"][0])), "groups[2].key"),
+    ],
+)
+def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(run, mutate, field):
+    body = {"groups": [make_group(0, "good", [{"correct": 1}, {"correct": 0}]),
+                       make_group(0, "bad", [{"correct": 1}, {"correct": 0}])]}
+    mutate(body)
+    with pytest.raises(IngestError) as e:
+        ingest_groups(run, body)
+    assert any(err["field"].startswith(field) for err in e.value.errors), e.value.errors
+    assert _counts() == (0, 0, 0, 0)
+
+
+def test_it_accepts_multi_turn_transcripts_and_null_scores(run):
+    transcript = [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None, "tool_calls": [{"name": "run", "arguments": {"x": 1}}]},
+                  {"role": "tool", "name": "run", "content": "ok"},
+                  {"role": "assistant", "content": "done"}]
+    g = {"step": 2, "key": "k", "prompt": [{"role": "user", "content": "hi"}],
+         "rollouts": [{"index": 0, "transcript": transcript, "rewards": {"correct": None}},
+                      {"index": 1, "transcript": transcript, "rewards": {"correct": {"value": 1.0, "reason": "ok"}}}]}
+    ingest_groups(run, {"groups": [g]})
+    r0, r1 = Rollout.objects.order_by("index")
+    assert r0.completion == "done" and r0.reward is None and r0.advantage == 0.0
+    assert RewardScore.objects.get(rollout=r1).reason == "ok"
+    assert Group.objects.get().prompt_text.startswith("user: hi")

@@ -1,0 +1,184 @@
+"""Shared plumbing for the job runners: device choice, model/tokenizer loading, LoRA config, environments,
+JSONL datasets, and a callback that reports progress, logs and metrics to a sink."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from training.environments.base import Environment
+    from training.sinks import Sink
+
+ProgressFn = Callable[[int, int], None]  # (step, total)
+
+
+# --------------------------------------------------------------------------------------------------
+# Device
+
+
+def resolve_device(device: str = "auto") -> str:
+    """'auto' is CUDA when present, else CPU. Anything else is returned as given ('cpu', 'cuda:1')."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def trainer_device_kwargs(device: str) -> dict[str, Any]:
+    """TrainingArguments fields for `device`: fp32 on CPU (TRL defaults bf16=True), bf16 where CUDA has it."""
+    import torch
+
+    if device.startswith("cuda"):
+        return {"use_cpu": False, "bf16": bool(torch.cuda.is_bf16_supported())}
+    return {"use_cpu": True, "bf16": False}
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    return Path(path, "adapter_config.json").exists()
+
+
+def load_tokenizer(path: str, *, padding_side: str = "left"):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side=padding_side)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, device: str = "cpu", *, dtype: str = "auto"):
+    """A causal LM from a folder or hub id. A LoRA adapter folder (an SFT run's output) is loaded on its
+    base model and merged, so the next stage starts from plain weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = _dtype(dtype, device)
+    if is_adapter_dir(path):
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model = model.merge_and_unload()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return model.to(device)
+
+
+def _dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def lora_config(rank: int, alpha: int, dropout: float = 0.0, target_modules: str | list[str] = "all-linear"):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
+
+
+def save_final(trainer, tokenizer, output_dir: str | os.PathLike) -> None:
+    """Save the trained weights (or adapter) and the tokenizer at the top of `output_dir`."""
+    trainer.save_model(str(output_dir))
+    tokenizer.save_pretrained(str(output_dir))
+
+
+# --------------------------------------------------------------------------------------------------
+# Environments
+
+
+def get_env(name: str) -> "Environment":
+    try:
+        from training.environments import get_environment  # the registry, when it exists
+    except ImportError:
+        get_environment = None
+    if get_environment is not None:
+        return get_environment(name)
+    if name == "diagram":
+        from training.environments.diagram import DiagramEnvironment
+
+        return DiagramEnvironment()
+    raise ValueError(f"env: unknown environment {name!r}")
+
+
+def chat_prompt(text: str, messages: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    return list(messages) if messages else [{"role": "user", "content": text}]
+
+
+# --------------------------------------------------------------------------------------------------
+# JSONL
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def load_records(data: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A dataset given either as a JSONL path or as records already in memory."""
+    return read_jsonl(data) if isinstance(data, (str, os.PathLike)) else list(data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reporting
+
+
+def make_reporting_callback(sink: "Sink | None", progress: ProgressFn | None, *, metrics: bool = True):
+    """A TrainerCallback that forwards progress and (optionally) TRL's logged metrics to the sink.
+
+    Metrics are forwarded verbatim (TRL's own keys); None/NaN/non-numeric values are dropped because the
+    ingestion schema holds floats. GRPO runs pass metrics=False: the RolloutRecorder forwards them."""
+    from transformers import TrainerCallback
+
+    class ReportingCallback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                if progress is not None:
+                    progress(state.global_step, state.max_steps)
+                if sink is not None:
+                    sink.progress(state.global_step, state.max_steps)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or sink is None or not logs:
+                return
+            if metrics:
+                values = numeric_metrics(logs)
+                if values:
+                    sink.write_metrics(state.global_step, values)
+            sink.log(f"step {state.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in numeric_metrics(logs).items()))
+
+    return ReportingCallback()
+
+
+def numeric_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    import math
+
+    out: dict[str, float] = {}
+    for k, v in logs.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if math.isfinite(float(v)):
+            out[k] = float(v)
+    return out

@@ -1,0 +1,179 @@
+"""GRPO on an environment's reward components, with every rollout recorded.
+
+    python -m training.grpo --config grpo.json [--jsonl-sink rollouts.jsonl]
+
+The components become TRL reward functions (training/rewards.py) weighted by the environment's weights;
+the RolloutRecorder stores each completion's component values, reasons and TRL's own advantage.
+`init_from` starts from an SFT run (its adapter is merged first), so "SFT buys syntax, RL optimises".
+Outputs: `output_dir/model` (final adapter or weights + tokenizer), `output_dir/config.json` (this
+resolved config), TRL checkpoints under `output_dir/checkpoint-N` when save_steps > 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.common import (
+    ProgressFn,
+    chat_prompt,
+    get_env,
+    load_model,
+    load_tokenizer,
+    lora_config,
+    make_reporting_callback,
+    resolve_device,
+    save_final,
+)
+from training.config import TrainJobConfig, cli, help_field
+from training.sinks import Sink
+
+GRPO_DEFAULT_LR = 1e-6  # TRL's GRPOConfig default for full fine-tuning
+LORA_LR_FACTOR = 10  # LoRA wants ~10x the full-FT learning rate
+
+
+@dataclass
+class GRPOJobConfig(TrainJobConfig):
+    """GRPO on an environment's reward components (TRL GRPOTrainer)."""
+
+    init_from: str | None = help_field(None, "an SFT run's output dir (or model dir) to start from instead of base_model")
+    num_prompts: int = help_field(256, "training prompts drawn from the environment's train split")
+    num_generations: int = help_field(8, "G: completions per prompt (the group)")
+    per_device_batch_size: int = help_field(16, "completions per device per micro-step; a multiple of num_generations")
+    max_completion_length: int = help_field(256, "max new tokens per completion (truncated beyond)")
+    temperature: float = help_field(1.0, "sampling temperature for the rollouts")
+    beta: float = help_field(0.0, "KL coefficient against the reference (start) policy; 0 skips the reference")
+    epsilon: float = help_field(0.2, "PPO-style clip range of the importance ratio")
+    num_iterations: int = help_field(1, "optimisation passes per generation batch (mu in the GRPO paper)")
+    scale_rewards: str = help_field("group", "advantage scaling: 'group' std, 'batch' std, or 'none'")
+    loss_type: str = help_field("dapo", "TRL loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo")
+    multi_objective_aggregation: str = help_field(
+        "sum_then_normalize", "combine components: 'sum_then_normalize' (GRPO) or 'normalize_then_sum' (GDPO)"
+    )
+    reward_weights: list[float] | None = help_field(None, "per-component weights; None uses the environment's")
+    mask_truncated_completions: bool = help_field(False, "exclude truncated completions from the loss")
+    record: bool = help_field(True, "record rollouts and metrics into the sink (RolloutRecorder)")
+    record_state: bool = help_field(False, "also store the environment state (e.g. rendered SVG) per rollout")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_prompts < 1:
+            raise ValueError("num_prompts: must be >= 1")
+        if self.num_generations < 2:
+            raise ValueError("num_generations: GRPO needs at least 2 completions per prompt")
+        if self.per_device_batch_size % self.num_generations:
+            raise ValueError("per_device_batch_size: must be a multiple of num_generations (whole groups)")
+        if self.max_completion_length < 1:
+            raise ValueError("max_completion_length: must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature: must be > 0")
+        if self.beta < 0:
+            raise ValueError("beta: must be >= 0")
+        if self.num_iterations < 1:
+            raise ValueError("num_iterations: must be >= 1")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError("scale_rewards: must be 'group', 'batch' or 'none'")
+        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"):
+            raise ValueError(f"loss_type: unknown loss {self.loss_type!r}")
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            raise ValueError("multi_objective_aggregation: must be 'sum_then_normalize' or 'normalize_then_sum'")
+
+
+def resolve_model_dir(path: str) -> str:
+    """A run's output dir holds the model under model/; a model dir or hub id is used as given."""
+    candidate = Path(path) / "model"
+    if candidate.is_dir() and ((candidate / "config.json").exists() or (candidate / "adapter_config.json").exists()):
+        return str(candidate)
+    return path
+
+
+def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from training.recorder import RolloutRecorder
+    from training.rewards import environment_reward_funcs
+
+    device = resolve_device(config.device)
+    out = Path(config.output_dir)
+    config.save(out, kind="grpo")
+
+    # Data: the environment's train prompts as chat prompts, with their key for the reward lookup.
+    env = get_env(config.env)
+    prompts = env.prompts("train", config.num_prompts, seed=config.seed)
+    dataset = Dataset.from_list([{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts])
+    reward_funcs, weights = environment_reward_funcs(env, prompts)
+    if config.reward_weights is not None:
+        if len(config.reward_weights) != len(reward_funcs):
+            raise ValueError(f"reward_weights: expected {len(reward_funcs)} weights (one per component)")
+        weights = list(config.reward_weights)
+
+    # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on top when use_lora.
+    source = resolve_model_dir(config.init_from or config.base_model)
+    model = load_model(source, device)
+    tokenizer = load_tokenizer(source)
+
+    lr = GRPO_DEFAULT_LR * (LORA_LR_FACTOR if config.use_lora else 1)
+    args = GRPOConfig(
+        **config.trainer_kwargs(device, default_lr=lr),
+        num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length,
+        temperature=config.temperature,
+        beta=config.beta,
+        epsilon=config.epsilon,
+        num_iterations=config.num_iterations,
+        scale_rewards=config.scale_rewards,
+        loss_type=config.loss_type,
+        multi_objective_aggregation=config.multi_objective_aggregation,
+        reward_weights=weights,
+        mask_truncated_completions=config.mask_truncated_completions,
+    )
+    recording = config.record and sink is not None
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(config.lora_rank, config.resolved_lora_alpha, config.lora_dropout)
+        if config.use_lora
+        else None,
+        callbacks=[make_reporting_callback(sink, progress, metrics=not recording)],
+    )
+    recorder = None
+    if recording:
+        by_key = {p.key: p for p in prompts}
+        state_fn = (lambda key, _prompt, completion: env.state(by_key[key], completion)) if config.record_state else None
+        recorder = RolloutRecorder.attach(trainer, sink, state_fn=state_fn)
+
+    try:
+        result = trainer.train()
+    finally:
+        if recorder is not None:
+            recorder.close()  # drains the queue; the caller's sink stays open
+    model_dir = out / "model"
+    save_final(trainer, tokenizer, model_dir)
+    config.save(model_dir, kind="grpo", filename="job_config.json")  # config beside the weights too: the model dir is what gets shared
+    last = _last_logged(trainer)
+    return {
+        "kind": "grpo",
+        "output_dir": str(out),
+        "model_dir": str(model_dir),
+        "global_step": result.global_step,
+        "train_loss": result.training_loss,
+        "reward": last.get("reward"),
+        "last_metrics": last,
+        "groups_recorded": recorder.groups_written if recorder else 0,
+    }
+
+
+def _last_logged(trainer) -> dict[str, float]:
+    for entry in reversed(trainer.state.log_history):
+        if "reward" in entry or "loss" in entry:
+            return {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+    return {}
+
+
+if __name__ == "__main__":
+    cli(GRPOJobConfig, main)

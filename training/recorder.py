@@ -1,0 +1,355 @@
+"""RolloutRecorder: records every GRPO rollout (prompt, completion, each reward component's value and
+reason, group, advantage) and every metric TRL logs, into a sink. Works for our jobs and for anyone's
+TRL script:
+
+    from training.recorder import RolloutRecorder
+    trainer = GRPOTrainer(..., callbacks=[RolloutRecorder(url="http://app:8000", token="KEY", run="42")])
+
+or, with a trainer already built (and any sink):
+
+    RolloutRecorder.attach(trainer, sink=JsonlSink("rollouts.jsonl"))
+
+Where the numbers come from (TRL 1.16, `GRPOTrainer._generate_and_score_completions`): after each
+generation TRL appends the gathered (all-process) prompts, completions, per-function rewards (NaN for
+None) and the advantages it trains on to `trainer._logs`, deques of length `generation_batch_size`.
+The recorder reads those values, never re-computes them, so a recorded advantage is TRL's advantage.
+Rows are in TRL's order, where each run of `num_generations` consecutive rows is one prompt's group:
+`RepeatSampler` yields each prompt index `num_generations` times in a row, and the advantage code
+groups with `rewards.view(-1, num_generations)`.
+
+What TRL does not log (reasons, prompt keys, token lengths) comes from thin wrappers around the reward
+functions, which pass it through TRL's own `log_extra` hook, so TRL gathers it across processes into
+`trainer._logs["extra"]`, row-aligned with everything else. A reward function may also return
+`Score(value, reason)` objects or `(value, reason)` tuples: the wrapper hands TRL the values and
+records the reasons.
+
+Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
+(background thread) unless you pass `background=False`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+from typing import Any, Callable
+
+from transformers import Trainer, TrainerCallback
+
+from training.common import numeric_metrics
+from training.rewards import REASON_PREFIX
+from training.sinks import BatchingSink, HttpSink, JsonlSink, Sink
+
+KEY_COLUMN = "recorder/key"
+LENGTH_COLUMN = "recorder/length"
+TRUNCATED_COLUMN = "recorder/truncated"
+
+StateFn = Callable[[str, Any, Any], dict[str, Any] | None]  # (key, prompt, completion) -> env state
+
+
+def prompt_key(prompt: Any) -> str:
+    """Stable group key for a prompt without a dataset "key" column: a hash of its text / messages."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return "p-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _split_outputs(outputs: list[Any]) -> tuple[list[float | None], list[str] | None]:
+    """Values for TRL and reasons (None when the function gave none) from a reward function's output."""
+    values: list[float | None] = []
+    reasons: list[str] = []
+    has_reasons = False
+    for out in outputs:
+        if hasattr(out, "value") and hasattr(out, "reason"):  # training.environments.base.Score
+            v, r, has_reasons = out.value, out.reason, True
+        elif isinstance(out, tuple) and len(out) == 2:
+            (v, r), has_reasons = out, True
+        else:
+            v, r = out, ""
+        if v is not None:
+            v = float(v)
+            if math.isnan(v):
+                v = None
+        values.append(v)
+        reasons.append("" if r is None else str(r))
+    return values, (reasons if has_reasons else None)
+
+
+class RolloutRecorder(TrainerCallback):
+    """TrainerCallback + reward-function wrappers that record GRPO rollouts and metrics into a sink.
+
+    Give exactly one destination: `sink` (any `training.sinks.Sink`), `url`+`token`+`run` (HttpSink,
+    spooling to `spool` when the server is down) or `jsonl` (JsonlSink). `split` labels the groups.
+    `state_fn(key, prompt, completion)` may add environment state to each rollout (e.g. a rendered
+    canvas); it runs on the training thread, so keep it cheap or leave it None."""
+
+    def __init__(
+        self,
+        sink: Sink | None = None,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        run: str | int | None = None,
+        spool: str | None = None,
+        jsonl: str | None = None,
+        split: str = "train",
+        background: bool = True,
+        record_metrics: bool = True,
+        state_fn: StateFn | None = None,
+    ) -> None:
+        given = [x is not None for x in (sink, url, jsonl)]
+        if sum(given) != 1:
+            raise ValueError("sink: give exactly one of sink=, url= (with token= and run=) or jsonl=")
+        self._owns_inner = sink is None
+        if url is not None:
+            if token is None or run is None:
+                raise ValueError("token: url= needs token= and run=")
+            sink = HttpSink(url, token, run, spool_path=spool)
+        elif jsonl is not None:
+            sink = JsonlSink(jsonl)
+        # The recorder closes only what it created; a caller's own sink stays open for the caller.
+        self.sink: Sink = BatchingSink(sink, close_inner=self._owns_inner) if background else sink  # type: ignore[arg-type]
+        self._owns_sink = background or self._owns_inner
+        self.split = split
+        self.record_metrics = record_metrics
+        self.state_fn = state_fn
+        self.trainer: Trainer | None = None
+        self._pending = 0  # train-mode generations scored since the last emission
+        self._wrapped_any = False
+        self.groups_written = 0
+
+    # ---- binding to a trainer
+
+    @classmethod
+    def attach(cls, trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> "RolloutRecorder":
+        """Wrap `trainer`'s reward functions and add the callback: the whole recorder in one call."""
+        recorder = cls(sink, **kwargs)
+        recorder.bind(trainer)
+        trainer.add_callback(recorder)
+        return recorder
+
+    def bind(self, trainer: Trainer) -> None:
+        if self.trainer is trainer:
+            return
+        self.trainer = trainer
+        funcs = getattr(trainer, "reward_funcs", None)
+        if funcs is None:
+            return  # not a GRPO-style trainer: only metrics are recorded
+        names = trainer.reward_func_names
+        first = True
+        for i, func in enumerate(funcs):
+            if not callable(func) or hasattr(func, "parameters"):  # nn.Module reward models: TRL scores them
+                continue
+            if getattr(func, "_recorder", None) is self:
+                first = False
+                continue
+            funcs[i] = self._wrap(func, names[i], first)
+            first = False
+            self._wrapped_any = True
+
+    def _wrap(self, func: Callable, name: str, first: bool) -> Callable:
+        recorder = self
+
+        def after(outputs: list[Any], kwargs: dict[str, Any]) -> list[float | None]:
+            values, reasons = _split_outputs(list(outputs))
+            log_extra = kwargs.get("log_extra")
+            if log_extra is not None:
+                if reasons is not None:
+                    log_extra(REASON_PREFIX + name, reasons)
+                if first:
+                    recorder._log_row_facts(kwargs, log_extra)
+            return values
+
+        if inspect.iscoroutinefunction(func):
+
+            async def wrapped(*args: Any, **kwargs: Any) -> list[float | None]:
+                return after(await func(*args, **kwargs), kwargs)
+
+        else:
+
+            def wrapped(*args: Any, **kwargs: Any) -> list[float | None]:
+                return after(func(*args, **kwargs), kwargs)
+
+        wrapped.__name__ = name
+        wrapped.__qualname__ = name
+        wrapped.__wrapped__ = func  # type: ignore[attr-defined]
+        wrapped._recorder = self  # type: ignore[attr-defined]
+        return wrapped
+
+    def _log_row_facts(self, kwargs: dict[str, Any], log_extra: Callable) -> None:
+        """Key, token length and truncation per row, logged once per generation (by the first function)."""
+        trainer = self.trainer
+        prompts = kwargs.get("prompts") or []
+        keys = kwargs.get("key") or [prompt_key(p) for p in prompts]
+        log_extra(KEY_COLUMN, [str(k) for k in keys])
+        ids = kwargs.get("completion_ids")
+        if ids is not None and trainer is not None:
+            stop = {*getattr(trainer, "eos_token_ids", []), getattr(trainer._tokenizer, "pad_token_id", None)}
+            log_extra(LENGTH_COLUMN, [len(x) for x in ids])
+            # TRL's own definition (completions/clipped_ratio): the last token is neither eos nor pad
+            log_extra(TRUNCATED_COLUMN, [bool(len(x)) and x[-1] not in stop for x in ids])
+        if trainer is not None and trainer.model.training:
+            self._pending += 1
+
+    # ---- callback events
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self._bind_from_stack()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._bind_from_stack()
+
+    def _bind_from_stack(self) -> None:
+        """`callbacks=[RolloutRecorder(...)]` gives the callback no trainer reference; the Trainer calling
+        us is the `self` of a frame up the stack (Trainer.__init__ / Trainer.train)."""
+        if self.trainer is not None:
+            return
+        frame = inspect.currentframe()
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer):
+                self.bind(candidate)
+                return
+            frame = frame.f_back
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer is None or not hasattr(self.trainer, "_logs"):
+            return
+        if self._generated_this_step(args):
+            self._pending = 0
+            if state.is_world_process_zero:
+                groups = self.collect_groups(state.global_step)
+                if groups:
+                    self.sink.write_groups(groups)
+                    self.groups_written += len(groups)
+
+    def _generated_this_step(self, args) -> bool:
+        if self._wrapped_any:
+            return self._pending > 0
+        # No wrappable reward function (reward models only): TRL generates on micro-steps where
+        # _step % (steps_per_generation * num_iterations) == 0; this optimizer step spanned the last GA ones.
+        t = self.trainer
+        every = args.steps_per_generation * t.num_iterations
+        end = t._step
+        return any(m % every == 0 for m in range(end - t.current_gradient_accumulation_steps, end))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.record_metrics and state.is_world_process_zero and logs:
+            values = numeric_metrics(logs)
+            if values:
+                self.sink.write_metrics(state.global_step, values)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.flush()
+
+    # ---- reading TRL's values
+
+    def collect_groups(self, step: int) -> list[dict[str, Any]]:
+        """The last generation batch as ingestion groups, read from TRL's `_logs`."""
+        t = self.trainer
+        logs = t._logs
+        advantages = list(logs["advantages"])
+        n = len(advantages)
+        prompts, completions = list(logs["prompt"]), list(logs["completion"])
+        names = list(t.reward_func_names)
+        rewards = {name: list(logs["rewards"][name]) for name in names}
+        extra = {col: list(vals) for col, vals in logs["extra"].items() if len(vals) == n}
+        g = t.num_generations if t.model.training else t.num_generations_eval
+        if n == 0 or n % g or len(prompts) != n:
+            return []
+        keys = extra.get(KEY_COLUMN) or [prompt_key(p) for p in prompts]
+        lengths = extra.get(LENGTH_COLUMN)
+        truncated = extra.get(TRUNCATED_COLUMN)
+        weights = [float(w) for w in t.reward_weights.tolist()]
+        seen: dict[str, int] = {}
+        groups = []
+        for start in range(0, n, g):
+            key = str(keys[start])
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > 1:  # the same prompt twice in one batch: keys must be unique within a step
+                key = f"{key}#{seen[key]}"
+            rollouts = []
+            for j in range(g):
+                row = start + j
+                completion = completions[row]
+                rollout: dict[str, Any] = {"index": j}
+                if isinstance(completion, str):
+                    rollout["completion"] = completion
+                else:
+                    rollout["transcript"] = _jsonable(completion)
+                rollout["rewards"] = {
+                    name: {"value": _value(rewards[name][row]), "reason": _reason(extra, name, row)} for name in names
+                }
+                rollout["reward"] = _aggregate([rewards[name][row] for name in names], weights)
+                rollout["advantage"] = float(advantages[row])
+                rollout["length"] = int(lengths[row]) if lengths else self._count_tokens(completion)
+                is_trunc = bool(truncated[row]) if truncated else False
+                rollout["truncated"] = is_trunc
+                rollout["finish_reason"] = "length" if is_trunc else "stop"
+                if self.state_fn is not None:
+                    state_value = self.state_fn(str(keys[start]), prompts[row], completion)
+                    if state_value is not None:
+                        rollout["state"] = state_value
+                rollouts.append(rollout)
+            groups.append({
+                "step": int(step),
+                "key": key,
+                "prompt": _jsonable(prompts[start]),
+                "split": self.split,
+                "rollouts": rollouts,
+            })
+        return groups
+
+    def _count_tokens(self, completion: Any) -> int:
+        from training.environments.diagram import completion_text  # plain text of str or messages
+
+        tok = getattr(self.trainer, "_tokenizer", None) or self.trainer.processing_class
+        return len(tok(completion_text(completion), add_special_tokens=False)["input_ids"])
+
+    # ---- lifecycle
+
+    def flush(self) -> None:
+        """Block until everything recorded so far has reached the sink's destination."""
+        flush = getattr(self.sink, "flush", None)
+        if flush is not None:
+            flush()
+
+    def close(self) -> None:
+        """Drain the queue and close the sink if the recorder created it (a caller's sink stays open)."""
+        if self._owns_sink:
+            self.sink.close()
+
+
+def record(trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> RolloutRecorder:
+    """Alias of `RolloutRecorder.attach`."""
+    return RolloutRecorder.attach(trainer, sink, **kwargs)
+
+
+def _value(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def _aggregate(values: list[Any], weights: list[float]) -> float | None:
+    """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when no function scored."""
+    scored = [(float(v), w) for v, w in zip(values, weights) if v is not None and not math.isnan(float(v))]
+    return sum(v * w for v, w in scored) if scored else None
+
+
+def _reason(extra: dict[str, list[Any]], name: str, row: int) -> str:
+    reasons = extra.get(REASON_PREFIX + name)
+    r = reasons[row] if reasons else None
+    return "" if r is None else str(r)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Chat messages may carry non-JSON objects (images): keep the JSON-able parts, stringify the rest."""
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return str(obj)

@@ -1,0 +1,374 @@
+"""Where recorded rollouts, metrics, logs and progress go.
+
+A sink implements the `Sink` protocol. Records use the ingestion format the web app takes verbatim:
+
+    group   = {"step", "key", "prompt", "split", "rollouts": [{"index", "completion" | "transcript",
+               "rewards": {name: {"value", "reason"}}, "advantage", "length", "truncated", ...}]}
+    metrics = {"step", "values": {TRL's logged keys: float}}
+
+- `JsonlSink(path)`: one JSON object per line, {"type": "group"|"metrics"|"log"|"progress", ...}; the
+  offline format, importable later.
+- `MemorySink()`: keeps everything in lists (tests).
+- `HttpSink(base_url, token, run_id)`: POSTs to the app's API, batched, retried with exponential backoff,
+  never raising into training; whatever cannot be delivered goes to a spool JSONL file that
+  `python -m training.sinks upload SPOOL --url URL --token KEY --run ID` sends later.
+- `BatchingSink(inner)`: a background thread and a queue, so the training loop never waits on I/O.
+
+The database sink lives in workers/ and implements the same protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Sink(Protocol):
+    def write_groups(self, groups: list[dict[str, Any]]) -> None: ...
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None: ...
+
+    def log(self, line: str) -> None: ...
+
+    def progress(self, step: int, total: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None (JSON has no NaN; the schema says value: float | None)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.groups: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.logs: list[str] = []
+        self.progress_events: list[tuple[int, int]] = []
+        self.closed = False
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.groups.extend(_clean(groups))
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        self.metrics.append({"step": int(step), "values": _clean(dict(values))})
+
+    def log(self, line: str) -> None:
+        self.logs.append(line)
+
+    def progress(self, step: int, total: int) -> None:
+        self.progress_events.append((int(step), int(total)))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class JsonlSink:
+    """Append-only JSONL; each write is flushed so a crashed run keeps everything written before."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(_clean(r), ensure_ascii=False) + "\n" for r in records)
+        with self._lock:
+            self._f.write(text)
+            self._f.flush()
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._write([{"type": "group", **g} for g in groups])
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        self._write([{"type": "metrics", "step": int(step), "values": dict(values)}])
+
+    def log(self, line: str) -> None:
+        self._write([{"type": "log", "line": line, "time": time.time()}])
+
+    def progress(self, step: int, total: int) -> None:
+        self._write([{"type": "progress", "step": int(step), "total": int(total)}])
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._f.closed:
+                self._f.close()
+
+
+def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
+    """Split a JsonlSink file back into {"groups", "metrics", "logs", "progress"} (type field removed)."""
+    out: dict[str, list[Any]] = {"groups": [], "metrics": [], "logs": [], "progress": []}
+    plural = {"group": "groups", "metrics": "metrics", "log": "logs", "progress": "progress"}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                out[plural[rec.pop("type")]].append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class HttpSink:
+    """Posts groups and metrics to the web app's API; logs and progress are kept local (see `log_path`).
+
+    Every `batch_size` groups (or on flush/close) one POST goes out. A connection error or 5xx is retried
+    `retries` times with exponential backoff (backoff, 2*backoff, ...); if it still fails, or the server
+    answers 4xx (a request that will never succeed as is), the batch is appended to the spool file and
+    training continues. Once the server has failed, later batches skip straight to the spool for
+    `cooldown` seconds, so a dead server costs one timeout, not one per step."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        run_id: str | int,
+        *,
+        spool_path: str | os.PathLike | None = None,
+        batch_size: int = 64,
+        retries: int = 3,
+        backoff: float = 0.5,
+        timeout: float = 10.0,
+        cooldown: float = 30.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.run_id = str(run_id)
+        self.spool_path = Path(spool_path) if spool_path else Path(f"spool-run-{self.run_id}.jsonl")
+        self.batch_size = batch_size
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.cooldown = cooldown
+        self._groups: list[dict[str, Any]] = []
+        self._metrics: list[dict[str, Any]] = []
+        self._down_until = 0.0
+        self.sent = {"groups": 0, "metrics": 0}
+        self.spooled = {"groups": 0, "metrics": 0}
+
+    # ---- Sink protocol
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._groups.extend(_clean(groups))
+        if len(self._groups) >= self.batch_size:
+            self._flush_groups()
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        self._metrics.append({"step": int(step), "values": _clean(dict(values))})
+        if len(self._metrics) >= self.batch_size:
+            self._flush_metrics()
+
+    def log(self, line: str) -> None:
+        logger.info(line)
+
+    def progress(self, step: int, total: int) -> None:
+        pass  # the app derives progress from the metrics it receives
+
+    def flush(self) -> None:
+        self._flush_groups()
+        self._flush_metrics()
+
+    def close(self) -> None:
+        self.flush()
+
+    # ---- transport
+
+    def _url(self, kind: str) -> str:
+        return f"{self.base_url}/api/v1/runs/{self.run_id}/{kind}/"
+
+    def _flush_groups(self) -> None:
+        batch, self._groups = self._groups, []
+        if batch:
+            self._deliver("groups", {"groups": batch}, len(batch))
+
+    def _flush_metrics(self) -> None:
+        batch, self._metrics = self._metrics, []
+        if batch:
+            self._deliver("metrics", {"metrics": batch}, len(batch))
+
+    def _deliver(self, kind: str, payload: dict[str, Any], n: int) -> None:
+        if time.monotonic() < self._down_until or not self.post(kind, payload):
+            self._spool(kind, payload)
+            self.spooled[kind] += n
+        else:
+            self.sent[kind] += n
+
+    def post(self, kind: str, payload: dict[str, Any]) -> bool:
+        """One POST with retries. True when the server accepted it (2xx). Never raises."""
+        body = json.dumps(payload).encode()
+        for attempt in range(self.retries + 1):
+            request = urllib.request.Request(
+                self._url(kind),
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", "Authorization": f"Token {self.token}"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    response.read()
+                return True
+            except urllib.error.HTTPError as e:
+                if e.code < 500:
+                    logger.warning("HttpSink: %s rejected with %s; spooling", kind, e.code)
+                    return False
+                error: Exception = e
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                error = e
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        logger.warning("HttpSink: %s failed after %d tries (%s); spooling", kind, self.retries + 1, error)
+        self._down_until = time.monotonic() + self.cooldown
+        return False
+
+    def _spool(self, kind: str, payload: dict[str, Any]) -> None:
+        try:
+            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.spool_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"kind": kind, "payload": payload}) + "\n")
+        except OSError as e:  # never raise into training, even with a full disk
+            logger.error("HttpSink: could not spool %s: %s", kind, e)
+
+
+def upload_spool(spool_path: str | os.PathLike, base_url: str, token: str, run_id: str | int, **kwargs: Any) -> dict[str, int]:
+    """Send a spool file's batches in order. Batches that fail again are kept in the spool (rewritten in
+    place, so a later upload resumes where this one stopped); ingestion is idempotent, so a batch sent
+    twice is harmless. Returns {"sent": batches, "left": batches}."""
+    path = Path(spool_path)
+    if not path.exists():
+        return {"sent": 0, "left": 0}
+    sink = HttpSink(base_url, token, run_id, spool_path=path.with_suffix(".retry"), **kwargs)
+    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    left: list[dict[str, Any]] = []
+    sent = 0
+    for i, entry in enumerate(entries):
+        if sink.post(entry["kind"], entry["payload"]):
+            sent += 1
+        else:
+            left = entries[i:]  # server went away: keep the rest, in order, for the next attempt
+            break
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in left), encoding="utf-8")
+    os.replace(tmp, path)
+    return {"sent": sent, "left": len(left)}
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class BatchingSink:
+    """Runs another sink on a background thread. Calls return immediately; `close()` drains the queue,
+    closes the inner sink and joins the thread. An error in the inner sink is logged, never raised."""
+
+    _STOP = object()
+
+    def __init__(self, inner: Sink, *, close_inner: bool = True, max_queue: int = 10_000) -> None:
+        self.inner = inner
+        self.close_inner = close_inner  # False when the caller keeps using the inner sink afterwards
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="sink-writer", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def _put(self, item: tuple) -> None:
+        if self._closed:
+            return
+        try:
+            self._queue.put(item, timeout=60)
+        except queue.Full:
+            logger.error("BatchingSink: queue full for 60s, dropping a %s record", item[0])
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._put(("write_groups", (groups,)))
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        self._put(("write_metrics", (step, dict(values))))
+
+    def log(self, line: str) -> None:
+        self._put(("log", (line,)))
+
+    def progress(self, step: int, total: int) -> None:
+        self._put(("progress", (step, total)))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything queued so far has been handed to the inner sink (and the inner sink's
+        own `flush`, if it has one, has run)."""
+        if self._closed:
+            return
+        done = threading.Event()
+        self._put(("_flush", (done,)))
+        done.wait(timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put((self._STOP, ()))
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            method, args = self._queue.get()
+            if method is self._STOP:
+                break
+            try:
+                if method == "_flush":
+                    inner_flush = getattr(self.inner, "flush", None)
+                    if inner_flush is not None:
+                        inner_flush()
+                else:
+                    getattr(self.inner, method)(*args)
+            except Exception:  # noqa: BLE001 - a sink failure must never reach the training loop
+                logger.exception("BatchingSink: inner sink failed in %s", method)
+            finally:
+                if method == "_flush":
+                    args[0].set()
+        if self.close_inner:
+            try:
+                self.inner.close()
+            except Exception:  # noqa: BLE001
+                logger.exception("BatchingSink: inner sink failed to close")
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Sink utilities")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("upload", help="send a HttpSink spool file to the server")
+    up.add_argument("spool", help="spool JSONL file written by HttpSink")
+    up.add_argument("--url", required=True, help="base URL of the web app, e.g. http://host:8000")
+    up.add_argument("--token", required=True, help="API token")
+    up.add_argument("--run", required=True, help="run id")
+    args = parser.parse_args(argv)
+    result = upload_spool(args.spool, args.url, args.token, args.run)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from webapp.api import views
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("runs/", views.runs, name="api-runs"),
+    path("runs/<int:run_id>/groups/", views.run_groups, name="api-run-groups"),
+    path("runs/<int:run_id>/metrics/", views.run_metrics, name="api-run-metrics"),
+    path("runs/<int:run_id>/rollouts/", views.run_rollouts, name="api-run-rollouts"),
+    path("runs/<int:run_id>/finish/", views.run_finish, name="api-run-finish"),
+]

@@ -1,0 +1,190 @@
+"""REST API v1: create runs, ingest groups and metrics, query rollouts and groups.
+
+Writes need the trainer role (or ownership of the run); reads need any login. Auth: `Token <key>`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.roles import has_role
+from webapp.api.errors import error_response
+from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.rollouts.models import Group, GroupComponentStat, RewardScore
+from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
+from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
+from webapp.runs.metrics import record_metrics
+from webapp.runs.models import Run
+
+
+class BodyError(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyError(f"{name} is not allowed: numbers must be finite")
+
+
+def parse_body(request: Request) -> Any:
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise BodyError(f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
+    try:
+        return json.loads(raw or b"null", parse_constant=_reject_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BodyError(f"malformed JSON: {e}") from None
+
+
+def _can_write(request: Request, run: Run | None = None) -> bool:
+    return has_role(request.user, "trainer") or (run is not None and run.owner_id == request.user.id)
+
+
+def _forbidden() -> Response:
+    return error_response([{"field": "", "error": "this needs the trainer role or ownership of the run"}],
+                          status.HTTP_403_FORBIDDEN)
+
+
+def _run_json(run: Run) -> dict[str, Any]:
+    return {"id": run.id, "name": run.name, "kind": run.kind, "status": run.status,
+            "environment": run.environment.name if run.environment_id else None, "base_model": run.base_model,
+            "created_at": run.created_at.isoformat(), "progress": run.progress, "current_step": run.current_step}
+
+
+@extend_schema(summary="List runs, or create one with its environment and reward components",
+               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict})
+@api_view(["GET", "POST"])
+def runs(request: Request) -> Response:
+    if request.method == "GET":
+        qs = Run.objects.select_related("environment").order_by("-created_at")[:500]
+        return Response({"runs": [_run_json(r) for r in qs]})
+    if not _can_write(request):
+        return _forbidden()
+    try:
+        body = parse_body(request)
+        if not isinstance(body, dict):
+            raise SpecError("body", "must be a JSON object")
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise SpecError("name", "must be a non-empty string of at most 200 characters")
+        kind = body.get("kind", "import")
+        if kind not in Run.Kind.values:
+            raise SpecError("kind", f"must be one of {', '.join(Run.Kind.values)}")
+        config = body.get("config", {})
+        if not isinstance(config, dict):
+            raise SpecError("config", "must be an object")
+        env_name, comps = validate_environment_spec(body.get("environment"))
+    except BodyError as e:
+        return error_response([{"field": "body", "error": str(e)}])
+    except SpecError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    env = ensure_environment(env_name, comps)
+    run = create_run(name=name.strip(), kind=kind, environment=env, config=config, owner=request.user,
+                     base_model=str(body.get("base_model", ""))[:500], status=Run.Status.RUNNING)
+    return Response({"id": run.id}, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(summary="Ingest a batch of groups (all or nothing, idempotent on step + key), or read a group",
+               parameters=[OpenApiParameter("step", int), OpenApiParameter("key", str)],
+               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@api_view(["GET", "POST"])
+def run_groups(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run, id=run_id)
+    if request.method == "GET":
+        return _group_detail(request, run)
+    if not _can_write(request, run):
+        return _forbidden()
+    try:
+        result = ingest_groups(run, parse_body(request))
+    except BodyError as e:
+        return error_response([{"field": "body", "error": str(e)}])
+    except IngestError as e:
+        return error_response(e.errors)
+    return Response({"groups": result.groups, "rollouts": result.rollouts, "skipped_groups": result.skipped_groups},
+                    status=status.HTTP_201_CREATED if result.groups else status.HTTP_200_OK)
+
+
+def _group_detail(request: Request, run: Run) -> Response:
+    step, key = request.query_params.get("step"), request.query_params.get("key")
+    if step is None or key is None:
+        return error_response([{"field": "step" if step is None else "key", "error": "is required"}])
+    try:
+        group = get_object_or_404(Group, run=run, step=int(step), key=key)
+    except ValueError:
+        return error_response([{"field": "step", "error": "must be an integer"}])
+    stats = {s.component.name: {"mean": s.mean, "std": s.std, "min": s.min, "max": s.max, "zero_std": s.zero_std}
+             for s in GroupComponentStat.objects.filter(group=group).select_related("component")}
+    rollouts = list(group.rollouts.order_by("index"))
+    scores: dict[int, dict[str, Any]] = {r.id: {} for r in rollouts}
+    for rid, name, v, reason in RewardScore.objects.filter(rollout__group=group).values_list(
+            "rollout_id", "component__name", "value", "reason"):
+        scores[rid][name] = {"value": v, "reason": reason}
+    return Response({
+        "id": group.id, "step": group.step, "key": group.key, "prompt": group.prompt, "split": group.split,
+        "size": group.size, "reward_mean": group.reward_mean, "reward_std": group.reward_std,
+        "zero_std": group.zero_std, "components": stats,
+        "rollouts": [{"id": r.id, "index": r.index, "transcript": r.transcript, "reward": r.reward,
+                      "advantage": r.advantage, "length": r.length, "truncated": r.truncated,
+                      "rewards": scores[r.id]} for r in rollouts],
+    })
+
+
+@extend_schema(summary="Record per-step trainer metrics", request={"application/json": {"type": "object"}},
+               responses={200: dict, 400: dict})
+@api_view(["POST"])
+def run_metrics(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run, id=run_id)
+    if not _can_write(request, run):
+        return _forbidden()
+    try:
+        n = record_metrics(run, parse_body(request))
+    except BodyError as e:
+        return error_response([{"field": "body", "error": str(e)}])
+    except IngestError as e:
+        return error_response(e.errors)
+    return Response({"metrics": n})
+
+
+@extend_schema(summary="Mark an externally fed run finished", request=None, responses={200: dict})
+@api_view(["POST"])
+def run_finish(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run, id=run_id)
+    if not _can_write(request, run):
+        return _forbidden()
+    run.mark_succeeded()
+    return Response(_run_json(run))
+
+
+@extend_schema(
+    summary="Rollouts of a run sorted by a component, the reward, the advantage or the length (keyset pages)",
+    parameters=[OpenApiParameter(n, str) for n in ("sort", "order", "step_min", "step_max", "split", "limit",
+                                                   "cursor", "zero_std", "q")],
+    responses={200: dict, 400: dict},
+)
+@api_view(["GET"])
+def run_rollouts(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run, id=run_id)
+    comp_names = list(run.environment.components.values_list("name", flat=True)) if run.environment_id else []
+    try:
+        q = ExplorerQuery.from_params(request.query_params, comp_names)
+        page = explore(run, q)
+    except QueryError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    return Response({
+        "sort": q.sort, "order": q.order, "next": page.next_cursor,
+        "rollouts": [{"id": row.rollout.id, "step": row.rollout.step, "group_id": row.rollout.group_id,
+                      "index": row.rollout.index, "split": row.rollout.split, "reward": row.rollout.reward,
+                      "advantage": row.rollout.advantage, "length": row.rollout.length,
+                      "completion": row.rollout.completion, "rewards": row.values,
+                      "group_std": row.group_std, "sort_value": row.sort_value} for row in page.rows],
+    })

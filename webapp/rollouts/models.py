@@ -1,0 +1,138 @@
+"""Environments, reward components, groups, rollouts and their per-component scores.
+
+Indexes are chosen for the explorer's access paths at millions of rows: "rollouts of run R sorted by
+component C" is an index scan on RewardScore(run, component, value, rollout); "sorted by reward /
+advantage / length" scans Rollout(run, <field>, id). Keyset pagination rides on the trailing id.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Environment(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RewardComponent(models.Model):
+    class Kind(models.TextChoices):
+        OUTCOME = "outcome"
+        PROCESS = "process"
+        BEHAVIOURAL = "behavioural"
+        PENALTY = "penalty"
+
+    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="components")
+    name = models.CharField(max_length=200)
+    weight = models.FloatField(default=1.0)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.OUTCOME)
+    min_value = models.FloatField(null=True, blank=True)  # expected range, for saturation / unreachability
+    max_value = models.FloatField(null=True, blank=True)
+    description = models.TextField(blank=True)
+    source_hash = models.CharField(max_length=64, blank=True)
+    position = models.IntegerField(default=0)  # display and reward_funcs order
+
+    class Meta:
+        ordering = ["environment_id", "position", "id"]
+        constraints = [models.UniqueConstraint(fields=["environment", "name"], name="component_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.environment.name}/{self.name}"
+
+
+class Group(models.Model):
+    """The G rollouts of one prompt at one step of one run."""
+
+    class Split(models.TextChoices):
+        TRAIN = "train"
+        HOLDOUT = "holdout"
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="groups")
+    step = models.IntegerField()
+    key = models.CharField(max_length=300)
+    prompt = models.JSONField()  # str or list of chat messages, as sent
+    prompt_text = models.TextField(blank=True)  # flattened, for display and search
+    split = models.CharField(max_length=8, choices=Split.choices, default=Split.TRAIN)
+    size = models.IntegerField()
+    reward_mean = models.FloatField(null=True)
+    reward_std = models.FloatField(null=True)
+    zero_std = models.BooleanField(default=False)  # the aggregate reward is constant: no advantage anywhere
+    all_unscorable = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step", "key"], name="group_unique_key")]
+        indexes = [
+            models.Index(fields=["run", "step", "id"], name="group_run_step"),
+            models.Index(fields=["run", "zero_std", "step"], name="group_run_zero"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} {self.key}"
+
+
+class Rollout(models.Model):
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="rollouts")
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="rollouts")  # denormalised
+    step = models.IntegerField()  # denormalised from group
+    split = models.CharField(max_length=8, default="train")  # denormalised from group
+    index = models.IntegerField()
+    transcript = models.JSONField()  # list of {"role", "content", "tool_calls"?, "name"?}
+    completion = models.TextField(blank=True)  # final assistant text (search, preview)
+    reward = models.FloatField(null=True)  # aggregate, as the trainer defines it; NULL when unscorable
+    advantage = models.FloatField(null=True)
+    length = models.IntegerField(null=True)
+    truncated = models.BooleanField(default=False)
+    finish_reason = models.CharField(max_length=50, blank=True)
+    parse_error = models.TextField(blank=True)
+    state = models.JSONField(null=True, blank=True)  # environment state, e.g. the diagram canvas
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["group", "index"], name="rollout_unique_index")]
+        indexes = [
+            models.Index(fields=["run", "reward", "id"], name="rollout_run_reward"),
+            models.Index(fields=["run", "advantage", "id"], name="rollout_run_adv"),
+            models.Index(fields=["run", "length", "id"], name="rollout_run_length"),
+            models.Index(fields=["run", "step", "id"], name="rollout_run_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout {self.id} (run {self.run_id} step {self.step} #{self.index})"
+
+
+class RewardScore(models.Model):
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="scores")
+    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE)
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE)  # denormalised: the sort index leads with it
+    step = models.IntegerField()  # denormalised: step-range filters stay inside the index
+    value = models.FloatField(null=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["rollout", "component"], name="score_unique")]
+        indexes = [
+            # The design's (component, value, rollout) sort index, led by run so that one run's scan
+            # never walks another run's rows of a shared environment.
+            models.Index(fields=["run", "component", "value", "rollout"], name="score_sort"),
+        ]
+
+
+class GroupComponentStat(models.Model):
+    """Per (group, component): computed at ingest, never per page view."""
+
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="component_stats")
+    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE)
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE)  # denormalised for per-step aggregates
+    step = models.IntegerField()
+    count = models.IntegerField()
+    mean = models.FloatField(null=True)
+    std = models.FloatField(null=True)
+    min = models.FloatField(null=True)
+    max = models.FloatField(null=True)
+    zero_std = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["group", "component"], name="gcs_unique")]
+        indexes = [models.Index(fields=["run", "component", "step"], name="gcs_run_comp_step")]

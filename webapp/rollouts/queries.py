@@ -1,0 +1,261 @@
+"""The explorer query, shared by the API and the pages: rollouts of a run sorted by any component,
+the aggregate reward, the advantage or the length, filtered, with keyset pagination.
+
+Keyset order is (value, id) with NULL treated as larger than every number: ascending puts NULLs last,
+descending puts them first. That is Postgres's native B-tree order, so both directions are a plain
+forward or backward scan of the (run, component, value, rollout) or (run, field, id) index.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
+
+from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.runs.models import Run
+
+BUILTIN_SORTS = ("reward", "advantage", "length", "step")
+MAX_LIMIT = 500
+
+
+class QueryError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass
+class ExplorerQuery:
+    sort: str = "reward"
+    order: str = "desc"
+    step_min: int | None = None
+    step_max: int | None = None
+    split: str | None = None
+    zero_std_only: bool = False
+    text: str = ""
+    ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # component -> (lo, hi)
+    label: str | None = None  # annotation label slug (the annotations app interprets it)
+    annotated: bool | None = None
+    limit: int = 50
+    cursor: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Any, components: list[str]) -> ExplorerQuery:
+        """Parse query-string params (a QueryDict or dict). Raises QueryError naming the parameter."""
+        q = cls()
+        q.sort = params.get("sort") or "reward"
+        if q.sort not in BUILTIN_SORTS and q.sort not in components:
+            raise QueryError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])}")
+        q.order = params.get("order") or "desc"
+        if q.order not in ("asc", "desc"):
+            raise QueryError("order", "must be asc or desc")
+        q.step_min = _int_param(params, "step_min")
+        q.step_max = _int_param(params, "step_max")
+        q.split = params.get("split") or None
+        if q.split not in (None, "train", "holdout"):
+            raise QueryError("split", "must be train or holdout")
+        q.zero_std_only = params.get("zero_std") in ("1", "true", "on")
+        q.text = (params.get("q") or "")[:200]
+        for name in components:
+            lo, hi = _float_param(params, f"min_{name}"), _float_param(params, f"max_{name}")
+            if lo is not None or hi is not None:
+                q.ranges[name] = (lo, hi)
+        q.label = params.get("label") or None
+        ann = params.get("annotated")
+        q.annotated = {"1": True, "yes": True, "0": False, "no": False}.get(ann) if ann else None
+        limit = _int_param(params, "limit")
+        q.limit = 50 if limit is None else limit
+        if not 1 <= q.limit <= MAX_LIMIT:
+            raise QueryError("limit", f"must be between 1 and {MAX_LIMIT}")
+        q.cursor = params.get("cursor") or None
+        return q
+
+    def params(self, **override: Any) -> dict[str, str]:
+        """The query as URL parameters (so a link reproduces the view)."""
+        out: dict[str, str] = {"sort": self.sort, "order": self.order}
+        if self.step_min is not None:
+            out["step_min"] = str(self.step_min)
+        if self.step_max is not None:
+            out["step_max"] = str(self.step_max)
+        if self.split:
+            out["split"] = self.split
+        if self.zero_std_only:
+            out["zero_std"] = "1"
+        if self.text:
+            out["q"] = self.text
+        for name, (lo, hi) in self.ranges.items():
+            if lo is not None:
+                out[f"min_{name}"] = repr(lo)
+            if hi is not None:
+                out[f"max_{name}"] = repr(hi)
+        if self.label:
+            out["label"] = self.label
+        if self.annotated is not None:
+            out["annotated"] = "1" if self.annotated else "0"
+        if self.limit != 50:
+            out["limit"] = str(self.limit)
+        out.update({k: str(v) for k, v in override.items() if v is not None})
+        return out
+
+
+def _int_param(params: Any, name: str) -> int | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise QueryError(name, f"must be an integer, got {str(raw)[:40]!r}") from None
+
+
+def _float_param(params: Any, name: str) -> float | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise QueryError(name, f"must be a number, got {str(raw)[:40]!r}") from None
+    if not math.isfinite(v):
+        raise QueryError(name, "must be a finite number")
+    return v
+
+
+def encode_cursor(value: float | int | None, row_id: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([value, row_id]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float | None, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value, row_id = json.loads(raw)
+        if (value is not None and not isinstance(value, (int, float))) or not isinstance(row_id, int):
+            raise ValueError
+        return value, row_id
+    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
+        raise QueryError("cursor", "is not a cursor this server issued") from None
+
+
+def _keyset(qs: QuerySet, value_field: str, id_field: str, order: str, cursor: str | None) -> QuerySet:
+    if order == "asc":
+        qs = qs.order_by(F(value_field).asc(nulls_last=True), F(id_field).asc())
+    else:
+        qs = qs.order_by(F(value_field).desc(nulls_first=True), F(id_field).desc())
+    if not cursor:
+        return qs
+    v, last_id = decode_cursor(cursor)
+    vf, idf = value_field, id_field
+    if order == "asc":
+        if v is None:
+            return qs.filter(**{f"{vf}__isnull": True, f"{idf}__gt": last_id})
+        return qs.filter(Q(**{f"{vf}__gt": v}) | Q(**{vf: v, f"{idf}__gt": last_id}) | Q(**{f"{vf}__isnull": True}))
+    if v is None:
+        return qs.filter(Q(**{f"{vf}__isnull": True, f"{idf}__lt": last_id}) | Q(**{f"{vf}__isnull": False}))
+    return qs.filter(Q(**{f"{vf}__lt": v}) | Q(**{vf: v, f"{idf}__lt": last_id}))
+
+
+@dataclass
+class ExplorerRow:
+    rollout: Rollout
+    sort_value: float | None
+    values: dict[str, float | None]  # every component's value (None: not scored / unscorable)
+    group_std: float | None  # the group's within-group std of the sorted component (or of the reward)
+
+
+@dataclass
+class ExplorerPage:
+    rows: list[ExplorerRow]
+    next_cursor: str | None
+    components: list[RewardComponent]
+
+
+def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], prefix: str) -> Q:
+    """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for RewardScore."""
+    cond = Q()
+    step_field = "step"  # both tables carry step
+    if q.step_min is not None:
+        cond &= Q(**{f"{step_field}__gte": q.step_min})
+    if q.step_max is not None:
+        cond &= Q(**{f"{step_field}__lte": q.step_max})
+    if q.split:
+        cond &= Q(**{f"{prefix}split": q.split})
+    if q.zero_std_only:
+        cond &= Q(**{f"{prefix}group__zero_std": True})
+    if q.text:
+        cond &= Q(**{f"{prefix}completion__icontains": q.text})
+    return cond
+
+
+def _range_exists(q: ExplorerQuery, comps: dict[str, RewardComponent], outer: str) -> list[Exists]:
+    out = []
+    for name, (lo, hi) in q.ranges.items():
+        sub = RewardScore.objects.filter(rollout_id=OuterRef(outer), component=comps[name])
+        if lo is not None:
+            sub = sub.filter(value__gte=lo)
+        if hi is not None:
+            sub = sub.filter(value__lte=hi)
+        out.append(Exists(sub))
+    return out
+
+
+ANNOTATION_FILTER_HOOK: list[Any] = []  # the annotations app appends fn(qs, q, outer_field) -> qs
+
+
+def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
+    comps_list = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    comps = {c.name: c for c in comps_list}
+    if q.sort in comps:
+        qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
+        qs = qs.filter(_filters(run, q, comps, "rollout__"))
+        for ex in _range_exists(q, comps, "rollout_id"):
+            qs = qs.filter(ex)
+        for hook in ANNOTATION_FILTER_HOOK:
+            qs = hook(qs, q, "rollout_id")
+        qs = _keyset(qs, "value", "rollout_id", q.order, q.cursor)
+        hits = list(qs.values_list("rollout_id", "value")[: q.limit + 1])
+    else:
+        qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, ""))
+        for ex in _range_exists(q, comps, "id"):
+            qs = qs.filter(ex)
+        for hook in ANNOTATION_FILTER_HOOK:
+            qs = hook(qs, q, "id")
+        qs = _keyset(qs, q.sort, "id", q.order, q.cursor)
+        hits = list(qs.values_list("id", q.sort)[: q.limit + 1])
+    more = len(hits) > q.limit
+    hits = hits[: q.limit]
+    rows = _hydrate(hits, comps_list, comps.get(q.sort))
+    next_cursor = encode_cursor(hits[-1][1], hits[-1][0]) if more and hits else None
+    return ExplorerPage(rows=rows, next_cursor=next_cursor, components=comps_list)
+
+
+def _hydrate(
+    hits: list[tuple[int, Any]], comps: list[RewardComponent], sorted_comp: RewardComponent | None
+) -> list[ExplorerRow]:
+    ids = [h[0] for h in hits]
+    by_id = Rollout.objects.in_bulk(ids)
+    values: dict[int, dict[str, float | None]] = {i: {} for i in ids}
+    names = {c.id: c.name for c in comps}
+    for rid, cid, v in RewardScore.objects.filter(rollout_id__in=ids).values_list("rollout_id", "component_id", "value"):
+        values[rid][names.get(cid, str(cid))] = v
+    group_ids = {r.group_id for r in by_id.values()}
+    stds: dict[int, float | None] = {}
+    if sorted_comp is not None:
+        stds = dict(
+            GroupComponentStat.objects.filter(group_id__in=group_ids, component=sorted_comp).values_list("group_id", "std")
+        )
+    else:
+        from webapp.rollouts.models import Group
+
+        stds = dict(Group.objects.filter(id__in=group_ids).values_list("id", "reward_std"))
+    return [
+        ExplorerRow(rollout=by_id[rid], sort_value=v, values=values[rid], group_std=stds.get(by_id[rid].group_id))
+        for rid, v in hits
+        if rid in by_id
+    ]

@@ -1,0 +1,175 @@
+"""Environment registration and run-level recomputation (shared by the API, workers and commands)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from django.db import transaction
+
+from training import stats
+from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.runs.models import Run
+
+KINDS = {k for k, _ in RewardComponent.Kind.choices}
+
+
+class SpecError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str, list[dict[str, Any]]]:
+    if not isinstance(spec, dict):
+        raise SpecError(path, "must be an object with name and components")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise SpecError(f"{path}.name", "must be a non-empty string of at most 200 characters")
+    comps = spec.get("components", [])
+    if not isinstance(comps, list):
+        raise SpecError(f"{path}.components", "must be a list")
+    out, seen = [], set()
+    for i, c in enumerate(comps):
+        p = f"{path}.components[{i}]"
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
+            raise SpecError(f"{p}.name", "must be a non-empty string")
+        if len(c["name"]) > 200 or not all(ch.isalnum() or ch in "_-./" for ch in c["name"]):
+            raise SpecError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
+        if c["name"] in seen:
+            raise SpecError(f"{p}.name", f"duplicate component {c['name']!r}")
+        seen.add(c["name"])
+        w = c.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise SpecError(f"{p}.weight", "must be a finite number")
+        kind = c.get("kind", "outcome")
+        if kind not in KINDS:
+            raise SpecError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
+        for key in ("min_value", "max_value"):
+            v = c.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise SpecError(f"{p}.{key}", "must be a finite number or null")
+        out.append({"name": c["name"], "weight": float(w), "kind": kind, "min_value": c.get("min_value"),
+                    "max_value": c.get("max_value"), "description": str(c.get("description", ""))[:2000],
+                    "source_hash": str(c.get("source_hash", ""))[:64]})
+    return name.strip(), out
+
+
+@transaction.atomic
+def ensure_environment(name: str, components: list[dict[str, Any]], description: str = "") -> Environment:
+    """Get or create the environment and add any component it lacks. Existing components keep their
+    stored weight (a run's own weights live in run.config["reward_weights"])."""
+    env, _ = Environment.objects.get_or_create(name=name, defaults={"description": description})
+    have = {c.name: c for c in env.components.all()}
+    for pos, c in enumerate(components):
+        if c["name"] in have:
+            comp = have[c["name"]]
+            if c.get("source_hash") and comp.source_hash != c["source_hash"]:
+                comp.source_hash = c["source_hash"]
+                comp.save(update_fields=["source_hash"])
+            continue
+        RewardComponent.objects.create(environment=env, position=len(have) + pos, **c)
+    return env
+
+
+def environment_from_training(env: Any) -> Environment:
+    """Register a training/ environment object (its components, weights, ranges, source hashes)."""
+    return ensure_environment(
+        env.name,
+        [
+            {"name": c.name, "weight": c.weight, "kind": c.kind, "min_value": c.min_value, "max_value": c.max_value,
+             "description": c.description, "source_hash": c.source_hash()}
+            for c in env.components
+        ],
+        getattr(env, "description", ""),
+    )
+
+
+def create_run(*, name: str, kind: str, environment: Environment | None, config: dict, owner=None,
+               base_model: str = "", parent: Run | None = None, status: str = Run.Status.QUEUED) -> Run:
+    weights = {c.name: c.weight for c in environment.components.all()} if environment else {}
+    cfg = dict(config)
+    cfg.setdefault("reward_weights", weights)
+    provenance = {
+        "components": {c.name: c.source_hash for c in environment.components.all()} if environment else {},
+        "git_commit": git_commit(),
+    }
+    return Run.objects.create(name=name, kind=kind, environment=environment, config=cfg, owner=owner,
+                              base_model=base_model, parent=parent, status=status, provenance=provenance)
+
+
+def git_commit() -> str:
+    import subprocess
+    from pathlib import Path
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[2],
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def load_score_matrix(run: Run) -> dict[str, Any]:
+    """Every rollout of the run as arrays: ids, group ids, steps, (N, K) component values (NaN = none)."""
+    comps = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    rows = list(Rollout.objects.filter(run=run).order_by("id").values_list("id", "group_id", "step"))
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    matrix = np.full((len(rows), len(comps)), np.nan)
+    if rows and comps:
+        col = {c.id: j for j, c in enumerate(comps)}
+        sc = np.array(
+            [(rid, col[cid], np.nan if v is None else v)
+             for rid, cid, v in RewardScore.objects.filter(run=run).values_list("rollout_id", "component_id", "value")],
+            dtype=np.float64,
+        ).reshape(-1, 3)
+        pos = np.searchsorted(ids, sc[:, 0].astype(np.int64))
+        matrix[pos, sc[:, 1].astype(np.int64)] = sc[:, 2]
+    return {
+        "components": comps,
+        "ids": ids,
+        "group_ids": np.array([r[1] for r in rows], dtype=np.int64),
+        "steps": np.array([r[2] for r in rows], dtype=np.int64),
+        "matrix": matrix,
+    }
+
+
+@transaction.atomic
+def recompute_run_stats(run: Run) -> dict[str, int]:
+    """Recompute every group's aggregate and per-component statistics from the stored scores.
+
+    Used after a run's weights change or to repair stats; advantages sent by a trainer are kept.
+    """
+    from webapp.rollouts.ingest import run_weights
+
+    data = load_score_matrix(run)
+    comps, gids, matrix = data["components"], data["group_ids"], data["matrix"]
+    if not len(gids):
+        return {"groups": 0, "rollouts": 0}
+    uniq, inv = np.unique(gids, return_inverse=True)
+    rewards = np.nansum(matrix * run_weights(run, comps)[None, :], axis=1)
+    rewards[np.isnan(matrix).all(axis=1)] = np.nan
+    agg = stats.group_stats(rewards, inv, len(uniq))
+    cs = stats.group_stats(matrix, inv, len(uniq))
+    steps = dict(Group.objects.filter(run=run).values_list("id", "step"))
+    GroupComponentStat.objects.filter(run=run).delete()
+    fz = lambda x: None if x is None or math.isnan(x) else float(x)  # noqa: E731
+    groups = []
+    for gi, gid in enumerate(uniq.tolist()):
+        std = fz(agg.std[gi])
+        groups.append(Group(id=gid, reward_mean=fz(agg.mean[gi]), reward_std=std,
+                            zero_std=agg.count[gi] == 0 or std is None or std <= stats.ZERO_STD_ATOL,
+                            all_unscorable=bool(agg.count[gi] == 0)))
+    Group.objects.bulk_update(groups, ["reward_mean", "reward_std", "zero_std", "all_unscorable"], batch_size=1000)
+    new_stats = [
+        GroupComponentStat(group_id=gid, component=comp, run=run, step=steps[gid], count=int(cs.count[gi, j]),
+                           mean=fz(cs.mean[gi, j]), std=fz(cs.std[gi, j]), min=fz(cs.min[gi, j]),
+                           max=fz(cs.max[gi, j]), zero_std=bool(cs.zero_std[gi, j]))
+        for gi, gid in enumerate(uniq.tolist())
+        for j, comp in enumerate(comps)
+        if cs.count[gi, j] > 0
+    ]
+    GroupComponentStat.objects.bulk_create(new_stats, batch_size=1000)
+    return {"groups": len(uniq), "rollouts": int(len(gids))}

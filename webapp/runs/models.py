@@ -1,0 +1,140 @@
+"""Runs (training, eval, import jobs) and the metrics their trainers log per step."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+LOG_TAIL_CHARS = 20_000  # the run page shows the tail; full logs live in the run's output folder
+
+
+class Run(models.Model):
+    class Kind(models.TextChoices):
+        SFT = "sft"
+        GRPO = "grpo"
+        DPO = "dpo"
+        EVAL = "eval"
+        TEACHER = "teacher"
+        PROBE = "probe"
+        IMPORT = "import"
+
+    class Status(models.TextChoices):
+        """queued -> running -> succeeded | failed | cancelled; queued -> cancelled.
+
+        `import` runs fed by the API start `running` and stay so until marked finished.
+        """
+
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.IMPORT)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    environment = models.ForeignKey("rollouts.Environment", null=True, blank=True, on_delete=models.PROTECT)
+    config = models.JSONField(default=dict, blank=True)  # the resolved job config
+    provenance = models.JSONField(default=dict, blank=True)  # git commit, component source hashes, versions
+    base_model = models.CharField(max_length=500, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    progress = models.FloatField(default=0.0)  # 0..1
+    current_step = models.IntegerField(default=0)
+    total_steps = models.IntegerField(null=True, blank=True)
+    eta_seconds = models.FloatField(null=True, blank=True)
+    log_tail = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    output_dir = models.CharField(max_length=1000, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["kind", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    def claim(self, worker: str) -> bool:
+        """queued -> running, atomically. False when another worker (or a cancel) got there first."""
+        now = timezone.now()
+        n = Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
+            status=self.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker
+        )
+        if n == 1:
+            self.refresh_from_db()
+        return n == 1
+
+    def mark_started(self) -> None:
+        self.status = self.Status.RUNNING
+        self.started_at = self.started_at or timezone.now()
+        self.heartbeat_at = timezone.now()
+        self.save(update_fields=["status", "started_at", "heartbeat_at"])
+
+    def _finish(self, status: str, error: str = "") -> bool:
+        # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice versa.
+        n = Run.objects.filter(id=self.id).exclude(status__in=self.FINISHED).update(
+            status=status, finished_at=timezone.now(), error=error[-LOG_TAIL_CHARS:], pid=None
+        )
+        self.refresh_from_db()
+        return n == 1
+
+    def mark_succeeded(self) -> bool:
+        ok = self._finish(self.Status.SUCCEEDED)
+        if ok:
+            Run.objects.filter(id=self.id).update(progress=1.0)
+        return ok
+
+    def mark_failed(self, error: str) -> bool:
+        return self._finish(self.Status.FAILED, error)
+
+    def mark_cancelled(self) -> bool:
+        return self._finish(self.Status.CANCELLED)
+
+    def request_cancel(self) -> None:
+        """Queued runs are cancelled at once; running ones are signalled by their worker."""
+        Run.objects.filter(id=self.id).update(cancel_requested=True)
+        Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
+            status=self.Status.CANCELLED, finished_at=timezone.now()
+        )
+        self.refresh_from_db()
+
+    def append_log(self, text: str) -> None:
+        tail = (self.log_tail + text)[-LOG_TAIL_CHARS:]
+        Run.objects.filter(id=self.id).update(log_tail=tail)
+        self.log_tail = tail
+
+    def set_progress(self, step: int, total: int | None, eta: float | None = None) -> None:
+        progress = min(1.0, step / total) if total else 0.0
+        Run.objects.filter(id=self.id).update(
+            current_step=step, total_steps=total, progress=progress, eta_seconds=eta, heartbeat_at=timezone.now()
+        )
+
+
+class StepMetric(models.Model):
+    """One scalar a trainer logged at one step (TRL's keys verbatim: loss, kl, reward, rewards/x/std...)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    step = models.IntegerField()
+    name = models.CharField(max_length=200)
+    value = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "name", "step"], name="stepmetric_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step} {self.name}={self.value}"

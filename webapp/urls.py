@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.http import HttpResponse
+from django.urls import include, path
+
+urlpatterns = [
+    path("healthz", lambda request: HttpResponse("ok", content_type="text/plain"), name="healthz"),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("webapp.accounts.urls")),
+    path("api/v1/", include("webapp.api.urls")),
+    path("rollouts/", include("webapp.rollouts.urls")),
+    path("diagnostics/", include("webapp.diagnostics.urls")),
+    path("annotations/", include("webapp.annotations.urls")),
+    path("", include("webapp.runs.urls")),
+]
