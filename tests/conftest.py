@@ -102,3 +102,69 @@ def api(db):
 def _fast_password_hashing(settings):
     # PBKDF2 costs ~0.5 s per user on two cores; tests create many users and check no hash strength.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def database_url_for_children() -> str:
+    """The URL of the database the tests are using right now (pytest-django's test database), so a
+    child process (a Celery worker, a training job, a server) writes where the test reads."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def worker_process(transactional_db, tmp_path):
+    """A real Celery worker process on the configured broker (Redis when CELERY_BROKER_URL says so,
+    else the filesystem transport), pointed at the test database. Yields the log path."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, DATABASE_URL=database_url_for_children(), PYTHONUNBUFFERED="1")
+    log = tmp_path / "worker.log"
+    subprocess.run([sys.executable, "-m", "celery", "-A", "workers", "purge", "-f", "-Q", "default,gpu"], cwd=root,
+                   env=env, capture_output=True, timeout=60)
+    hostname = f"test-{os.getpid()}@%h"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "default,gpu", "--pool", "solo",
+             "--concurrency", "1", "-n", hostname, "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
+            cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if "ready." in log.read_text(errors="replace"):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{log.read_text()}")
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"worker not ready after 90 s:\n{log.read_text()}")
+        yield log
+    finally:
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.25):
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")

@@ -182,3 +182,68 @@ def numeric_metrics(logs: dict[str, Any]) -> dict[str, float]:
         if math.isfinite(float(v)):
             out[k] = float(v)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling (eval, probe, local teacher): plain model.generate, no trainer
+
+
+class Sample:
+    """One sampled completion: text, token count (up to and including eos) and whether it hit the limit."""
+
+    __slots__ = ("text", "length", "truncated")
+
+    def __init__(self, text: str, length: int, truncated: bool) -> None:
+        self.text, self.length, self.truncated = text, length, truncated
+
+    def __repr__(self) -> str:
+        return f"Sample({self.text[:40]!r}, length={self.length}, truncated={self.truncated})"
+
+
+def sample_completions(
+    model,
+    tokenizer,
+    chats: list[list[dict[str, Any]]],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[list[Sample]]:
+    """`num_generations` sampled completions for each chat prompt, in prompt order (one list per prompt)."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"  # decoder-only generation continues from the right edge
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids or [])
+    eos_ids.add(tokenizer.eos_token_id)
+    device = next(model.parameters()).device
+    model.eval()
+    out: list[list[Sample]] = []
+    for start in range(0, len(chats), batch_size):
+        texts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in chats[start : start + batch_size]
+        ]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with torch.no_grad():
+            generated = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=num_generations,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=sorted(eos_ids),
+            )
+        new_tokens = generated[:, enc["input_ids"].shape[1] :].tolist()
+        for i in range(0, len(new_tokens), num_generations):
+            group = []
+            for ids in new_tokens[i : i + num_generations]:
+                end = next((j for j, t in enumerate(ids) if t in eos_ids), None)
+                kept = ids if end is None else ids[: end + 1]
+                group.append(Sample(tokenizer.decode(kept, skip_special_tokens=True), len(kept), end is None))
+            out.append(group)
+    return out

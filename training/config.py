@@ -35,8 +35,10 @@ class JobConfig:
     seed: int = help_field(0, "seed for sampling, data order and LoRA init")
     device: str = help_field("auto", "'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'")
 
+    requires_model = True  # class attribute, not a field: the teacher job may run without a model
+
     def __post_init__(self) -> None:
-        if not self.base_model:
+        if self.requires_model and not self.base_model:
             raise ValueError("base_model: required (a model folder or hub id)")
         if not self.output_dir:
             raise ValueError("output_dir: required")
@@ -137,7 +139,7 @@ class TrainJobConfig(JobConfig):
             logging_steps=self.logging_steps,
             save_strategy="steps" if self.save_steps else "no",
             save_steps=self.save_steps or 500,
-            gradient_checkpointing=self.gradient_checkpointing,
+            activation_checkpointing=self.gradient_checkpointing,  # transformers 5.24 name; TRL defaults it on
             report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=0,

@@ -17,7 +17,10 @@ containment of the process itself. What is enforced (each step is recorded in `S
   random unprivileged uid/gid per run: files outside world-writable places are read-only to it, other
   processes (ours included) cannot be signalled or ptraced, /proc/<parent>/environ is unreadable,
   RLIMIT_NPROC binds (it never binds for root) and afterwards every process of that uid is SIGKILLed;
-* rlimits: CPU seconds, address space, file size, open files, processes, no core dumps;
+* rlimits: CPU seconds, address space, file size, open files, processes, no core dumps. They are set
+  by the trusted harness itself right after exec, before it reads the user's code, rather than in a
+  `preexec_fn`: the callers (Celery workers, TRL trainers) are multi-threaded, and Python documents
+  `preexec_fn` as unsafe (deadlock-prone) with threads. The effect on the user code is the same;
 * a wall-clock timeout;
 * namespaces (root: unshare; non-root: inside a new user namespace when the kernel allows it): a new
   network namespace (only a downed loopback: nothing to connect to), and a new mount namespace in
@@ -65,6 +68,9 @@ SANDBOX_UID_SPAN = 1_000_000
 # Directories never hidden: hiding them would break the dynamic loader or the interpreter.
 _NEVER_HIDE = {"/", "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys"}
 _DEFAULT_HIDE = ["/root", "/home", "/mnt", "/media", "/srv"]
+# Replaced by private writable tmpfs in the child; hiding them (or a folder inside) would be pointless,
+# and hiding /tmp would also hide the stdlib bind mounts the child imports from.
+_PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _STARTUP_GRACE_S = 1.5  # interpreter start + namespace setup, on top of the user's wall budget
 _OUTPUT_CAP = 4 * 1024 * 1024  # bytes of child output the parent reads back at most
@@ -105,7 +111,6 @@ def run_tests(
     values are compared after a JSON round trip (tuples == lists; floats with a small tolerance; bool
     is not int)."""
     t0 = time.monotonic()
-    total = len(tests)
     nonce = secrets.token_hex(16)
     as_root = os.geteuid() == 0
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if as_root else None
@@ -165,7 +170,8 @@ def _hide_list(extra: Sequence[str] | None) -> list[str]:
     out: list[str] = []
     for p in wanted:
         p = os.path.realpath(p)
-        if p not in _NEVER_HIDE and p not in out and os.path.isdir(p):
+        private = any(p == t or p.startswith(t + "/") or t.startswith(p + "/") for t in _PRIVATE_TMP)
+        if p not in _NEVER_HIDE and not private and p not in out and os.path.isdir(p):
             out.append(p)
     return out
 
@@ -350,10 +356,12 @@ def emit(**msg):
 def note(text):
     emit(t="note", msg=text)
 
-import ctypes, socket, _socket, _posixsubprocess, traceback, posix
+import ctypes, socket, _socket, _posixsubprocess, posix
 libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x10000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 def check(rc, what):
     if rc != 0:
@@ -366,7 +374,7 @@ def mount(src, target, fstype, flags, data=None):
 
 uid = cfg["uid"]
 as_root = os.geteuid() == 0
-ns_ok = False
+ns_ok = stdlib_bound = False
 try:
     if as_root:
         check(libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -381,7 +389,8 @@ try:
     ns_ok = True
     note("network namespace: new, loopback down (no route anywhere)")
 except OSError as exc:
-    note("network namespace unavailable: %s; socket creation is stubbed out instead (defence in depth, not a guarantee)" % exc)
+    note("network namespace unavailable: %s; socket creation is stubbed out instead "
+         "(defence in depth, not a guarantee)" % exc)
     note("mount namespace unavailable: no filesystem hiding; relying on uid permissions only")
 
 if ns_ok:
@@ -399,6 +408,7 @@ if ns_ok:
             new_path.append(target)
         sys.path[:] = new_path
         sys.path_importer_cache.clear()
+        stdlib_bound = True
         for d in ("/var/tmp", "/dev/shm", "/run/lock"):
             if os.path.isdir(d):
                 mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=1777")
@@ -425,6 +435,12 @@ try:
 except (OSError, ValueError) as exc:
     note("rlimits failed: %s" % exc)
 
+if uid is not None and not stdlib_bound:
+    # The interpreter's stdlib may sit in a folder the sandbox uid cannot read (e.g. /root/.pyenv):
+    # import what task code commonly needs while we still can.
+    import re, math, collections, itertools, functools, string, datetime, csv, heapq, bisect  # noqa
+    import statistics, decimal, fractions, typing, dataclasses, time, random  # noqa
+    note("stdlib not bind-mounted: common modules pre-imported; others may be unreadable to the sandbox uid")
 if uid is not None:
     os.setgroups([])
     os.setgid(uid)

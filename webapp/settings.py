@@ -166,4 +166,4 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
-os.makedirs(VAR_DIR, exist_ok=True)
+os.makedirs(STATIC_ROOT, exist_ok=True)  # whitenoise warns when it is missing (runserver, tests)

@@ -162,9 +162,9 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": f"Draw diagram number {i}:", **({"key": f"k{i}"} if with_key else {})} for i in range(8)]
+    overrides.setdefault("max_steps", 3)  # 3 steps: several generations and logs, seconds on CPU
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
-        max_steps=3,  # 3 steps: enough for several generations and logs, seconds on CPU
         num_generations=4,  # smallest group that still shows within-group variance
         per_device_train_batch_size=8,  # 2 prompts x 4 completions per step
         max_completion_length=16,  # short rollouts: generation dominates CPU time
@@ -173,7 +173,7 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
         reward_weights=[1.0, 0.5],
         use_cpu=True,
         bf16=False,  # CPU: fp32 (TRL's default is bf16)
-        gradient_checkpointing=False,  # tiny model: recomputation only costs time
+        activation_checkpointing=False,  # tiny model: recomputation only costs time (TRL defaults it on)
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,

@@ -11,6 +11,7 @@ from training.environments.base import Environment
 
 _REGISTRY: dict[str, str] = {
     "diagram": "training.environments.diagram:DiagramEnvironment",
+    "ask_to_code": "training.environments.ask_to_code:AskToCodeEnv",
 }
 
 

@@ -339,7 +339,7 @@ def grade(score):
     _t("range_sum", "numeric_bounds", "range_sum(a: int, b: int) -> int",
        "Sum the integers from a to b.",
        "Both ends are inclusive, and if a > b sum from b to a.",
-       "inclusive, exclusive, include, endpoint, bound, reverse, greater, order, ends",
+       "inclusive, exclusive, included, endpoint, bound, reverse, greater, order, ends",
        "Are both ends included, and can a be greater than b?",
        """
 def range_sum(a, b):
@@ -631,7 +631,7 @@ def is_leap(year):
     _t("format_date", "dates", "format_date(year: int, month: int, day: int) -> str",
        "Format a date for display.",
        "Use ISO 8601: YYYY-MM-DD with zero padding.",
-       "output format, iso, order, slash, dash, padding, zero, style, look like",
+       "format, iso, order, slash, dash, padding, zero, style, look like",
        "Which date format should the output use?",
        """
 def format_date(year, month, day):

@@ -1,0 +1,166 @@
+"""Evaluate a checkpoint on the held-out prompts: G sampled completions per prompt, scored by the
+environment, emitted as groups (split "holdout") with the advantages GRPO would have given them.
+
+    python -m training.eval --config eval.json --jsonl-sink eval.jsonl
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from training.common import (
+    ProgressFn,
+    chat_prompt,
+    get_env,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    sample_completions,
+)
+from training.config import JobConfig, cli, help_field
+from training.rewards import score_value
+from training.sinks import Sink
+
+if TYPE_CHECKING:
+    from training.common import Sample
+    from training.environments.base import Environment, Prompt
+
+
+@dataclass
+class EvalJobConfig(JobConfig):
+    """Sample and score a checkpoint on held-out prompts (no training)."""
+
+    split: str = help_field("holdout", "which prompts to evaluate: 'holdout' (default) or 'train'")
+    num_prompts: int = help_field(64, "prompts to evaluate")
+    num_generations: int = help_field(4, "G: sampled completions per prompt")
+    max_completion_length: int = help_field(256, "max new tokens per completion")
+    temperature: float = help_field(1.0, "sampling temperature")
+    batch_size: int = help_field(8, "prompts per generate() call (each yields G sequences)")
+    step: int = help_field(0, "step label for the emitted groups (e.g. the checkpoint's training step)")
+    scale_rewards: str = help_field("group", "advantage scaling, as in GRPO: 'group', 'batch' or 'none'")
+    multi_objective_aggregation: str = help_field("sum_then_normalize", "as in GRPO")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split not in ("train", "holdout"):
+            raise ValueError("split: must be 'train' or 'holdout'")
+        if self.num_prompts < 1:
+            raise ValueError("num_prompts: must be >= 1")
+        if self.num_generations < 1:
+            raise ValueError("num_generations: must be >= 1")
+        if self.max_completion_length < 1:
+            raise ValueError("max_completion_length: must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature: must be > 0")
+        if self.batch_size < 1:
+            raise ValueError("batch_size: must be >= 1")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError("scale_rewards: must be 'group', 'batch' or 'none'")
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            raise ValueError("multi_objective_aggregation: must be 'sum_then_normalize' or 'normalize_then_sum'")
+
+
+def score_groups(
+    env: "Environment",
+    prompts: list["Prompt"],
+    samples: list[list["Sample"]],
+    *,
+    step: int,
+    split: str,
+    scale_rewards: str = "group",
+    aggregation: str = "sum_then_normalize",
+) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Score every sample, compute advantages with training.stats (TRL's formulas) and build ingestion
+    groups. Returns (groups, matrix) where matrix is (N, K) component values, NaN where unscorable."""
+    from training.stats import compute_advantages
+
+    names = [c.name for c in env.components]
+    weights = [c.weight for c in env.components]
+    rows: list[dict[str, Any]] = []
+    values: list[list[float]] = []
+    group_ids: list[int] = []
+    for gi, (prompt, group) in enumerate(zip(prompts, samples, strict=True)):
+        for j, s in enumerate(group):
+            scores = env.score(prompt, s.text)
+            rewards = {n: {"value": score_value(scores[n]), "reason": scores[n].reason} for n in names}
+            rows.append({"index": j, "completion": s.text, "rewards": rewards, "length": s.length,
+                         "truncated": s.truncated, "finish_reason": "length" if s.truncated else "stop"})
+            values.append([np.nan if rewards[n]["value"] is None else rewards[n]["value"] for n in names])
+            group_ids.append(gi)
+    matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(names))
+    adv = compute_advantages(matrix, weights, np.array(group_ids), scale_rewards=scale_rewards,
+                             aggregation=aggregation)
+    for row, reward, advantage in zip(rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True):
+        row["reward"] = None if np.isnan(reward) else float(reward)
+        row["advantage"] = float(advantage)
+    groups, i = [], 0
+    for prompt, group in zip(prompts, samples, strict=True):
+        groups.append({"step": step, "key": prompt.key, "prompt": chat_prompt(prompt.text, prompt.messages),
+                       "split": split, "rollouts": rows[i : i + len(group)]})
+        i += len(group)
+    return groups, matrix
+
+
+def component_means(names: list[str], matrix: np.ndarray) -> dict[str, float | None]:
+    means = {}
+    for k, name in enumerate(names):
+        col = matrix[:, k]
+        means[name] = None if np.isnan(col).all() else float(np.nanmean(col))
+    return means
+
+
+def main(config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+    from training.grpo import resolve_model_dir
+
+    device = resolve_device(config.device)
+    config.save(config.output_dir, kind="eval")
+    env = get_env(config.env)
+    prompts = env.prompts(config.split, config.num_prompts, seed=config.seed)
+    source = resolve_model_dir(config.base_model)
+    model, tokenizer = load_model(source, device), load_tokenizer(source)
+
+    all_groups: list[dict[str, Any]] = []
+    matrices: list[np.ndarray] = []
+    for start in range(0, len(prompts), config.batch_size):
+        batch = prompts[start : start + config.batch_size]
+        samples = sample_completions(
+            model, tokenizer, [chat_prompt(p.text, p.messages) for p in batch],
+            num_generations=config.num_generations, max_new_tokens=config.max_completion_length,
+            temperature=config.temperature, batch_size=config.batch_size, seed=config.seed + start,
+        )
+        groups, matrix = score_groups(env, batch, samples, step=config.step, split=config.split,
+                                      scale_rewards=config.scale_rewards,
+                                      aggregation=config.multi_objective_aggregation)
+        if sink is not None:
+            sink.write_groups(groups)
+            sink.progress(start + len(batch), len(prompts))
+        if progress is not None:
+            progress(start + len(batch), len(prompts))
+        all_groups.extend(groups)
+        matrices.append(matrix)
+
+    names = [c.name for c in env.components]
+    matrix = np.concatenate(matrices)
+    rewards = [r["reward"] for g in all_groups for r in g["rollouts"] if r["reward"] is not None]
+    values = {f"eval/rewards/{n}/mean": v for n, v in component_means(names, matrix).items() if v is not None}
+    values["eval/reward"] = float(np.mean(rewards)) if rewards else 0.0
+    if sink is not None:
+        sink.write_metrics(config.step, values)
+        sink.log(f"eval on {len(prompts)} {config.split} prompts x {config.num_generations}: "
+                 f"reward {values['eval/reward']:.4f}")
+    return {
+        "kind": "eval",
+        "output_dir": config.output_dir,
+        "num_prompts": len(prompts),
+        "num_completions": int(matrix.shape[0]),
+        "reward_mean": values["eval/reward"],
+        "component_means": component_means(names, matrix),
+        "metrics": values,
+    }
+
+
+if __name__ == "__main__":
+    cli(EvalJobConfig, main)

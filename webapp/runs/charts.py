@@ -1,0 +1,140 @@
+"""Plotly figure dicts built from per-step aggregates. Pure functions: no Django, no database.
+
+Each figure is {"data": [...], "layout": {...}} ready for `Plotly.newPlot`; static/js/app.js draws
+every `[data-chart]` element and turns a click on a point into the explorer filtered to that step.
+Text in figures (component and metric names) reaches plotly as JSON data, which plotly renders as
+text, and the page embeds it with `json_script`, so no name can become markup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webapp.runs.queries import ComponentSeries, DashboardData, Series
+
+Figure = dict[str, Any]
+
+PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d", "#4d7c0f")
+BATCH_VS_GROUP = (
+    "Batch std (TRL's rewards/<name>/std) spreads over every rollout of the step, across prompts; "
+    "within-group std is what GRPO divides by — only it makes an advantage."
+)
+
+
+def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left"},
+        "margin": {"l": 48, "r": 12, "t": 32, "b": 32},
+        "height": 240,
+        "xaxis": {"title": {"text": "step"}, "zeroline": False},
+        "yaxis": {"title": {"text": y_title}, "zeroline": False},
+        "legend": {"orientation": "h", "y": -0.25, "font": {"size": 11}},
+        "hovermode": "x unified",
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "#fbfbfa",
+        "font": {"family": "system-ui, sans-serif", "size": 11, "color": "#222"},
+    }
+    layout.update(extra)
+    return layout
+
+
+def _line(x: list[int], y: list[float | None], name: str, color: str, **extra: Any) -> dict[str, Any]:
+    trace: dict[str, Any] = {
+        "type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": list(y),
+        "name": name, "line": {"color": color, "width": 1.8}, "marker": {"size": 4},
+    }
+    trace.update(extra)
+    return trace
+
+
+def reward_figure(reward: Series) -> Figure:
+    """Aggregate reward mean per step with a ±1 std band (the std over the step's rollouts)."""
+    upper = [None if m is None or s is None else m + s for m, s in zip(reward.mean, reward.std)]
+    lower = [None if m is None or s is None else m - s for m, s in zip(reward.mean, reward.std)]
+    band = {"line": {"width": 0}, "hoverinfo": "skip", "showlegend": False, "mode": "lines"}
+    return {
+        "data": [
+            _line(reward.steps, upper, "mean + std", PALETTE[0], **band),
+            _line(reward.steps, lower, "mean − std", PALETTE[0], fill="tonexty",
+                  fillcolor="rgba(37,99,235,0.12)", **band),
+            _line(reward.steps, reward.mean, "reward mean", PALETTE[0]),
+            _line(reward.steps, reward.std, "reward std (batch)", PALETTE[1], yaxis="y2",
+                  line={"color": PALETTE[1], "width": 1.2, "dash": "dot"}),
+        ],
+        "layout": _layout("Aggregate reward", "mean",
+                          yaxis2={"title": {"text": "std"}, "overlaying": "y", "side": "right",
+                                  "zeroline": False, "showgrid": False}),
+    }
+
+
+def zero_std_figure(steps: list[int], overall: list[float | None], components: list[ComponentSeries]) -> Figure:
+    """Fraction of groups with no signal per step: the aggregate (no advantage at all) and each component."""
+    data = [_line(steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4})]
+    for i, cs in enumerate(components):
+        data.append(_line(cs.steps, cs.zero_std_frac, cs.name, PALETTE[i % len(PALETTE)],
+                          line={"color": PALETTE[i % len(PALETTE)], "width": 1.2, "dash": "dot"}))
+    return {"data": data, "layout": _layout("Zero-std groups (fraction)", "fraction",
+                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction"}})}
+
+
+def component_mean_figure(cs: ComponentSeries, color: str) -> Figure:
+    return {
+        "data": [_line(cs.steps, cs.mean, f"{cs.name} mean", color)],
+        "layout": _layout(f"{cs.name} · mean", "mean", showlegend=False),
+    }
+
+
+def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
+    """Within-group std (drives advantages) beside the batch std (what TRL logs), same axis."""
+    batch_label = "batch std (trainer log)" if cs.batch_std_source == "trainer" else "batch std (over the step)"
+    return {
+        "data": [
+            _line(cs.steps, cs.within_std, "within-group std (mean over groups)", color),
+            _line(cs.steps, cs.batch_std, batch_label, "#6b7280",
+                  line={"color": "#6b7280", "width": 1.2, "dash": "dash"}),
+        ],
+        "layout": _layout(f"{cs.name} · std: within-group vs batch", "std"),
+    }
+
+
+def metric_figure(name: str, steps: list[int], values: list[float | None], color: str) -> Figure:
+    return {"data": [_line(steps, values, name, color)], "layout": _layout(name, "", showlegend=False)}
+
+
+def dashboard_figures(data: DashboardData) -> dict[str, Any]:
+    """Every dashboard chart, grouped the way the template lays them out."""
+    components = [
+        {
+            "name": cs.name,
+            "mean": component_mean_figure(cs, PALETTE[i % len(PALETTE)]),
+            "std": component_std_figure(cs, PALETTE[i % len(PALETTE)]),
+            "batch_std_source": cs.batch_std_source,
+        }
+        for i, cs in enumerate(data.components)
+    ]
+    metrics = [
+        {"name": name, "figure": metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])}
+        for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items()))
+    ]
+    return {
+        "reward": reward_figure(data.reward),
+        "zero_std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
+        "components": components,
+        "metrics": metrics,
+    }
+
+
+def sparkline_points(values: list[float], width: int = 120, height: int = 28, pad: float = 2.0) -> str:
+    """SVG polyline points for a curve scaled into width x height (numbers only: safe to inline)."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    n = len(values)
+    step = (width - 2 * pad) / max(n - 1, 1)
+    pts = []
+    for i, v in enumerate(values):
+        x = pad + i * step
+        y = height - pad - (v - lo) / span * (height - 2 * pad)
+        pts.append(f"{x:.1f},{y:.1f}")
+    return " ".join(pts)
