@@ -57,7 +57,6 @@ def load_tokenizer(path: str, *, padding_side: str = "left"):
 def load_model(path: str, device: str = "cpu", *, dtype: str = "auto"):
     """A causal LM from a folder or hub id. A LoRA adapter folder (an SFT run's output) is loaded on its
     base model and merged, so the next stage starts from plain weights."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     torch_dtype = _dtype(dtype, device)
@@ -167,7 +166,8 @@ def make_reporting_callback(sink: "Sink | None", progress: ProgressFn | None, *,
                 values = numeric_metrics(logs)
                 if values:
                     sink.write_metrics(state.global_step, values)
-            sink.log(f"step {state.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in numeric_metrics(logs).items()))
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in numeric_metrics(logs).items())
+            sink.log(f"step {state.global_step}: {shown}")
 
     return ReportingCallback()
 

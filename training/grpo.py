@@ -27,7 +27,7 @@ from training.common import (
     save_final,
 )
 from training.config import TrainJobConfig, cli, help_field
-from training.sinks import Sink
+from training.sinks import BatchingSink, Sink
 
 GRPO_DEFAULT_LR = 1e-6  # TRL's GRPOConfig default for full fine-tuning
 LORA_LR_FACTOR = 10  # LoRA wants ~10x the full-FT learning rate
@@ -37,7 +37,9 @@ LORA_LR_FACTOR = 10  # LoRA wants ~10x the full-FT learning rate
 class GRPOJobConfig(TrainJobConfig):
     """GRPO on an environment's reward components (TRL GRPOTrainer)."""
 
-    init_from: str | None = help_field(None, "an SFT run's output dir (or model dir) to start from instead of base_model")
+    init_from: str | None = help_field(
+        None, "an SFT run's output dir (or model dir) to start from instead of base_model"
+    )
     num_prompts: int = help_field(256, "training prompts drawn from the environment's train split")
     num_generations: int = help_field(8, "G: completions per prompt (the group)")
     per_device_batch_size: int = help_field(16, "completions per device per micro-step; a multiple of num_generations")
@@ -130,6 +132,9 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         mask_truncated_completions=config.mask_truncated_completions,
     )
     recording = config.record and sink is not None
+    # One writer thread for everything this job reports, so records reach the sink in order, from a
+    # single thread (a database sink need not be thread-safe), and never on the training loop.
+    writer = BatchingSink(sink, close_inner=False) if sink is not None else None
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -139,22 +144,26 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         peft_config=lora_config(config.lora_rank, config.resolved_lora_alpha, config.lora_dropout)
         if config.use_lora
         else None,
-        callbacks=[make_reporting_callback(sink, progress, metrics=not recording)],
+        callbacks=[make_reporting_callback(writer, progress, metrics=not recording)],
     )
     recorder = None
     if recording:
         by_key = {p.key: p for p in prompts}
-        state_fn = (lambda key, _prompt, completion: env.state(by_key[key], completion)) if config.record_state else None
-        recorder = RolloutRecorder.attach(trainer, sink, state_fn=state_fn)
+        state_fn = None
+        if config.record_state:
+            def state_fn(key: str, _prompt: Any, completion: Any) -> dict[str, Any]:
+                return env.state(by_key[key], completion)
+        recorder = RolloutRecorder.attach(trainer, writer, background=False, state_fn=state_fn)
 
     try:
         result = trainer.train()
     finally:
-        if recorder is not None:
-            recorder.close()  # drains the queue; the caller's sink stays open
+        if writer is not None:
+            writer.close()  # drains the queue; the caller's sink stays open
     model_dir = out / "model"
     save_final(trainer, tokenizer, model_dir)
-    config.save(model_dir, kind="grpo", filename="job_config.json")  # config beside the weights too: the model dir is what gets shared
+    # The config beside the weights too: the model dir is what gets shared.
+    config.save(model_dir, kind="grpo", filename="job_config.json")
     last = _last_logged(trainer)
     return {
         "kind": "grpo",

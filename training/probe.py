@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from training.common import ProgressFn, chat_prompt, get_env, load_model, load_tokenizer, resolve_device, sample_completions
+from training.common import (
+    ProgressFn,
+    chat_prompt,
+    get_env,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    sample_completions,
+)
 from training.config import JobConfig, cli, help_field
 from training.eval import score_groups
 from training.sinks import Sink

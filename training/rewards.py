@@ -30,11 +30,15 @@ def score_value(score: "Score") -> float | None:
     return None if math.isnan(v) else v
 
 
-def component_reward_func(component: "Component", prompts_by_key: dict[str, "Prompt"]) -> Callable[..., list[float | None]]:
+def component_reward_func(
+    component: "Component", prompts_by_key: dict[str, "Prompt"]
+) -> Callable[..., list[float | None]]:
     """A TRL reward function for one component. Named after the component, so TRL logs
     `rewards/<component>/mean` and the recorder stores scores under the component's name."""
 
-    def reward(prompts: list[Any], completions: list[Any], key: list[str] | None = None, **kwargs: Any) -> list[float | None]:
+    def reward(
+        prompts: list[Any], completions: list[Any], key: list[str] | None = None, **kwargs: Any
+    ) -> list[float | None]:
         if key is None:
             raise KeyError(
                 f"reward {component.name}: the dataset needs a 'key' column to find each prompt's spec"

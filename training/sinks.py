@@ -135,13 +135,16 @@ def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
 
 
 class HttpSink:
-    """Posts groups and metrics to the web app's API; logs and progress are kept local (see `log_path`).
+    """Posts groups and metrics to the web app's API; logs go to the `logging` module, progress is
+    derived by the app from the metrics.
 
-    Every `batch_size` groups (or on flush/close) one POST goes out. A connection error or 5xx is retried
-    `retries` times with exponential backoff (backoff, 2*backoff, ...); if it still fails, or the server
-    answers 4xx (a request that will never succeed as is), the batch is appended to the spool file and
-    training continues. Once the server has failed, later batches skip straight to the spool for
-    `cooldown` seconds, so a dead server costs one timeout, not one per step."""
+    A POST goes out every `batch_size` records or when a write finds the oldest buffered record older
+    than `flush_interval` seconds (so the app stays live at a few groups per step), and on flush/close.
+    A connection error or 5xx is retried `retries` times with exponential backoff (backoff, 2*backoff,
+    ...); if it still fails, or the server answers 4xx (a request that will never succeed as is), the
+    batch is appended to the spool file and training continues. Once the server has failed, later
+    batches skip straight to the spool for `cooldown` seconds, so a dead server costs one timeout, not
+    one per step."""
 
     def __init__(
         self,
@@ -155,6 +158,7 @@ class HttpSink:
         backoff: float = 0.5,
         timeout: float = 10.0,
         cooldown: float = 30.0,
+        flush_interval: float = 5.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
@@ -167,7 +171,9 @@ class HttpSink:
         self.cooldown = cooldown
         self._groups: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
+        self.flush_interval = flush_interval
         self._down_until = 0.0
+        self._oldest: float | None = None  # monotonic time of the oldest unsent record
         self.sent = {"groups": 0, "metrics": 0}
         self.spooled = {"groups": 0, "metrics": 0}
 
@@ -175,13 +181,18 @@ class HttpSink:
 
     def write_groups(self, groups: list[dict[str, Any]]) -> None:
         self._groups.extend(_clean(groups))
-        if len(self._groups) >= self.batch_size:
-            self._flush_groups()
+        self._maybe_flush(len(self._groups))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self._metrics.append({"step": int(step), "values": _clean(dict(values))})
-        if len(self._metrics) >= self.batch_size:
-            self._flush_metrics()
+        self._maybe_flush(len(self._metrics))
+
+    def _maybe_flush(self, buffered: int) -> None:
+        now = time.monotonic()
+        if self._oldest is None:
+            self._oldest = now
+        if buffered >= self.batch_size or now - self._oldest >= self.flush_interval:
+            self.flush()
 
     def log(self, line: str) -> None:
         logger.info(line)
@@ -190,6 +201,7 @@ class HttpSink:
         pass  # the app derives progress from the metrics it receives
 
     def flush(self) -> None:
+        self._oldest = None
         self._flush_groups()
         self._flush_metrics()
 
@@ -254,7 +266,9 @@ class HttpSink:
             logger.error("HttpSink: could not spool %s: %s", kind, e)
 
 
-def upload_spool(spool_path: str | os.PathLike, base_url: str, token: str, run_id: str | int, **kwargs: Any) -> dict[str, int]:
+def upload_spool(
+    spool_path: str | os.PathLike, base_url: str, token: str, run_id: str | int, **kwargs: Any
+) -> dict[str, int]:
     """Send a spool file's batches in order. Batches that fail again are kept in the spool (rewritten in
     place, so a later upload resumes where this one stopped); ingestion is idempotent, so a batch sent
     twice is harmless. Returns {"sent": batches, "left": batches}."""

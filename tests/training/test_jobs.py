@@ -171,7 +171,6 @@ def test_it_runs_dpo_for_two_steps(tiny_model, tmp_path):
 # Sampling jobs
 
 
-@pytest.mark.slow
 def test_it_evaluates_holdout_prompts_into_groups_with_advantages(tiny_model, tmp_path):
     from training.eval import EvalJobConfig, main
 
@@ -191,7 +190,6 @@ def test_it_evaluates_holdout_prompts_into_groups_with_advantages(tiny_model, tm
     assert "eval/reward" in sink.metrics[0]["values"]
 
 
-@pytest.mark.slow
 def test_it_probes_and_recommends_sft_for_a_random_policy(tiny_model, tmp_path):
     from training.probe import ProbeJobConfig, main
 

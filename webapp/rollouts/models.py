@@ -50,7 +50,9 @@ class Group(models.Model):
         TRAIN = "train"
         HOLDOUT = "holdout"
 
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="groups")
+    # FK indexes that a composite index already leads with are dropped (db_index=False): each extra
+    # index costs every ingested row.
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="groups", db_index=False)
     step = models.IntegerField()
     key = models.CharField(max_length=300)
     prompt = models.JSONField()  # str or list of chat messages, as sent
@@ -74,8 +76,12 @@ class Group(models.Model):
 
 
 class Rollout(models.Model):
-    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="rollouts")
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="rollouts")  # denormalised
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="rollouts", db_index=False)
+    # Denormalised columns skip the database FK check (db_constraint=False): the ingestion service
+    # sets them from the parent row, and Django still cascades deletes. Each check costs every row.
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="rollouts", db_index=False, db_constraint=False
+    )  # denormalised
     step = models.IntegerField()  # denormalised from group
     split = models.CharField(max_length=8, default="train")  # denormalised from group
     index = models.IntegerField()
@@ -103,9 +109,15 @@ class Rollout(models.Model):
 
 
 class RewardScore(models.Model):
-    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="scores")
-    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE)
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE)  # denormalised: the sort index leads with it
+    # No database FK check on the (N x K) score rows: at commit Postgres would run one deferred trigger
+    # per row, a quarter of ingestion time. The service writes them with their rollout, in one transaction.
+    rollout = models.ForeignKey(
+        Rollout, on_delete=models.CASCADE, related_name="scores", db_index=False, db_constraint=False
+    )
+    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, db_index=False, db_constraint=False
+    )  # denormalised: the sort index leads with it
     step = models.IntegerField()  # denormalised: step-range filters stay inside the index
     value = models.FloatField(null=True)
     reason = models.TextField(blank=True)
@@ -122,9 +134,13 @@ class RewardScore(models.Model):
 class GroupComponentStat(models.Model):
     """Per (group, component): computed at ingest, never per page view."""
 
-    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="component_stats")
-    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE)
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE)  # denormalised for per-step aggregates
+    group = models.ForeignKey(
+        Group, on_delete=models.CASCADE, related_name="component_stats", db_index=False, db_constraint=False
+    )
+    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, db_index=False, db_constraint=False
+    )  # denormalised for per-step aggregates
     step = models.IntegerField()
     count = models.IntegerField()
     mean = models.FloatField(null=True)

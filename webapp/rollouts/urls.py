@@ -1,3 +1,10 @@
-from django.urls import path  # noqa: F401
+"""Mounted at /rollouts/. The run-scoped explorer, no-signal and group pages are routed in
+webapp/runs/urls.py (mounted at the root) so their URLs read /runs/<id>/rollouts/ and /groups/<id>/."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from webapp.rollouts import views
+
+urlpatterns = [
+    path("<int:rollout_id>/", views.transcript, name="rollouts-transcript"),
+]

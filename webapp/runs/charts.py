@@ -1,4 +1,4 @@
-"""Plotly figure dicts built from per-step aggregates. Pure functions: no Django, no database.
+"""Plotly figure dicts built from per-step aggregates. Pure functions: no queries, no request.
 
 Each figure is {"data": [...], "layout": {...}} ready for `Plotly.newPlot`; static/js/app.js draws
 every `[data-chart]` element and turns a click on a point into the explorer filtered to that step.
@@ -102,26 +102,24 @@ def metric_figure(name: str, steps: list[int], values: list[float | None], color
 
 
 def dashboard_figures(data: DashboardData) -> dict[str, Any]:
-    """Every dashboard chart, grouped the way the template lays them out."""
-    components = [
-        {
-            "name": cs.name,
-            "mean": component_mean_figure(cs, PALETTE[i % len(PALETTE)]),
-            "std": component_std_figure(cs, PALETTE[i % len(PALETTE)]),
-            "batch_std_source": cs.batch_std_source,
-        }
-        for i, cs in enumerate(data.components)
-    ]
-    metrics = [
-        {"name": name, "figure": metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])}
-        for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items()))
-    ]
-    return {
+    """Every dashboard chart: `all` maps a chart id to its figure (one JSON blob on the page); the
+    other keys list those ids in the order the template lays them out."""
+    figures: dict[str, Figure] = {
         "reward": reward_figure(data.reward),
-        "zero_std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
-        "components": components,
-        "metrics": metrics,
+        "zero-std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
     }
+    components = []
+    for i, cs in enumerate(data.components):
+        color = PALETTE[i % len(PALETTE)]
+        figures[f"mean-{i}"] = component_mean_figure(cs, color)
+        figures[f"std-{i}"] = component_std_figure(cs, color)
+        components.append({"name": cs.name, "mean": f"mean-{i}", "std": f"std-{i}",
+                           "batch_std_source": cs.batch_std_source})
+    metrics = []
+    for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items())):
+        figures[f"metric-{i}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
+        metrics.append({"name": name, "id": f"metric-{i}"})
+    return {"all": figures, "components": components, "metrics": metrics}
 
 
 def sparkline_points(values: list[float], width: int = 120, height: int = 28, pad: float = 2.0) -> str:

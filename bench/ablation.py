@@ -1,0 +1,142 @@
+"""Ablation recompute at scale: read a stored run and recompute every group's advantages for one ablation.
+
+    DATABASE_URL=postgres://... python -m bench.ablation                 # 1,000,000 rollouts, run "bench-1m"
+    DATABASE_URL=postgres://... python -m bench.ablation --rollouts 80000
+
+The run is seeded through the ingestion service if absent (G=8, 4 components, 500 steps; the same
+name and shape as bench/pages.py, so whichever bench runs first seeds it for both). Prints the end-to-
+end time (database read + recompute; target < 2 s at 1M) and the ratio against a plain Python loop
+over groups doing the same sum-then-normalise math, measured in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import django
+import numpy as np
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+G = 8
+STEPS = 500
+COMPONENTS = [
+    {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
+    {"name": "format", "weight": 0.5, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
+    {"name": "progress", "weight": 0.5, "kind": "process", "min_value": 0.0, "max_value": 1.0},
+    {"name": "length_penalty", "weight": 0.2, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+]
+TARGET_S = 2.0
+
+
+def run_name(n: int) -> str:
+    return "bench-1m" if n == 1_000_000 else f"bench-{n}"
+
+
+def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> dict:
+    groups = []
+    for step in steps:
+        p = 0.2 + 0.5 * step / STEPS
+        for gi in range(groups_per_step):
+            correct = (rng.random(G) < p).astype(float).tolist()
+            fmt = (rng.random(G) < 0.9).astype(float).tolist()
+            prog = np.round(rng.random(G), 3).tolist()
+            lengths = rng.integers(20, 400, G).tolist()
+            groups.append({
+                "step": step, "key": f"p{gi}", "prompt": f"prompt {gi}",
+                "rollouts": [{"index": i, "completion": f"c{i}", "length": lengths[i],
+                              "rewards": {"correct": correct[i], "format": fmt[i], "progress": prog[i],
+                                          "length_penalty": -round(lengths[i] / 1000, 3)}} for i in range(G)],
+            })
+    return {"groups": groups}
+
+
+def ensure_run(n: int):
+    """The stored bench run of n rollouts, seeded through the ingestion service when absent."""
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.services import create_run, ensure_environment
+    from webapp.runs.models import Run
+
+    name = run_name(n)
+    run = Run.objects.filter(name=name).order_by("id").first()
+    if run is not None:
+        have = Rollout.objects.filter(run=run).count()
+        if have >= n:
+            return run
+        print(f"{name}: {have} rollouts stored, completing to {n} ...", flush=True)
+    else:
+        env = ensure_environment("bench", COMPONENTS)
+        run = create_run(name=name, kind="import", environment=env, config={}, status="running")
+    per_step = max(1, n // (G * STEPS))
+    steps = max(1, n // (G * per_step))
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    chunk = max(1, 2000 // per_step)  # ~2000 groups per ingest call
+    for s0 in range(0, steps, chunk):
+        ingest_groups(run, _batch(rng, range(s0, min(steps, s0 + chunk)), per_step))  # idempotent on retry
+        done = min(steps, s0 + chunk)
+        print(f"  seeded {done * per_step * G:>9} rollouts ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=1_000_000, help="size of the stored run (default 1,000,000)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed repetitions of the end-to-end ablation")
+    ap.add_argument("--loop-groups", type=int, default=0,
+                    help="time the Python loop on this many groups and scale (0: all; the loop is slow)")
+    args = ap.parse_args(argv)
+    django.setup()
+    from django.db import connection
+
+    from training import diagnostics as dg
+    from webapp.diagnostics.services import load_run_arrays, run_ablation
+
+    run = ensure_run(args.rollouts)
+    spec = dg.AblationSpec(drop=("format",), weights={"correct": 2.0})
+    totals, reads, computes = [], [], []
+    result = {}
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        result = run_ablation(run, spec)
+        totals.append(time.perf_counter() - t0)
+        reads.append(result["timing"]["read_s"])
+        computes.append(result["timing"]["compute_s"])
+    data = load_run_arrays(run)
+    n_groups = int(np.unique(data.group_ids).size)
+    # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over groups.
+    keep = np.array([c.name != "format" for c in data.components])
+    w_new = [2.0 if c.name == "correct" else c.weight for c in data.components if c.name != "format"]
+    gids, mat = data.group_ids, data.matrix
+    if args.loop_groups and args.loop_groups < n_groups:
+        first = np.unique(gids)[: args.loop_groups]
+        mask = np.isin(gids, first)
+        gids, mat = gids[mask], mat[mask]
+    scale = n_groups / np.unique(gids).size
+    t0 = time.perf_counter()
+    rows_old = list(zip(gids.tolist(), mat.tolist()))
+    rows_new = list(zip(gids.tolist(), mat[:, keep].tolist()))
+    dg.python_loop_advantages(rows_old, data.weights.tolist())
+    dg.python_loop_advantages(rows_new, w_new)
+    loop_s = (time.perf_counter() - t0) * scale
+    best, med = min(totals), statistics.median(totals)
+    print(f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "
+          f"{len(data.components)} components")
+    print(f"ablation {spec.as_dict()}")
+    print(f"  end to end (read + recompute): best {best:.3f} s, median {med:.3f} s over {args.repeat} "
+          f"(read {min(reads):.3f} s, recompute {min(computes):.3f} s)  target < {TARGET_S} s: "
+          f"{'PASS' if best < TARGET_S else 'FAIL'}")
+    print(f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  -> "
+          f"vectorised recompute is {loop_s / min(computes):.1f}x faster; end to end {loop_s / best:.1f}x")
+    print(f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips {result['sign_flip_frac']:.4f}, "
+          f"best changed {result['best_changed_frac']:.4f}, spearman {result['spearman_mean']:.4f}")
+    return 0 if best < TARGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Ingestion throughput on Postgres, as ratios measured in one run (the machines are noisy).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/ingest.py [--rollouts 200000]
+
+(a) the service (`ingest_groups`: validation, stats, advantages, COPY) against a raw psycopg COPY of
+the same rows into the same tables, the floor (target ratio >= 0.5);
+(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >= 30x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from webapp.rollouts.ingest import ingest_groups  # noqa: E402
+from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout  # noqa: E402
+from webapp.rollouts.services import create_run, ensure_environment  # noqa: E402
+
+G, K = 8, 4
+NAMES = [f"c{j}" for j in range(K)]
+GROUPS_PER_BATCH = 250
+
+
+def make_groups(n_rollouts: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    n_groups = n_rollouts // G
+    values = rng.integers(0, 5, size=(n_groups, G, K)) / 4.0  # quarter steps: many ties, some zero-std groups
+    groups = []
+    for gi in range(n_groups):
+        groups.append({
+            "step": gi // 50,
+            "key": f"prompt-{gi % 50}",
+            "prompt": f"Draw diagram number {gi % 50} with a few boxes and arrows.",
+            "rollouts": [
+                {"index": i, "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": {gi % 700}}}]',
+                 "rewards": {NAMES[j]: {"value": float(values[gi, i, j]), "reason": "ok"} for j in range(K)},
+                 "length": 20 + i}
+                for i in range(G)
+            ],
+        })
+    return groups
+
+
+def new_run(name: str):
+    env = ensure_environment("bench-ingest", [{"name": n, "weight": 1.0} for n in NAMES])
+    return create_run(name=name, kind="import", environment=env, config={}, status="running")
+
+
+def bench_service(groups: list[dict]) -> float:
+    run = new_run(f"bench-service-{time.time()}")
+    t0 = time.perf_counter()
+    for i in tqdm(range(0, len(groups), GROUPS_PER_BATCH), desc="service", unit="batch"):
+        ingest_groups(run, {"groups": groups[i:i + GROUPS_PER_BATCH]})
+    return time.perf_counter() - t0
+
+
+def bench_raw_copy(groups: list[dict]) -> float:
+    """The floor: the same rows, prebuilt as tuples (stats included), COPY'd in batches of the same size."""
+    run = new_run(f"bench-copy-{time.time()}")
+    comps = {c.name: c.id for c in run.environment.components.all()}
+    prepared = []
+    for i in tqdm(range(0, len(groups), GROUPS_PER_BATCH), desc="raw COPY (prebuilding rows)", unit="batch"):
+        batch = groups[i:i + GROUPS_PER_BATCH]
+        with connection.cursor() as dc:
+            cur = dc.cursor
+            cur.execute("SELECT nextval(pg_get_serial_sequence('rollouts_group','id')) FROM generate_series(1,%s)",
+                        [len(batch)])
+            gids = [r[0] for r in cur.fetchall()]
+            cur.execute("SELECT nextval(pg_get_serial_sequence('rollouts_rollout','id')) FROM generate_series(1,%s)",
+                        [len(batch) * G])
+            rids = [r[0] for r in cur.fetchall()]
+        g_rows, r_rows, s_rows, st_rows = [], [], [], []
+        k = 0
+        for gid, g in zip(gids, batch):
+            m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
+            tot = m.sum(axis=1)
+            g_rows.append((gid, run.id, g["step"], g["key"], json.dumps(g["prompt"]), g["prompt"], "train", G,
+                           float(tot.mean()), float(tot.std(ddof=1)), False, False))
+            for r in g["rollouts"]:
+                rid = rids[k]
+                k += 1
+                r_rows.append((rid, gid, run.id, g["step"], "train", r["index"],
+                               json.dumps([{"role": "assistant", "content": r["completion"]}]), r["completion"],
+                               0.0, 0.0, r["length"], False, "", "", None))
+                for n in NAMES:
+                    s_rows.append((rid, comps[n], run.id, g["step"], r["rewards"][n]["value"], "ok"))
+            for j, n in enumerate(NAMES):
+                st_rows.append((gid, comps[n], run.id, g["step"], G, float(m[:, j].mean()),
+                                float(m[:, j].std(ddof=1)), float(m[:, j].min()), float(m[:, j].max()), False))
+        prepared.append((g_rows, r_rows, s_rows, st_rows))
+    sqls = (
+        "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
+        "reward_std, zero_std, all_unscorable) FROM STDIN",
+        "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, reward, "
+        "advantage, length, truncated, finish_reason, parse_error, state) FROM STDIN",
+        "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM STDIN",
+        "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, min, max, "
+        "zero_std) FROM STDIN",
+    )
+    t0 = time.perf_counter()  # only the COPY and the commit are timed: the floor
+    for tables in tqdm(prepared, desc="raw COPY", unit="batch"):
+        with transaction.atomic(), connection.cursor() as dc:
+            for sql, rows in zip(sqls, tables):
+                with dc.cursor.copy(sql) as cp:
+                    for row in rows:
+                        cp.write_row(row)
+    elapsed = time.perf_counter() - t0
+    return elapsed
+
+
+def bench_orm_loop(groups: list[dict], one_transaction: bool) -> float:
+    """Naive code: save() per object in autocommit; or the same loop inside one transaction."""
+    run = new_run(f"bench-orm-{time.time()}")
+    comps = {c.name: c for c in run.environment.components.all()}
+    t0 = time.perf_counter()
+    with transaction.atomic() if one_transaction else contextlib.nullcontext():
+        for g in tqdm(groups, desc="ORM save()", unit="group"):
+            grp = Group(run=run, step=g["step"], key=g["key"], prompt=g["prompt"], prompt_text=g["prompt"], size=G)
+            grp.save()
+            m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
+            for r in g["rollouts"]:
+                ro = Rollout(group=grp, run=run, step=g["step"], index=r["index"],
+                             transcript=[{"role": "assistant", "content": r["completion"]}],
+                             completion=r["completion"], length=r["length"])
+                ro.save()
+                for n in NAMES:
+                    RewardScore(rollout=ro, component=comps[n], run=run, step=g["step"],
+                                value=r["rewards"][n]["value"], reason="ok").save()
+            for j, n in enumerate(NAMES):
+                GroupComponentStat(group=grp, component=comps[n], run=run, step=g["step"], count=G,
+                                   mean=float(m[:, j].mean()), std=float(m[:, j].std(ddof=1))).save()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=200_000)
+    parser.add_argument("--orm-sample", type=int, default=5_000)
+    args = parser.parse_args()
+    if connection.vendor != "postgresql":
+        sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
+    call_command("migrate", verbosity=0)
+    groups = make_groups(args.rollouts, seed=0)
+    sample = make_groups(args.orm_sample, seed=1)
+    n = len(groups) * G
+    t_copy = bench_raw_copy(groups)
+    t_service = bench_service(groups)
+    t_orm = bench_orm_loop(sample, one_transaction=False)
+    t_orm_tx = bench_orm_loop(sample, one_transaction=True)
+    svc_rate, copy_rate, orm_rate = n / t_service, n / t_copy, len(sample) * G / t_orm
+    orm_tx_rate = len(sample) * G / t_orm_tx
+    print(f"rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)")
+    print(f"service   : {svc_rate:>10,.0f} rollouts/s ({t_service:.1f} s)")
+    print(f"raw COPY  : {copy_rate:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor")
+    print(f"ORM save(): {orm_rate:>10,.0f} rollouts/s ({t_orm:.1f} s on {len(sample) * G:,})")
+    print(f"ratio service / raw COPY  = {svc_rate / copy_rate:.2f}  (target >= 0.5)")
+    print(f"ORM save() in one transaction: {orm_tx_rate:>10,.0f} rollouts/s ({t_orm_tx:.1f} s)")
+    print(f"ratio service / ORM loop  = {svc_rate / orm_rate:.1f}x (target >= 30x)")
+    print(f"ratio service / ORM loop in one transaction = {svc_rate / orm_tx_rate:.1f}x")
+    for run_name in ("bench-service-", "bench-copy-", "bench-orm-"):
+        from webapp.runs.models import Run
+
+        Run.objects.filter(name__startswith=run_name).delete()
+
+
+if __name__ == "__main__":
+    main()

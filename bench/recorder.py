@@ -1,0 +1,135 @@
+"""Overhead of the RolloutRecorder on a GRPO step (target: ratio <= 1.05).
+
+    HF_HUB_OFFLINE=1 python -m bench.recorder [--rounds 4 --steps 8]
+
+GRPO on the tiny offline model with the diagram environment's components, same seed and config, with
+and without the recorder (writing to a JSONL sink through its background thread). Runs alternate
+(off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time is the gap
+between consecutive `on_step_begin` events, so it includes generation, reward functions, the update,
+every callback (the recorder's included) and logging. The first step of each run is warm-up and dropped.
+
+Both runs of a pair use the same seed, so they generate the same completions and do the same work;
+the only difference is the recorder. On a shared machine the wall-clock ratio is noisy, so the bench
+also reports process CPU time per step (includes the sink's writer thread) and, most directly, the
+time spent inside the recorder itself (its callbacks and reward-function wrappers) as a fraction of
+the step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+RECORDER_SECONDS = [0.0]  # time spent inside the recorder's own code, summed over a run
+
+
+def instrument_recorder() -> None:
+    """Time the recorder's entry points (bench only): the part of the overhead that sits on the training thread."""
+    from training.recorder import RolloutRecorder
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                RECORDER_SECONDS[0] += time.perf_counter() - t0
+
+        return wrapper
+
+    for name in ("on_step_end", "on_log", "_log_row_facts"):
+        setattr(RolloutRecorder, name, timed(getattr(RolloutRecorder, name)))
+
+
+def run_once(model_dir: str, steps: int, record: bool, workdir: str, completion_length: int) -> dict[str, list[float]]:
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from training.common import chat_prompt, get_env, load_model, load_tokenizer
+    from training.recorder import RolloutRecorder
+    from training.rewards import environment_reward_funcs
+
+    env = get_env("diagram")
+    prompts = env.prompts("train", 64, seed=0)
+    funcs, weights = environment_reward_funcs(env, prompts)
+    dataset = Dataset.from_list([{"prompt": chat_prompt(p.text), "key": p.key} for p in prompts])
+    marks: list[tuple[float, float, float]] = []  # (wall, process CPU, recorder seconds) at each step start
+
+    def mark() -> None:
+        marks.append((time.perf_counter(), time.process_time(), RECORDER_SECONDS[0]))
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            mark()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            mark()
+
+    args = GRPOConfig(
+        output_dir=os.path.join(workdir, "out"), max_steps=steps, num_generations=8, per_device_train_batch_size=16,
+        max_completion_length=completion_length, learning_rate=1e-5, reward_weights=weights, logging_steps=1,
+        use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none", save_strategy="no",
+        disable_tqdm=True, seed=0,
+    )
+    trainer = GRPOTrainer(model=load_model(model_dir), reward_funcs=funcs, args=args, train_dataset=dataset,
+                          processing_class=load_tokenizer(model_dir), callbacks=[StepClock()])
+    trainer.remove_callback(PrinterCallback)  # printing every log dict is noise for both sides
+    recorder = RolloutRecorder.attach(trainer, jsonl=os.path.join(workdir, f"rollouts-{time.time_ns()}.jsonl")) \
+        if record else None
+    trainer.train()
+    if recorder is not None:
+        recorder.close()
+    pairs = list(zip(marks[1:], marks[2:]))  # drop the warm-up step
+    return {
+        "wall": [b[0] - a[0] for a, b in pairs],
+        "cpu": [b[1] - a[1] for a, b in pairs],
+        "recorder": [b[2] - a[2] for a, b in pairs],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="off/on pairs")
+    parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
+    parser.add_argument("--completion-length", type=int, default=48, help="max_completion_length")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadier on a shared box)")
+    args = parser.parse_args()
+
+    import torch
+
+    from training.tiny import ensure_tiny_model
+
+    torch.set_num_threads(args.threads)
+    instrument_recorder()
+    with tempfile.TemporaryDirectory() as workdir:
+        model_dir = str(ensure_tiny_model("diagram", os.path.join(workdir, "tiny")))
+        runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
+        for r in range(args.rounds):
+            for record in ((False, True) if r % 2 == 0 else (True, False)):
+                result = run_once(model_dir, args.steps, record, workdir, args.completion_length)
+                for k, v in result.items():
+                    runs[record].setdefault(k, []).extend(v)
+                print(f"round {r} recorder={'on ' if record else 'off'} "
+                      f"wall {sum(result['wall']):.2f}s cpu {sum(result['cpu']):.2f}s", flush=True)
+    off, on = runs[False], runs[True]
+    print(f"steps per side: {len(off['wall'])}")
+    for k in ("wall", "cpu"):
+        print(f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on {statistics.fmean(on[k]):.4f}s  "
+              f"ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
+              f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})")
+    inside = sum(on["recorder"]) / len(on["recorder"])
+    print(f"inside the recorder: {inside * 1e3:.2f} ms per step = {inside / statistics.fmean(on['wall']):.4%} "
+          f"of the step -> ratio bound {1 + inside / statistics.fmean(off['wall']):.4f}")
+
+
+if __name__ == "__main__":
+    main()

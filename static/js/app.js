@@ -1,0 +1,81 @@
+// Page behaviour: plotly charts from an embedded JSON blob, chart clicks -> explorer at that step,
+// and keyboard navigation (j/k/Enter/g) in the explorer and on the transcript page. No inline handlers
+// receive model text: everything here reads data attributes and JSON parsed by the browser.
+(function () {
+  "use strict";
+
+  function drawCharts(root) {
+    var section = root.querySelector("[data-figures]");
+    if (!section || typeof Plotly === "undefined") return;
+    var blob = document.getElementById(section.getAttribute("data-figures"));
+    if (!blob) return;
+    var figures = JSON.parse(blob.textContent);
+    var explorer = section.getAttribute("data-explorer");
+    section.querySelectorAll("[data-chart]").forEach(function (el) {
+      var fig = figures[el.getAttribute("data-chart")];
+      if (!fig) return;
+      Plotly.newPlot(el, fig.data, fig.layout, {displaylogo: false, responsive: true,
+        modeBarButtonsToRemove: ["lasso2d", "select2d"]});
+      el.on("plotly_click", function (ev) {
+        if (!ev.points || !ev.points.length) return;
+        var step = Math.round(Number(ev.points[0].x));
+        if (!isFinite(step)) return;
+        window.location.href = explorer + "?step_min=" + step + "&step_max=" + step;
+      });
+    });
+  }
+
+  function rows() {
+    return Array.prototype.slice.call(document.querySelectorAll("#rollout-table tbody tr[data-href]"));
+  }
+
+  function select(index) {
+    var all = rows();
+    if (!all.length) return;
+    index = Math.max(0, Math.min(index, all.length - 1));
+    all.forEach(function (r) { r.classList.remove("selected"); r.removeAttribute("aria-selected"); });
+    all[index].classList.add("selected");
+    all[index].setAttribute("aria-selected", "true");
+    all[index].scrollIntoView({block: "nearest"});
+  }
+
+  function selectedIndex() {
+    return rows().findIndex(function (r) { return r.classList.contains("selected"); });
+  }
+
+  function typing(ev) {
+    var t = ev.target;
+    return t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName));
+  }
+
+  document.addEventListener("keydown", function (ev) {
+    if (ev.ctrlKey || ev.metaKey || ev.altKey || typing(ev)) return;
+    var table = document.getElementById("rollout-table");
+    if (table) {
+      var i = selectedIndex();
+      if (ev.key === "j") { select(i + 1); ev.preventDefault(); return; }
+      if (ev.key === "k") { select(i < 0 ? 0 : i - 1); ev.preventDefault(); return; }
+      if (ev.key === "Enter" && i >= 0) { window.location.href = rows()[i].getAttribute("data-href"); return; }
+      if (ev.key === "g" && i >= 0) { window.location.href = rows()[i].getAttribute("data-group-href"); return; }
+      if (ev.key === "/") {
+        var s = document.getElementById("explorer-search");
+        if (s) { s.focus(); ev.preventDefault(); }
+        return;
+      }
+    }
+    // Transcript page: j/k walk the explorer order the user came from.
+    var link = ev.key === "j" ? document.getElementById("next-rollout")
+      : ev.key === "k" ? document.getElementById("prev-rollout") : null;
+    if (link) { window.location.href = link.getAttribute("href"); ev.preventDefault(); }
+  });
+
+  // Clicking a row (outside its links) selects it, so the keyboard continues from there.
+  document.addEventListener("click", function (ev) {
+    var tr = ev.target.closest && ev.target.closest("#rollout-table tbody tr[data-href]");
+    if (tr && !ev.target.closest("a")) select(rows().indexOf(tr));
+  });
+
+  document.addEventListener("DOMContentLoaded", function () { drawCharts(document); });
+  // A swapped explorer table starts with no selection; j selects its first row.
+  document.addEventListener("htmx:afterSwap", function () { window.scrollTo({top: 0}); });
+})();

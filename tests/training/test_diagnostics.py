@@ -1,0 +1,326 @@
+"""training/diagnostics.py: health numbers, every detector on a planted case and on a healthy run,
+and the ablation recomputation on hand-computable cases. Pure numpy: no database."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from training import diagnostics as dg
+from training import stats
+
+C = dg.ComponentInfo
+HEALTHY_COMPONENTS = [C("correct", 1.0, "outcome", 0.0, 1.0), C("format", 0.5, "behavioural", 0.0, 1.0),
+                      C("penalty", 0.2, "penalty", -1.0, 0.0)]
+
+
+def synth(components, gen, steps: int = 20, groups: int = 12, G: int = 8, seed: int = 0) -> dg.RunArrays:
+    """A run of steps x groups x G rollouts; gen(rng, step, G) -> (values (G, K), lengths (G,))."""
+    rng = np.random.default_rng(seed)
+    mats, lens, gids, stps = [], [], [], []
+    for s in range(steps):
+        for g in range(groups):
+            v, ln = gen(rng, s, G)
+            mats.append(v)
+            lens.append(ln)
+            gids.append(np.full(G, 1000 + s * groups + g))
+            stps.append(np.full(G, s))
+    n = steps * groups * G
+    return dg.RunArrays(components=list(components), matrix=np.vstack(mats).astype(float),
+                        group_ids=np.concatenate(gids), steps=np.concatenate(stps),
+                        lengths=np.concatenate(lens).astype(float), rollout_ids=np.arange(1, n + 1))
+
+
+def healthy_gen(rng, step, G):
+    p = 0.3 + 0.3 * step / 20 + rng.uniform(-0.1, 0.1)
+    correct = (rng.random(G) < p).astype(float)
+    fmt = (rng.random(G) < 0.8).astype(float)
+    pen = -rng.uniform(0, 0.3, G)
+    return np.column_stack([correct, fmt, pen]), rng.integers(50, 150, G)
+
+
+def healthy() -> dg.RunArrays:
+    return synth(HEALTHY_COMPONENTS, healthy_gen)
+
+
+def healthy_metrics():
+    rng = np.random.default_rng(1)
+    s = np.arange(40)
+    return {"kl": (s, 0.02 + rng.normal(0, 0.002, 40)), "grad_norm": (s, 1.0 + rng.normal(0, 0.1, 40)),
+            "clip_ratio/region_mean": (s, 0.01 + rng.normal(0, 0.001, 40)), "loss": (s, rng.normal(0, 5, 40))}
+
+
+def codes(d: dg.Diagnosis) -> list[str]:
+    return [f.code for f in d.findings]
+
+
+# ---------------------------------------------------------------- health numbers
+
+
+def test_it_reports_a_healthy_run_without_findings() -> None:
+    d = dg.diagnose(healthy(), metrics=healthy_metrics(), bad_case_ids=lambda: [])
+    assert codes(d) == []
+    h = d.health.by_name()
+    assert 0.2 < h["correct"].share < 1.0 and abs(sum(c.share for c in d.health.components) - 1) < 1e-9
+    assert h["format"].zero_std_frac < 0.5
+
+
+def test_it_gives_a_heavy_constant_component_a_share_near_zero() -> None:
+    comps = [C("correct", 1.0, "outcome", 0, 1), C("always", 10.0, "process", 0, 1)]
+
+    def gen(rng, step, G):
+        return np.column_stack([(rng.random(G) < 0.5), np.full(G, 0.5)]).astype(float), rng.integers(1, 9, G)
+
+    h = dg.component_health(synth(comps, gen)).by_name()
+    assert h["always"].share == pytest.approx(0.0, abs=1e-12)
+    assert h["correct"].share == pytest.approx(1.0)
+    assert h["always"].zero_std_frac == 1.0
+
+
+def test_it_computes_shares_from_weights_variances_and_covariances() -> None:
+    # One group, two components: a = [0, 1, 0, 1], b = [0, 1, 1, 0]; cov(a,b) = 0, var equal.
+    x = np.array([[0, 0], [1, 1], [0, 1], [1, 0]], dtype=float)
+    data = dg.RunArrays([C("a", 2.0), C("b", 1.0)], x, np.zeros(4, int), np.zeros(4, int), np.arange(4.0))
+    h = dg.component_health(data)
+    assert [c.share for c in h.components] == pytest.approx([4 / 5, 1 / 5])  # w^2 var / sum w^2 var
+
+
+def test_it_measures_saturation_and_unreachability_against_the_declared_range() -> None:
+    comps = [C("c", 1.0, "outcome", 0.0, 1.0)]
+    x = np.array([[1.0], [1.0], [0.0], [0.5]])
+    h = dg.component_health(dg.RunArrays(comps, x, np.array([0, 0, 1, 1]), np.zeros(4, int)))
+    assert (h.components[0].at_max, h.components[0].at_min) == (0.5, 0.25)
+    # Undeclared range: the observed one.
+    h2 = dg.component_health(dg.RunArrays([C("c", 1.0)], np.array([[2.0], [3.0], [3.0], [2.5]]),
+                                          np.array([0, 0, 1, 1]), np.zeros(4, int)))
+    assert (h2.components[0].at_max, h2.components[0].at_min) == (0.5, 0.25)
+
+
+def test_it_correlates_components_and_length_within_groups() -> None:
+    # Between groups length and reward move together; inside each group they are opposed.
+    x = np.array([[1.0], [0.0], [11.0], [10.0]])
+    lengths = np.array([1.0, 2.0, 11.0, 12.0])
+    h = dg.component_health(dg.RunArrays([C("c", 1.0)], x, np.array([0, 0, 1, 1]), np.zeros(4, int), lengths))
+    assert h.components[0].corr_length == pytest.approx(-1.0)
+    assert h.corr_labels == ["c", "length", "reward"]
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def test_it_detects_a_dead_component() -> None:
+    comps = [*HEALTHY_COMPONENTS, C("steps", 3.0, "process", 0.0, 1.0)]
+
+    def gen(rng, step, G):
+        v, ln = healthy_gen(rng, step, G)
+        return np.column_stack([v, np.full(G, 0.5)]), ln
+
+    d = dg.diagnose(synth(comps, gen))
+    assert codes(d) == ["dead_component"]
+    f = d.findings[0]
+    assert f.component == "steps" and f.severity == "critical" and "no advantage" in f.title
+
+
+def test_it_detects_an_unreachable_outcome() -> None:
+    def gen(rng, step, G):
+        v, ln = healthy_gen(rng, step, G)
+        v[:, 0] = (rng.random(G) < 0.005).astype(float)
+        return v, ln
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    assert "unreachable_reward" in codes(d)
+    f = next(f for f in d.findings if f.code == "unreachable_reward")
+    assert f.component == "correct" and "SFT" in f.fix and "partial credit" in f.fix
+    assert "dead_component" not in codes(d)  # explained by the finding above, not repeated
+
+
+def test_it_detects_a_saturated_behavioural_component() -> None:
+    def gen(rng, step, G):
+        v, ln = healthy_gen(rng, step, G)
+        v[:, 1] = 1.0
+        return v, ln
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    assert codes(d) == ["saturation"]
+    f = d.findings[0]
+    assert f.component == "format" and "still varies" in f.title and "Lower the weight" in f.fix
+
+
+def test_it_detects_trivial_outputs() -> None:
+    def gen(rng, step, G):
+        v, ln = healthy_gen(rng, step, G)
+        v[:, 0] = 0.2  # the same partial credit for every completion
+        v[:, 1] = 1.0
+        return v, ln
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    assert "trivial_outputs" in codes(d) and d.findings[0].code == "trivial_outputs"
+
+
+def test_it_detects_valid_outputs_that_ignore_the_prompt() -> None:
+    def gen(rng, step, G):
+        v, ln = healthy_gen(rng, step, G)
+        v[:, 0] = (rng.random(G) < 0.08).astype(float)
+        v[:, 1] = (rng.random(G) < 0.95).astype(float)
+        return v, ln
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    assert codes(d) == ["ignores_prompt"]
+
+
+def test_it_detects_length_hacking() -> None:
+    def gen(rng, step, G):
+        v, _ = healthy_gen(rng, step, G)
+        lengths = rng.integers(50, 100, G) + 20 * step
+        v[:, 0] = np.clip((lengths - lengths.min()) / 60 + rng.normal(0, 0.05, G), 0, 1)
+        return v, lengths
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    assert codes(d) == ["length_hacking"]
+    assert d.findings[0].sort == "length" and d.findings[0].component == "correct"
+
+
+def test_it_does_not_call_length_hacking_when_length_is_flat() -> None:
+    def gen(rng, step, G):
+        v, _ = healthy_gen(rng, step, G)
+        lengths = rng.integers(50, 100, G)
+        v[:, 0] = np.clip((lengths - 50) / 50, 0, 1)
+        return v, lengths
+
+    assert "length_hacking" not in codes(dg.diagnose(synth(HEALTHY_COMPONENTS, gen)))
+
+
+def test_it_detects_aggregation_collapse_and_what_normalise_then_sum_would_do() -> None:
+    comps = [C("a", 1.0, "outcome", 0, 1), C("b", 1.0, "outcome", 0, 1)]
+
+    def gen(rng, step, G):
+        a = (rng.random(G) < 0.5).astype(float)
+        b = np.where(rng.random(G) < 0.7, 1 - a, a)  # mostly one or the other: [1,0] and [0,1] tie
+        return np.column_stack([a, b]), rng.integers(50, 150, G)
+
+    data = synth(comps, gen)
+    d = dg.diagnose(data)
+    assert "aggregation_collapse" in codes(d)
+    c = d.collapse
+    assert c["frac"] > 0.5 and 0.0 <= c["resolved_frac"] <= 1.0
+    assert dg.diagnose(data, aggregation="normalize_then_sum").collapse == {}
+
+
+def test_it_counts_collapse_on_a_hand_made_group() -> None:
+    # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1: all distinct sums.
+    x = np.array([[1, 0], [0, 1], [1, 1], [1, 0], [0, 0], [1, 1]], dtype=float)
+    data = dg.RunArrays([C("a", 1.0), C("b", 1.0)], x, np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, int))
+    c = dg.aggregation_collapse(data)
+    assert (c["groups"], c["collapsed"], c["frac"]) == (2, 1, 0.5)
+    assert c["rollouts_frac"] == pytest.approx(2 / 6)
+
+
+def test_it_detects_metric_spikes_and_divergence() -> None:
+    m = healthy_metrics()
+    s, v = m["kl"]
+    v = v.copy()
+    v[25] = 0.9
+    m["kl"] = (s, v)
+    d = dg.diagnose(healthy(), metrics=m)
+    assert codes(d) == ["unstable"]
+    assert d.findings[0].evidence["first_step"] == 25
+    gn = m["grad_norm"][1].copy()
+    gn[30] = np.nan
+    m["train/grad_norm"] = (s, gn)
+    crit = [f for f in dg.diagnose(healthy(), metrics=m).findings if f.severity == "critical"]
+    assert crit and "non-finite" in crit[0].title
+
+
+def test_it_flags_high_reward_rollouts_that_annotators_marked_bad() -> None:
+    data = healthy()
+    r = data.rewards()
+    top = data.rollout_ids[r >= np.quantile(r, 0.8)]
+    d = dg.diagnose(data, bad_case_ids=lambda: top[: len(top) // 2].tolist())
+    assert codes(d) == ["reward_vs_quality"]
+    assert d.findings[0].evidence["share"] == pytest.approx(0.5, abs=0.02)
+    # With the annotated set as denominator, and too few annotations: nothing is said.
+    few = dg.diagnose(data, bad_case_ids=lambda: top[:3].tolist(), annotated_ids=lambda: top[:5].tolist())
+    assert codes(few) == []
+
+
+def test_it_serialises_the_diagnosis_to_json() -> None:
+    import json
+
+    d = dg.diagnose(healthy())
+    json.dumps(d.as_dict(), allow_nan=False)
+
+
+# ---------------------------------------------------------------- ablation
+
+
+def small_case() -> dg.RunArrays:
+    # Two groups of 4; 'const' is the same inside each group (weight 5); 'correct' varies.
+    x = np.array([[1, 1], [0, 1], [1, 1], [0, 1],
+                  [1, 0], [1, 0], [0, 0], [0, 0]], dtype=float)
+    return dg.RunArrays([C("correct", 1.0, "outcome"), C("const", 5.0, "behavioural")], x,
+                        np.array([7, 7, 7, 7, 9, 9, 9, 9]), np.array([0, 0, 0, 0, 1, 1, 1, 1]))
+
+
+def test_it_finds_no_signal_when_dropping_a_constant_component() -> None:
+    r = dg.ablate(small_case(), dg.AblationSpec(drop=("const",)))
+    assert r["mean_abs_delta"] == pytest.approx(0.0, abs=1e-12)
+    assert (r["sign_flip_frac"], r["best_changed_frac"], r["zero_std_change"]) == (0.0, 0.0, 0.0)
+    assert r["verdict"]["level"] == "no_signal"
+    assert dg.NO_SIGNAL in r["verdict"]["text"] and "'const'" in r["verdict"]["text"]
+    assert r["weights"] == {"correct": 1.0}
+
+
+def test_it_measures_what_dropping_the_only_varying_component_does() -> None:
+    r = dg.ablate(small_case(), dg.AblationSpec(drop=("correct",)))
+    a = 0.5 / (math.sqrt(1 / 3) + stats.EPS)  # group of [1,0,1,0]: |A| for every rollout
+    assert r["mean_abs_delta"] == pytest.approx(a)
+    assert (r["zero_std_before"], r["zero_std_after"]) == (0.0, 1.0)
+    assert r["signal_lost_frac"] == 1.0 and r["sign_flip_frac"] == 0.0
+    assert r["verdict"]["level"] == "strong"
+    assert {g["group_id"] for g in r["top_groups"]} == {7, 9}
+
+
+def test_it_counts_sign_flips_best_changes_and_spearman() -> None:
+    # One group; re-weighting b from 0.1 to 3 reverses the order of a and b.
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    data = dg.RunArrays([C("a", 1.0), C("b", 0.1)], x, np.zeros(3, int), np.zeros(3, int))
+    r = dg.ablate(data, dg.AblationSpec(weights={"b": 3.0}))
+    # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the mean both times.
+    assert r["sign_flip_frac"] == 1.0
+    assert r["best_changed_frac"] == 1.0
+    assert r["spearman_mean"] == pytest.approx(-1.0)
+
+
+def test_it_recomputes_with_the_ingestion_function_for_every_aggregation() -> None:
+    data = healthy()
+    for scale in ("group", "batch", "none"):
+        for agg in ("sum_then_normalize", "normalize_then_sum"):
+            spec = dg.AblationSpec(scale_rewards=scale, aggregation=agg)
+            r = dg.ablate(data, spec, dg.Baseline(scale, agg))
+            assert r["mean_abs_delta"] == pytest.approx(0.0, abs=1e-12), (scale, agg)
+    r = dg.ablate(data, dg.AblationSpec(aggregation="normalize_then_sum"))
+    assert r["mean_abs_delta"] > 0.01
+
+
+def test_it_ranks_ties_by_their_average_like_scipy() -> None:
+    rng = np.random.default_rng(3)
+    g = np.repeat(np.arange(50), 6)
+    a, b = rng.integers(0, 3, 300).astype(float), rng.integers(0, 3, 300).astype(float)
+    rho = dg.group_spearman(a, b, g, 50)
+    for i in range(50):
+        sl = slice(6 * i, 6 * i + 6)
+        if np.ptp(a[sl]) == 0 or np.ptp(b[sl]) == 0:
+            assert math.isnan(rho[i])
+        else:
+            assert rho[i] == pytest.approx(sps.spearmanr(a[sl], b[sl]).statistic)
+
+
+def test_it_matches_the_python_loop_baseline() -> None:
+    data = healthy()
+    rows = list(zip(data.group_ids.tolist(), data.matrix.tolist()))
+    loop = dg.python_loop_advantages(rows, data.weights.tolist())
+    vec = stats.compute_advantages(data.matrix, data.weights, data.group_ids, batch_ids=data.steps).advantages
+    assert np.allclose(loop, vec)

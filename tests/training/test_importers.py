@@ -1,0 +1,315 @@
+"""The format readers on sample files built from each trainer's documented field names (no Django).
+
+The sample writers here are reused by tests/webapp/test_import_command.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from training import stats
+from training.importers import BadRecord, GroupItem, MetricsItem, ReaderError, open_reader
+
+# ------------------------------------------------------------------------------------------------ sample writers
+
+
+def trl_rows(step: int, prompts: list[Any], g: int, seed: int = 0) -> dict[str, list[Any]]:
+    """Columns exactly as TRL 1.16's GRPOTrainer.log writes them: step, prompt, completion, one column
+    per reward function (here "correct" and "format"), the log_extra columns ("judge"), advantage."""
+    rng = np.random.default_rng(seed + step)
+    n = len(prompts) * g
+    correct = rng.integers(0, 2, n).astype(float)
+    fmt = rng.uniform(0, 1, n).round(3)
+    adv = stats.compute_advantages(np.stack([correct, fmt], axis=1), [1.0, 1.0], group_size=g).advantages
+    return {
+        "step": [step] * n,
+        "prompt": [p for p in prompts for _ in range(g)],
+        "completion": [f"answer {i} at {step}" for i in range(n)],
+        "correct": correct.tolist(),
+        "format": fmt.tolist(),
+        "judge": [f"note {i}" for i in range(n)],
+        "advantage": adv.tolist(),
+    }
+
+
+def write_trl(folder: Path, step: int, prompts: list[Any], g: int = 4, **override: list[Any]) -> Path:
+    cols = {**trl_rows(step, prompts, g), **override}
+    path = folder / "completions" / f"completions_{step:05d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+def verl_lines(step: int, inputs: list[str], n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Keys exactly as verl's _dump_generations writes them (input, output, gts, score, step) plus the
+    reward function's extra info ("acc" numeric, "pred" a string), with the group rows interleaved
+    the way balance_batch leaves them."""
+    rng = np.random.default_rng(seed + step)
+    rows = []
+    for j in range(n):
+        for i, inp in enumerate(inputs):
+            acc = float(rng.integers(0, 2))
+            rows.append({"input": inp, "output": f"out {i}.{j}", "gts": f"gt{i}", "score": acc - 0.1 * j,
+                         "step": step, "acc": acc, "pred": f"p{j}"})
+    return rows
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def prime_records(step: int, n_examples: int, g: int, *, advantages: bool = False) -> list[dict[str, Any]]:
+    recs = []
+    for j in range(g):  # written as samples finish: examples interleaved
+        for ex in range(n_examples):
+            r = {"step": step, "problem_id": f"prob-{ex}", "prompt": f"Problem {ex}", "completion": f"sol {ex}.{j}",
+                 "reward": float((ex + j) % 2), "task_rewards": {"math": float(j % 2), "length": 0.1 * j},
+                 "task": "math"}
+            if advantages:
+                r["advantage"] = 0.5 - j
+            recs.append(r)
+    return recs
+
+
+def byoo_episodes(step: int, n_groups: int, g: int, *, with_group_id: bool = True) -> list[dict[str, Any]]:
+    eps = []
+    for k in range(g):
+        for gi in range(n_groups):
+            ep = {
+                "episode_id": f"ep-{step}-{gi}-{k}",
+                "step": step,
+                "turns": [
+                    {"role": "system", "content": "You are an agent."},
+                    {"role": "user", "content": f"task {gi}"},
+                    {"role": "assistant", "content": None,
+                     "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+                    {"role": "tool", "content": "results", "name": "search"},
+                    {"role": "assistant", "content": f"done {gi}.{k}"},
+                ],
+                "aggregate_reward_score": float(k) / g,
+                "sub_metrics": {"task_success": float(k % 2), "tool use": 0.5},
+            }
+            if with_group_id:
+                ep["group_id"] = f"grp-{gi}"
+            eps.append(ep)
+    return eps
+
+
+def items(reader) -> tuple[list[GroupItem], list[BadRecord], list[MetricsItem]]:
+    out = list(reader.read())
+    return ([i for i in out if isinstance(i, GroupItem)], [i for i in out if isinstance(i, BadRecord)],
+            [i for i in out if isinstance(i, MetricsItem)])
+
+
+# ------------------------------------------------------------------------------------------------ TRL
+
+
+def test_it_groups_trl_rows_by_consecutive_prompt(tmp_path):
+    write_trl(tmp_path, 3, ["What is 2+2?", "Name a prime.", "What is 2+2?"], g=4)
+    reader = open_reader("trl", tmp_path)
+    groups, bad, _ = items(reader)
+    assert bad == []
+    assert [(g.record["step"], len(g.record["rollouts"])) for g in groups] == [(3, 4)] * 3
+    # The same prompt drawn twice in the step is two groups with distinct, stable keys.
+    k0, k1, k2 = (g.record["key"] for g in groups)
+    assert k2 == f"{k0}#1" and k0 != k1
+    cols = trl_rows(3, ["What is 2+2?", "Name a prime.", "What is 2+2?"], 4)
+    r5 = groups[1].record["rollouts"][1]
+    assert r5["completion"] == cols["completion"][5]
+    assert r5["rewards"] == {"correct": cols["correct"][5], "format": cols["format"][5]}
+    assert r5["advantage"] == pytest.approx(cols["advantage"][5])
+    assert r5["state"] == {"extra": {"judge": "note 5"}}  # the log_extra column is not a component
+    assert groups[1].rollout_lines == [5, 6, 7, 8]
+    assert reader.sample_components() == ["correct", "format"]
+
+
+def test_it_reads_conversational_trl_logs(tmp_path):
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    completion = [{"role": "assistant", "content": "Hello"}]
+    write_trl(tmp_path, 1, [prompt], g=2, completion=[completion, completion])
+    (g,), bad, _ = items(open_reader("trl", tmp_path / "completions" / "completions_00001.parquet"))
+    assert bad == []
+    assert g.record["prompt"] == prompt
+    assert g.record["rollouts"][0]["transcript"] == completion
+
+
+def test_it_splits_trl_runs_by_group_size_and_rejects_a_remainder(tmp_path):
+    write_trl(tmp_path, 0, ["A"], g=8)
+    groups, bad, _ = items(open_reader("trl", tmp_path, group_size=4))
+    assert [len(g.record["rollouts"]) for g in groups] == [4, 4] and bad == []
+    groups, bad, _ = items(open_reader("trl", tmp_path, group_size=3))
+    assert groups == [] and bad[0].records == 8 and "multiple of the group size 3" in bad[0].message
+
+
+def test_it_drops_the_whole_trl_group_of_a_bad_row(tmp_path):
+    cols = trl_rows(2, ["A", "B"], 4)
+    cols["completion"][5] = None  # row 6, in the second group
+    path = write_trl(tmp_path, 2, ["A", "B"], g=4, completion=cols["completion"])
+    groups, bad, _ = items(open_reader("trl", path))
+    assert [g.record["prompt"] for g in groups] == ["A"]
+    assert (bad[0].line, bad[0].records) == (6, 1) and "completion" in bad[0].message
+    assert (bad[1].line, bad[1].records) == (5, 3)  # the group's three good rows, dropped with it
+
+
+def test_it_skips_a_trl_file_that_repeats_the_previous_generation_batch(tmp_path):
+    cols = trl_rows(1, ["A"], 2)
+    write_trl(tmp_path, 1, ["A"], g=2)
+    write_trl(tmp_path, 2, ["A"], g=2, completion=cols["completion"])  # same prompts and completions
+    write_trl(tmp_path, 3, ["B"], g=2)
+    reader = open_reader("trl", tmp_path)
+    groups, _, _ = items(reader)
+    assert [g.record["step"] for g in groups] == [1, 3]
+    assert reader.duplicates == ["completions_00002.parquet"]
+
+
+def test_it_uses_only_the_named_components(tmp_path):
+    write_trl(tmp_path, 0, ["A"], g=2)
+    (g,), _, _ = items(open_reader("trl", tmp_path, components=["correct"]))
+    r = g.record["rollouts"][0]
+    assert list(r["rewards"]) == ["correct"] and "format" in r["state"]["extra"]
+
+
+def test_it_refuses_a_folder_without_trl_files(tmp_path):
+    with pytest.raises(ReaderError, match="completions_<step>.parquet"):
+        open_reader("trl", tmp_path).files()
+
+
+# ------------------------------------------------------------------------------------------------ verl
+
+
+def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path):
+    write_jsonl(tmp_path / "rollouts" / "7.jsonl", verl_lines(7, ["Q1", "Q2", "Q3"], n=4))
+    write_jsonl(tmp_path / "rollouts" / "10.jsonl", verl_lines(10, ["Q1"], n=4))
+    reader = open_reader("verl", tmp_path / "rollouts")
+    assert [f.name for f in reader.files()] == ["7.jsonl", "10.jsonl"]  # by step, not by string
+    groups, bad, _ = items(reader)
+    assert bad == []
+    assert [(g.record["step"], g.record["prompt"], len(g.record["rollouts"])) for g in groups] == [
+        (7, "Q1", 4), (7, "Q2", 4), (7, "Q3", 4), (10, "Q1", 4)]
+    q2 = groups[1]
+    assert q2.rollout_lines == [2, 5, 8, 11]
+    r = q2.record["rollouts"][3]
+    assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc"]
+    assert r["state"] == {"gts": "gt1", "extra": {"pred": "p3"}}
+    scores = np.array([x["reward"] for x in q2.record["rollouts"]])
+    expected = (scores - scores.mean()) / (scores.std(ddof=1) + stats.EPS)
+    assert [x["advantage"] for x in q2.record["rollouts"]] == pytest.approx(expected.tolist())
+    assert reader.sample_components() == ["acc"]
+
+
+def test_it_reports_a_bad_verl_line_with_its_number_and_drops_its_group(tmp_path):
+    lines: list[Any] = verl_lines(1, ["Q1", "Q2"], n=2)
+    lines[2] = dict(lines[2], score="high")  # line 3: Q1's second sample
+    lines.insert(1, "{not json")  # line 2: group unknown, reported alone
+    path = write_jsonl(tmp_path / "1.jsonl", lines)
+    groups, bad, _ = items(open_reader("verl", path))
+    assert [g.record["prompt"] for g in groups] == ["Q2"]
+    assert [(b.line, b.records) for b in bad] == [(2, 1), (4, 1), (1, 1)]
+    assert "malformed JSON" in bad[0].message and "score: must be a number" in bad[1].message
+    assert "line 4" in bad[2].message  # Q1's good line, dropped with the bad one
+
+
+# ------------------------------------------------------------------------------------------------ PRIME-RL
+
+
+def test_it_groups_prime_rl_records_by_example_id(tmp_path):
+    path = write_jsonl(tmp_path / "r.jsonl", prime_records(5, n_examples=2, g=3, advantages=True))
+    groups, bad, _ = items(open_reader("prime-rl", path))
+    assert bad == []
+    assert [(g.record["key"], len(g.record["rollouts"])) for g in groups] == [("ex-prob-0", 3), ("ex-prob-1", 3)]
+    r = groups[1].record["rollouts"][2]
+    assert r == {"index": 2, "completion": "sol 1.2", "reward": 1.0, "advantage": -1.5,
+                 "rewards": {"math": 0.0, "length": pytest.approx(0.2)}, "state": {"task": "math"}}
+
+
+def test_it_refuses_a_prime_rl_group_with_some_advantages_missing(tmp_path):
+    recs = prime_records(0, n_examples=1, g=2, advantages=True)
+    del recs[1]["advantage"]
+    groups, bad, _ = items(open_reader("prime-rl", write_jsonl(tmp_path / "r.jsonl", recs)))
+    assert groups == [] and bad[0].records == 2 and "give all or none" in bad[0].message
+
+
+# ------------------------------------------------------------------------------------------------ BYOO
+
+
+def test_it_turns_byoo_episodes_into_transcript_groups(tmp_path):
+    path = write_jsonl(tmp_path / "eps.jsonl", byoo_episodes(2, n_groups=2, g=3))
+    reader = open_reader("byoo", path)
+    groups, bad, _ = items(reader)
+    assert bad == []
+    assert [(g.record["key"], len(g.record["rollouts"])) for g in groups] == [("g-grp-0", 3), ("g-grp-1", 3)]
+    g = groups[0].record
+    # No prompt field: the turns before the first assistant turn are the prompt.
+    assert [m["role"] for m in g["prompt"]] == ["system", "user"]
+    r = g["rollouts"][1]
+    assert [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
+    assert r["transcript"][0]["tool_calls"][0]["function"]["name"] == "search"
+    assert r["reward"] == pytest.approx(1 / 3)
+    assert r["rewards"] == {"task_success": 1.0, "tool_use": 0.5}  # names made acceptable, deterministically
+    assert r["state"] == {"episode_id": "ep-2-0-1"}
+    assert reader.sample_components() == ["task_success", "tool_use"]
+
+
+def test_it_groups_byoo_episodes_without_group_id_by_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "eps.jsonl", byoo_episodes(0, n_groups=3, g=2, with_group_id=False))
+    groups, _, _ = items(open_reader("byoo", path))
+    assert [len(g.record["rollouts"]) for g in groups] == [2, 2, 2]
+    assert all(g.record["key"].startswith("p-") for g in groups)
+
+
+def test_it_names_the_bad_turn_of_a_byoo_episode(tmp_path):
+    eps = byoo_episodes(0, n_groups=1, g=2)
+    eps[1]["turns"][1]["role"] = "human"
+    groups, bad, _ = items(open_reader("byoo", write_jsonl(tmp_path / "eps.jsonl", eps)))
+    assert groups == []  # the other episode of its group goes with it
+    assert bad[0].line == 2 and "turns[1].role" in bad[0].message
+    assert (bad[1].line, bad[1].records) == (1, 1)
+
+
+# ------------------------------------------------------------------------------------------------ JSONL
+
+
+def test_it_reads_ingestion_jsonl_and_the_jsonl_sink_format(tmp_path):
+    group = {"step": 0, "key": "a", "prompt": "p", "rollouts": [{"index": 0, "completion": "x", "rewards": {"c": 1}}]}
+    path = write_jsonl(tmp_path / "x.jsonl", [
+        group,
+        {"type": "group", **dict(group, key="b")},
+        {"type": "metrics", "step": 0, "values": {"loss": 0.5}},
+        {"type": "log", "line": "hello"},
+        "",
+        "[1, 2]",
+    ])
+    reader = open_reader("jsonl", path)
+    groups, bad, metrics = items(reader)
+    assert [g.record["key"] for g in groups] == ["a", "b"] and "type" not in groups[1].record
+    assert metrics[0].record == {"step": 0, "values": {"loss": 0.5}}
+    assert [(b.line, b.message) for b in bad] == [(6, "must be a JSON object, got list")]
+    assert reader.sample_components() == ["c"]
+
+
+def test_it_streams_jsonl_instead_of_reading_the_file_first(tmp_path):
+    group = {"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "x" * 1000}]}
+    path = write_jsonl(tmp_path / "big.jsonl", [dict(group, key=f"k{i}") for i in range(500)])
+    read = []
+    it = open_reader("jsonl", path).read(read.append)
+    next(it)
+    assert sum(read) < path.stat().st_size / 100  # the first group came after reading one line
+
+
+def test_it_reads_nan_as_not_scored():
+    from training.importers.base import finite_or_none, parse_json_object
+
+    obj = parse_json_object(b'{"score": NaN}')
+    assert math.isnan(obj["score"]) and finite_or_none(obj["score"]) is None

@@ -1,0 +1,180 @@
+"""A dependency-free Python client for the web app's REST API v1 (stdlib urllib only), for training
+scripts on other machines, notebooks, and the HTTP sink.
+
+    from training.client import Client
+    api = Client("http://host:8000", token="...")
+    run_id = api.create_run("grpo-7b", environment="math", components=["correct", "format"])
+    api.post_groups(run_id, [{"step": 0, "key": "p1", "prompt": "...", "rollouts": [...]}])
+    api.post_metrics(run_id, [{"step": 0, "values": {"loss": 0.3}}])
+    for r in api.iter_rollouts(run_id, sort="correct", order="asc", step_min=100):
+        ...
+    api.finish(run_id)
+
+Transient failures (connection errors, timeouts, 5xx, 429) are retried with exponential backoff
+(backoff, 2*backoff, 4*backoff, ...; a 429's Retry-After wins when longer); a 4xx is the request's
+fault and raises `ApiError` at once with the server's `errors` list ([{"field", "error"}]). Posting
+groups is idempotent on (step, key), so retrying it after a lost response is safe. Creating a run is
+not, so `create_run` retries only failures where the server cannot have created it (connection
+refused, 429, 503).
+
+Plain Python: never imports Django.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+UNPROCESSED = (429, 503)  # the server (or a proxy in front of it) did not handle the request
+
+
+class ApiError(Exception):
+    """The API refused a request (status 4xx/5xx), or could not be reached after every retry
+    (status None). `errors` is the server's list of {"field", "error"}."""
+
+    def __init__(self, status: int | None, errors: list[dict[str, str]], method: str = "", url: str = "") -> None:
+        self.status = status
+        self.errors = errors
+        self.method = method
+        self.url = url
+        self.retry_after = 0.0  # seconds the server asked us to wait (429/503 Retry-After)
+        first = errors[0] if errors else {"field": "", "error": "request failed"}
+        where = f"{first['field']}: " if first.get("field") else ""
+        super().__init__(f"{method} {url} -> {status if status is not None else 'unreachable'}: "
+                         f"{where}{first.get('error', '')}")
+
+    @property
+    def retryable(self) -> bool:
+        """True when sending the same request later may succeed (server down or overloaded)."""
+        return self.status is None or self.status >= 500 or self.status == 429
+
+
+class Client:
+    def __init__(self, base_url: str, token: str, timeout: float = 30, retries: int = 5, backoff: float = 0.5) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout  # seconds per attempt
+        self.retries = retries  # attempts after the first
+        self.backoff = backoff  # seconds before the first retry; doubles each time
+
+    # ---- runs
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """The newest runs (the server returns up to 500), newest first."""
+        return self._request("GET", "/api/v1/runs/")["runs"]
+
+    def find_run(self, name: str) -> dict[str, Any] | None:
+        """The newest run with this name, or None."""
+        return next((r for r in self.list_runs() if r["name"] == name), None)
+
+    def create_run(self, name: str, environment: str, components: list[str | dict[str, Any]] | None = None,
+                   config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "") -> int:
+        """Create a run (and its environment, or the components it lacks). `components` are names or
+        {"name", "weight", "kind", "min_value", "max_value", "description"}. Returns the run id."""
+        comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
+        body = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
+                "environment": {"name": environment, "components": comps}}
+        return int(self._request("POST", "/api/v1/runs/", body, idempotent=False)["id"])
+
+    def finish(self, run_id: int) -> dict[str, Any]:
+        return self._request("POST", f"/api/v1/runs/{run_id}/finish/")
+
+    # ---- writes
+
+    def post_groups(self, run_id: int, groups: list[dict[str, Any]]) -> dict[str, int]:
+        """Ingest a batch (all or nothing). Returns {"groups", "rollouts", "skipped_groups"}."""
+        return self._request("POST", f"/api/v1/runs/{run_id}/groups/", {"groups": groups})
+
+    def post_metrics(self, run_id: int, metrics: list[dict[str, Any]]) -> dict[str, int]:
+        """`metrics` is a list of {"step": int, "values": {name: float}}."""
+        return self._request("POST", f"/api/v1/runs/{run_id}/metrics/", {"metrics": metrics})
+
+    # ---- reads
+
+    def get_group(self, run_id: int, step: int, key: str) -> dict[str, Any]:
+        q = urllib.parse.urlencode({"step": step, "key": key})
+        return self._request("GET", f"/api/v1/runs/{run_id}/groups/?{q}")
+
+    def iter_rollouts(self, run_id: int, sort: str = "reward", order: str = "desc", limit: int = 500,
+                      **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every rollout matching the filters (step_min, step_max, split, zero_std, q, min_<component>,
+        max_<component>, ...), in the server's keyset order, one page of `limit` at a time."""
+        params = {"sort": sort, "order": order, "limit": limit,
+                  **{k: _param(v) for k, v in filters.items() if v is not None}}
+        cursor: str | None = None
+        while True:
+            q = urllib.parse.urlencode({**params, **({"cursor": cursor} if cursor else {})})
+            page = self._request("GET", f"/api/v1/runs/{run_id}/rollouts/?{q}")
+            yield from page["rollouts"]
+            cursor = page.get("next")
+            if not cursor:
+                return
+
+    # ---- transport
+
+    def _request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> Any:
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        headers = {"Authorization": f"Token {self.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        last: ApiError | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self._delay(attempt, last))
+            request = urllib.request.Request(url, data=data, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+                return json.loads(raw) if raw else {}
+            except urllib.error.HTTPError as e:
+                last = ApiError(e.code, _errors(e), method, url)
+                last.retry_after = _retry_after(e)
+                if not last.retryable or (not idempotent and e.code not in UNPROCESSED):
+                    raise last from None
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                reason = getattr(e, "reason", e)
+                last = ApiError(None, [{"field": "", "error": f"cannot reach the server: {reason}"}], method, url)
+                if not idempotent and not isinstance(reason, ConnectionRefusedError):
+                    raise last from None  # the request may have arrived: a retry could create a second run
+            logger.warning("%s (attempt %d of %d)", last, attempt + 1, self.retries + 1)
+        assert last is not None
+        raise last
+
+    def _delay(self, attempt: int, last: ApiError | None) -> float:
+        delay = self.backoff * 2 ** (attempt - 1)
+        return max(delay, last.retry_after if last is not None else 0.0)
+
+
+def _param(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _errors(e: urllib.error.HTTPError) -> list[dict[str, str]]:
+    """The server's error list, or the status text when the body is not our JSON (a proxy's page)."""
+    try:
+        body = json.loads(e.read() or b"null")
+    except (ValueError, OSError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("errors"), list):
+        return body["errors"]
+    if isinstance(body, dict) and "detail" in body:  # DRF's own errors (authentication, 404)
+        return [{"field": "", "error": str(body["detail"])}]
+    return [{"field": "", "error": f"HTTP {e.code} {e.reason}"}]
+
+
+def _retry_after(e: urllib.error.HTTPError) -> float:
+    try:
+        return min(float(e.headers.get("Retry-After") or 0), 300.0)  # never sleep longer than 5 minutes
+    except (TypeError, ValueError):
+        return 0.0

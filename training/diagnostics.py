@@ -1,0 +1,870 @@
+"""Component health, failure-mode detectors and ablation recomputation. Pure numpy, no Django.
+
+GRPO learns only from differences inside a group: a component that is constant across the G
+completions of one prompt produces no advantage, whatever its weight. Everything here is measured
+*within groups* for that reason: within-group std, the within-group covariance of the components
+(which decides each one's share of the advantage), and within-group correlations.
+
+Inputs are arrays over rollouts (`RunArrays`): an (N, K) matrix of component values (NaN where a
+component did not score), group ids, steps and lengths. The webapp reads them from the database
+(webapp/diagnostics/services.py); the trainer or a notebook can build them directly. Advantages are
+always recomputed with `training.stats.compute_advantages`, the same function ingestion uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from training import stats
+
+SEMANTIC_KINDS = ("outcome", "process")  # what the task is about: depends on the prompt
+SYNTAX_KINDS = ("behavioural",)  # form and validity: satisfiable without reading the prompt
+DENSE_KINDS = ("behavioural", "process")  # scored on every completion, easy to saturate
+UNSTABLE_KEYS = ("kl", "clip_ratio", "grad_norm")  # TRL's logged keys (prefix match after an optional "train/")
+
+
+@dataclass(frozen=True)
+class ComponentInfo:
+    name: str
+    weight: float
+    kind: str = "outcome"  # outcome / process / behavioural / penalty
+    min_value: float | None = None  # declared range; None: the observed one is used
+    max_value: float | None = None
+
+
+@dataclass
+class RunArrays:
+    """One row per rollout. `group_ids` may be any integers (database ids)."""
+
+    components: list[ComponentInfo]
+    matrix: np.ndarray  # (N, K) float64, NaN = not scored
+    group_ids: np.ndarray  # (N,) int64
+    steps: np.ndarray  # (N,) int64
+    lengths: np.ndarray | None = None  # (N,) float64, NaN = unknown
+    rollout_ids: np.ndarray | None = None  # (N,) int64
+
+    def __post_init__(self) -> None:
+        n = self.matrix.shape[0]
+        if self.matrix.ndim != 2 or self.matrix.shape[1] != len(self.components):
+            raise ValueError(f"matrix: expected shape (N, {len(self.components)}), got {self.matrix.shape}")
+        for name in ("group_ids", "steps", "lengths", "rollout_ids"):
+            a = getattr(self, name)
+            if a is not None and a.shape != (n,):
+                raise ValueError(f"{name}: expected shape ({n},), got {a.shape}")
+
+    @property
+    def n(self) -> int:
+        return int(self.matrix.shape[0])
+
+    @property
+    def weights(self) -> np.ndarray:
+        return np.array([c.weight for c in self.components], dtype=np.float64)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.components]
+
+    def select(self, mask: np.ndarray) -> RunArrays:
+        pick = lambda a: None if a is None else a[mask]  # noqa: E731
+        return replace(self, matrix=self.matrix[mask], group_ids=self.group_ids[mask], steps=self.steps[mask],
+                       lengths=pick(self.lengths), rollout_ids=pick(self.rollout_ids))
+
+    def last_steps(self, n_steps: int | None) -> RunArrays:
+        """The rollouts of the last `n_steps` distinct steps (all of them when None)."""
+        if n_steps is None or self.n == 0:
+            return self
+        uniq = np.unique(self.steps)
+        if uniq.size <= n_steps:
+            return self
+        return self.select(self.steps >= uniq[-n_steps])
+
+    def rewards(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """The aggregate reward under sum-then-normalise (TRL's r = nansum_k w_k r_k; NaN if unscorable)."""
+        w = self.weights if weights is None else weights
+        r = np.nansum(self.matrix * w[None, :], axis=1)
+        r[np.isnan(self.matrix).all(axis=1)] = np.nan
+        return r
+
+
+def dense_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Relabel arbitrary integer ids to 0..M-1 (for bincount); returns (ids, M)."""
+    if ids.size == 0:
+        return ids.astype(np.int64), 0
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo < 8 * ids.size + 1024:
+        # Database ids of one run are nearly contiguous: a lookup table beats np.unique's sort.
+        present = np.zeros(hi - lo + 1, dtype=bool)
+        present[ids - lo] = True
+        table = np.cumsum(present) - 1
+        return table[ids - lo].astype(np.int64), int(present.sum())
+    uniq, inv = np.unique(ids, return_inverse=True)
+    return inv.astype(np.int64), int(uniq.size)
+
+
+# --------------------------------------------------------------------------------------------
+# Component health
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ComponentHealth:
+    name: str
+    kind: str
+    weight: float
+    mean: float  # over rollouts
+    within_std: float  # mean over groups of the within-group std
+    zero_std_frac: float  # fraction of groups (where it scored) in which it is constant
+    share: float  # share of the within-group variance of the weighted reward (sums to 1 over components)
+    at_max: float  # fraction of scored rollouts at the top of its range
+    at_min: float  # ... at the bottom
+    lo: float
+    hi: float
+    range_declared: bool
+    level: float  # mean mapped to [0, 1] over (lo, hi); NaN when lo == hi
+    corr_length: float  # within-group correlation with completion length
+    scored_frac: float  # fraction of rollouts it scored
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: _json_float(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class HealthReport:
+    components: list[ComponentHealth]
+    corr_labels: list[str]  # component names, then "length" and "reward"
+    corr: np.ndarray  # within-group correlation matrix over corr_labels
+    n_rollouts: int
+    n_groups: int
+    step_min: int | None
+    step_max: int | None
+    reward_zero_std_frac: float  # groups whose aggregate reward is constant (no advantage at all)
+
+    def by_name(self) -> dict[str, ComponentHealth]:
+        return {c.name: c for c in self.components}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "components": [c.as_dict() for c in self.components],
+            "corr_labels": self.corr_labels,
+            "corr": [[_json_float(x) for x in row] for row in self.corr.tolist()],
+            "n_rollouts": self.n_rollouts,
+            "n_groups": self.n_groups,
+            "step_min": self.step_min,
+            "step_max": self.step_max,
+            "reward_zero_std_frac": _json_float(self.reward_zero_std_frac),
+        }
+
+
+def _json_float(v: Any) -> Any:
+    if isinstance(v, (float, np.floating)):
+        return None if not math.isfinite(float(v)) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def within_group_cov(values: np.ndarray, gidx: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled within-group covariance of the columns of `values` (N, P), NaN-aware.
+
+    A missing value contributes a zero deviation (it neither adds nor removes variance). Returns
+    (cov (P, P), per-group column means (M, P)). Each group's deviations are taken from its own mean,
+    so between-prompt differences, which GRPO discards, never enter.
+    """
+    st = stats.group_stats(values, gidx, m)
+    dev = np.where(np.isnan(values), 0.0, values - st.mean[gidx])
+    dev = np.nan_to_num(dev, nan=0.0)
+    dof = max(int(np.sum(np.maximum(np.bincount(gidx, minlength=m) - 1, 0))), 1)
+    return dev.T @ dev / dof, st.mean
+
+
+def advantage_shares(weights: np.ndarray, cov: np.ndarray) -> np.ndarray:
+    """share_k = sum_j w_k w_j cov_kj / var(sum_k w_k r_k): each component's part of the within-group
+    variance of the weighted reward, i.e. of what the advantage is made of. Sums to 1; NaN when the
+    weighted reward never varies inside a group.
+
+    >>> advantage_shares(np.array([1.0, 5.0]), np.array([[0.25, 0.0], [0.0, 0.0]])).tolist()
+    [1.0, 0.0]
+    """
+    cw = cov @ weights
+    total = float(weights @ cw)
+    if not total > 1e-12:
+        return np.full(weights.shape, np.nan)
+    return weights * cw / total
+
+
+def _corr_from_cov(cov: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = cov / np.outer(d, d)
+    c[np.outer(d, d) <= 1e-12] = np.nan
+    return np.clip(c, -1.0, 1.0)
+
+
+def _range(col: np.ndarray, info: ComponentInfo) -> tuple[float, float, bool]:
+    finite = col[~np.isnan(col)]
+    obs_lo = float(finite.min()) if finite.size else math.nan
+    obs_hi = float(finite.max()) if finite.size else math.nan
+    lo = info.min_value if info.min_value is not None else obs_lo
+    hi = info.max_value if info.max_value is not None else obs_hi
+    return float(lo), float(hi), info.min_value is not None and info.max_value is not None
+
+
+def _at_bounds(col: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    finite = col[~np.isnan(col)]
+    if finite.size == 0 or math.isnan(lo) or math.isnan(hi):
+        return math.nan, math.nan
+    if hi - lo <= 1e-12:
+        # A constant undeclared range: a value at or below zero reads as stuck at the floor, above as
+        # at the ceiling (a 0/1 verifier that never fires vs. one that always does).
+        v = float(finite.mean())
+        return (1.0, 0.0) if v > 0 else (0.0, 1.0)
+    tol = 1e-6 * (hi - lo)
+    return float(np.mean(finite >= hi - tol)), float(np.mean(finite <= lo + tol))
+
+
+def component_health(data: RunArrays) -> HealthReport:
+    """Per-component health over all rollouts in `data` (pass `data.last_steps(n)` for a window)."""
+    k = len(data.components)
+    gidx, m = dense_ids(data.group_ids)
+    lengths = data.lengths if data.lengths is not None else np.full(data.n, np.nan)
+    rewards = data.rewards()
+    cols = np.column_stack([data.matrix, lengths.astype(np.float64), rewards]) if data.n else np.zeros((0, k + 2))
+    cov, _ = within_group_cov(cols, gidx, m) if data.n else (np.zeros((k + 2, k + 2)), None)
+    corr = _corr_from_cov(cov)
+    shares = advantage_shares(data.weights, cov[:k, :k])
+    cs = stats.group_stats(data.matrix, gidx, m) if data.n else None
+    out = []
+    for j, info in enumerate(data.components):
+        col = data.matrix[:, j]
+        scored = ~np.isnan(col)
+        has = cs.count[:, j] > 0 if cs is not None else np.zeros(0, dtype=bool)
+        zero = cs.zero_std[:, j][has] if cs is not None else np.zeros(0, dtype=bool)
+        lo, hi, declared = _range(col, info)
+        at_max, at_min = _at_bounds(col, lo, hi)
+        mean = float(np.nanmean(col)) if scored.any() else math.nan
+        std_g = cs.std[:, j][has] if cs is not None else np.zeros(0)
+        out.append(ComponentHealth(
+            name=info.name, kind=info.kind, weight=info.weight, mean=mean,
+            within_std=float(np.nanmean(std_g)) if np.isfinite(std_g).any() else math.nan,
+            zero_std_frac=float(zero.mean()) if zero.size else math.nan,
+            share=float(shares[j]), at_max=at_max, at_min=at_min, lo=lo, hi=hi, range_declared=declared,
+            level=(mean - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan,
+            corr_length=float(corr[j, k]), scored_frac=float(scored.mean()) if data.n else math.nan,
+        ))
+    rg = stats.group_stats(rewards, gidx, m) if data.n else None
+    rz = rg.zero_std[rg.count > 0] if rg is not None else np.zeros(0, dtype=bool)
+    steps = data.steps
+    return HealthReport(
+        components=out, corr_labels=[*data.names, "length", "reward"], corr=corr, n_rollouts=data.n, n_groups=m,
+        step_min=int(steps.min()) if steps.size else None, step_max=int(steps.max()) if steps.size else None,
+        reward_zero_std_frac=float(rz.mean()) if rz.size else math.nan,
+    )
+
+
+@dataclass
+class StepSeries:
+    steps: list[int]
+    reward_mean: list[float | None]
+    length_mean: list[float | None]
+    component_mean: dict[str, list[float | None]]
+
+
+def step_series(data: RunArrays) -> StepSeries:
+    """Per-step means of the aggregate reward, the length and each component (NaN-aware)."""
+    uniq, sidx = np.unique(data.steps, return_inverse=True)
+    lengths = data.lengths if data.lengths is not None else np.full(data.n, np.nan)
+    cols = np.column_stack([data.rewards(), lengths.astype(np.float64), data.matrix])
+    st = stats.group_stats(cols, sidx, uniq.size) if data.n else None
+    f = lambda a: [_json_float(x) for x in a.tolist()]  # noqa: E731
+    if st is None:
+        return StepSeries([], [], [], {n: [] for n in data.names})
+    return StepSeries(
+        steps=uniq.tolist(), reward_mean=f(st.mean[:, 0]), length_mean=f(st.mean[:, 1]),
+        component_mean={name: f(st.mean[:, 2 + j]) for j, name in enumerate(data.names)},
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Detectors
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    dead_zero_std: float = 0.95  # zero within-group std in this fraction of groups = dead
+    unreachable_at_min: float = 0.95
+    saturated_at_max: float = 0.90
+    saturated_zero_std: float = 0.90
+    flat_zero_std: float = 0.80  # semantic component "flat": constant in this fraction of groups
+    high_level: float = 0.80  # "high" / "low" on the component's range mapped to [0, 1]
+    low_level: float = 0.20
+    length_corr: float = 0.50
+    length_rise: float = 0.15  # relative rise in mean length, first vs last third of the steps
+    collapse_frac: float = 0.10  # fraction of groups where aggregation erases a distinction
+    spike_mads: float = 8.0
+    spike_ratio: float = 3.0
+    min_metric_points: int = 8
+    quality_bad_share: float = 0.25
+    quality_min_annotated: int = 10
+    min_groups: int = 5  # below this, say nothing
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str  # critical / warning / info
+    title: str  # plain words
+    detail: str  # the numbers behind it
+    fix: str  # what to try
+    component: str | None = None
+    sort: str | None = None  # explorer sort key for example transcripts (a component, "length", "reward")
+    order: str = "desc"
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evidence"] = {k: _json_float(v) for k, v in self.evidence.items()}
+        return d
+
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]:
+    out = []
+    total_w = sum(abs(c.weight) for c in h.components) or 1.0
+    for c in h.components:
+        if c.name in skip or not (c.zero_std_frac >= t.dead_zero_std) or h.n_groups < t.min_groups:
+            continue
+        heavy = abs(c.weight) / total_w >= 0.3
+        if c.at_max >= 0.9:
+            fix = "It is already satisfied everywhere: drop it, or keep it as a filter/gate rather than a reward."
+        elif c.at_min >= 0.9:
+            fix = "Nothing reaches it: add partial credit so that better attempts score higher, or drop it."
+        else:
+            fix = "Make it graded (partial credit) so that completions of one prompt differ, or drop it."
+        out.append(Finding(
+            code="dead_component", severity="critical" if heavy else "warning", component=c.name, sort=c.name,
+            title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups: it produces no advantage "
+                  f"whatever its weight ({c.weight:g}).",
+            detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups over steps "
+                   f"{h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; mean {c.mean:.3g}.",
+            fix=fix, evidence={"zero_std_frac": c.zero_std_frac, "share": c.share, "weight": c.weight},
+        ))
+    return out
+
+
+def detect_unreachable(h: HealthReport, t: Thresholds) -> list[Finding]:
+    out = []
+    for c in h.components:
+        if c.kind != "outcome" or not (c.at_min >= t.unreachable_at_min) or h.n_groups < t.min_groups:
+            continue
+        out.append(Finding(
+            code="unreachable_reward", severity="critical", component=c.name, sort=c.name, order="desc",
+            title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts: the policy "
+                  f"almost never succeeds, so there is almost nothing to learn from.",
+            detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean {c.mean:.3g}; "
+                   f"constant inside {_pct(c.zero_std_frac)} of groups.",
+            fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the action space, or add "
+                "partial credit for intermediate progress. The rare successes are listed first below.",
+            evidence={"at_min": c.at_min, "zero_std_frac": c.zero_std_frac},
+        ))
+    return out
+
+
+def detect_saturation(h: HealthReport, t: Thresholds) -> list[Finding]:
+    outcomes = [c for c in h.components if c.kind == "outcome"]
+    if not outcomes or h.n_groups < t.min_groups:
+        return []
+    out = []
+    for c in h.components:
+        if c.kind not in DENSE_KINDS or not (c.at_max >= t.saturated_at_max and c.zero_std_frac >= t.saturated_zero_std):
+            continue
+        o = min(outcomes, key=lambda x: x.zero_std_frac if not math.isnan(x.zero_std_frac) else 1.0)
+        state = (f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)"
+                 if o.zero_std_frac < t.flat_zero_std else f"stays flat (constant in {_pct(o.zero_std_frac)} of groups)")
+        out.append(Finding(
+            code="saturation", severity="warning", component=c.name, sort=o.name, order="asc",
+            title=f"'{c.name}' is saturated: at its maximum in {_pct(c.at_max)} of rollouts and constant in "
+                  f"{_pct(c.zero_std_frac)} of groups, while the outcome '{o.name}' {state}.",
+            detail=f"'{c.name}' weight {c.weight:g}, share of the advantage {_pct(c.share)}; "
+                   f"'{o.name}' weight {o.weight:g}, share {_pct(o.share)}.",
+            fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise the weight of "
+                f"'{o.name}'; consider turning '{c.name}' into a gate.",
+            evidence={"at_max": c.at_max, "zero_std_frac": c.zero_std_frac, "outcome_zero_std": o.zero_std_frac},
+        ))
+    return out
+
+
+def _semantic_syntax(h: HealthReport) -> tuple[list[ComponentHealth], list[ComponentHealth]]:
+    sem = [c for c in h.components if c.kind in SEMANTIC_KINDS]
+    syn = [c for c in h.components if c.kind in SYNTAX_KINDS]
+    return sem, syn
+
+
+def detect_trivial_outputs(h: HealthReport, t: Thresholds) -> list[Finding]:
+    sem, syn = _semantic_syntax(h)
+    if not sem or not syn or h.n_groups < t.min_groups:
+        return []
+    valid_saturated = all(c.at_max >= t.saturated_at_max for c in syn)
+    task_flat = all(c.zero_std_frac >= t.flat_zero_std and not (c.level >= 0.5) for c in sem)
+    if not (valid_saturated and task_flat):
+        return []
+    names = lambda cs: ", ".join(f"'{c.name}'" for c in cs)  # noqa: E731
+    return [Finding(
+        code="trivial_outputs", severity="critical", component=sem[0].name, sort=sem[0].name, order="asc",
+        title=f"Valid but trivial outputs: validity ({names(syn)}) is saturated while the task ({names(sem)}) "
+              f"is flat. The policy learned to pass the checks and stopped there.",
+        detail="; ".join(f"'{c.name}' at max {_pct(c.at_max)}" for c in syn) + "; " +
+               "; ".join(f"'{c.name}' constant in {_pct(c.zero_std_frac)} of groups, mean {c.mean:.3g}" for c in sem),
+        fix="Make validity a precondition of the task reward (a gate) instead of an additive bonus, lower its "
+            "weight, and add partial credit to the task reward. Read the transcripts: they are likely empty or "
+            "minimal outputs that happen to parse.",
+        evidence={"syntax_at_max": min(c.at_max for c in syn), "semantic_zero_std": min(c.zero_std_frac for c in sem)},
+    )]
+
+
+def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
+    sem, syn = _semantic_syntax(h)
+    if not sem or not syn or h.n_groups < t.min_groups:
+        return []
+    if not (all(c.level >= t.high_level for c in syn) and all(c.level <= t.low_level for c in sem)):
+        return []
+    names = lambda cs: ", ".join(f"'{c.name}' {c.level:.2f}" for c in cs)  # noqa: E731
+    return [Finding(
+        code="ignores_prompt", severity="warning", component=sem[0].name, sort=syn[0].name, order="desc",
+        title="Valid but ignores the prompt: the syntax components are high while the prompt-dependent "
+              "components stay low.",
+        detail=f"levels on each component's range: syntax {names(syn)}; task {names(sem)}.",
+        fix="Read the top-validity transcripts against their prompts. Add prompt-conditioned partial credit "
+            "(reward the entities and constraints the prompt asks for), and SFT on teacher traces that do follow "
+            "the prompt before GRPO.",
+        evidence={"syntax_level": min(c.level for c in syn), "semantic_level": max(c.level for c in sem)},
+    )]
+
+
+def _thirds_rise(steps: np.ndarray, values: np.ndarray) -> float:
+    """Relative change of the mean of `values` between the first and last third of the distinct steps."""
+    ok = ~np.isnan(values)
+    steps, values = steps[ok], values[ok]
+    uniq = np.unique(steps)
+    if uniq.size < 3:
+        return math.nan
+    a, b = uniq[uniq.size // 3], uniq[-(uniq.size // 3) - 1]
+    first, last = values[steps < a], values[steps > b]
+    if not first.size or not last.size:
+        return math.nan
+    base = float(np.mean(first))
+    return (float(np.mean(last)) - base) / max(abs(base), 1e-9)
+
+
+def detect_length_hacking(data: RunArrays, h: HealthReport, t: Thresholds) -> list[Finding]:
+    if data.lengths is None or h.n_groups < t.min_groups:
+        return []
+    k = len(data.components)
+    corr = float(h.corr[k + 1, k])  # reward vs length, within groups
+    rise = _thirds_rise(data.steps, data.lengths.astype(np.float64))
+    if not (corr >= t.length_corr and rise >= t.length_rise):
+        return []
+    top = max(h.components, key=lambda c: c.corr_length if not math.isnan(c.corr_length) else -2)
+    return [Finding(
+        code="length_hacking", severity="warning", component=top.name, sort="length", order="desc",
+        title=f"Length hacking: inside groups, longer completions get more reward (correlation {corr:.2f}) and "
+              f"the mean length rose {_pct(rise)} over steps {h.step_min}-{h.step_max}.",
+        detail=f"the component most tied to length is '{top.name}' (within-group correlation {top.corr_length:.2f}).",
+        fix=f"Check '{top.name}' for rewarding verbosity: cap or normalise it by length, add a length penalty, "
+            "or score only the final answer. Read the longest transcripts.",
+        evidence={"corr": corr, "rise": rise},
+    )]
+
+
+def aggregation_collapse(data: RunArrays) -> dict[str, float]:
+    """Under sum-then-normalise, distinct component vectors inside one group can sum to the same reward
+    (e.g. [1, 0] and [0, 1] with equal weights) and so receive the same advantage. Counts groups where
+    that happens and how many of them normalise-then-sum (GDPO) would tell apart."""
+    k = len(data.components)
+    if data.n == 0 or k < 2:
+        return {"groups": 0, "collapsed": 0, "frac": math.nan, "rollouts_frac": math.nan, "resolved_frac": math.nan}
+    gidx, m = dense_ids(data.group_ids)
+    x = np.where(np.isnan(data.matrix), -1e300, np.round(data.matrix, 9))
+    r = np.round(np.nan_to_num(data.rewards(), nan=-1e300), 9)
+    n_vec = _distinct_per_group(gidx, m, x)
+    n_rew = _distinct_per_group(gidx, m, r[:, None])
+    alt = stats.compute_advantages(data.matrix, data.weights, gidx, aggregation="normalize_then_sum",
+                                   batch_ids=data.steps)
+    n_alt = _distinct_per_group(gidx, m, np.round(alt.advantages, 6)[:, None])
+    multi = n_vec > 1
+    collapsed = multi & (n_rew < n_vec)
+    # Rollouts whose (group, reward) is shared with a different component vector.
+    rew_key = _row_keys(np.column_stack([gidx, r]))
+    pair_key = _row_keys(np.column_stack([gidx, r, x]))
+    _, first = np.unique(pair_key, return_index=True)
+    vectors_per_reward = np.bincount(rew_key[first])
+    rollout_collapsed = vectors_per_reward[rew_key] > 1
+    n_multi = int(multi.sum())
+    return {
+        "groups": n_multi,
+        "collapsed": int(collapsed.sum()),
+        "frac": float(collapsed.sum() / n_multi) if n_multi else math.nan,
+        "rollouts_frac": float(rollout_collapsed.mean()),
+        "resolved_frac": float(np.mean(n_alt[collapsed] >= n_vec[collapsed])) if collapsed.any() else math.nan,
+    }
+
+
+def _row_keys(rows: np.ndarray) -> np.ndarray:
+    """0..U-1 labels of the distinct rows."""
+    _, inv = np.unique(np.ascontiguousarray(rows, dtype=np.float64), axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64)
+
+
+def _distinct_per_group(gidx: np.ndarray, m: int, values: np.ndarray) -> np.ndarray:
+    keys = _row_keys(np.column_stack([gidx, values]))
+    _, first = np.unique(keys, return_index=True)
+    return np.bincount(gidx[first], minlength=m)
+
+
+def detect_aggregation_collapse(c: dict[str, float], t: Thresholds) -> list[Finding]:
+    """`c` is aggregation_collapse()'s result (empty when the run does not sum then normalise)."""
+    if not c or not c["groups"] >= t.min_groups or not c["frac"] >= t.collapse_frac:
+        return []
+    resolved = c["resolved_frac"]
+    return [Finding(
+        code="aggregation_collapse", severity="warning", sort="reward", order="desc",
+        title=f"Aggregation collapse: in {_pct(c['frac'])} of groups, completions with different component "
+              f"scores sum to the same reward and so get the same advantage.",
+        detail=f"{c['collapsed']} of {c['groups']} groups with distinct component vectors; {_pct(c['rollouts_frac'])} "
+               f"of rollouts affected. Normalise-then-sum would tell apart the completions in {_pct(resolved)} of "
+               f"those groups.",
+        fix="Set multi_objective_aggregation='normalize_then_sum' (each component normalised inside its group "
+            "before the weighted sum), or change the weights so that different trade-offs do not cancel exactly. "
+            "Try it first as an ablation.",
+        evidence=c,
+    )]
+
+
+def detect_unstable(metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t: Thresholds) -> list[Finding]:
+    """Spikes in KL, clip ratio or grad norm as TRL logs them (`kl`, `clip_ratio/region_mean`, `grad_norm`).
+
+    A spike is a value above median + spike_mads robust deviations and above spike_ratio x the median;
+    a logged non-finite value (stored as NULL) means the run diverged.
+    """
+    out = []
+    for name, (steps, values) in sorted((metrics or {}).items()):
+        base = name.split("/", 1)[1] if name.startswith("train/") else name
+        if not any(base == key or base.startswith(key + "/") for key in UNSTABLE_KEYS):
+            continue
+        v = np.asarray(values, dtype=np.float64)
+        s = np.asarray(steps)
+        bad = np.isnan(v)
+        finite = v[~bad]
+        if finite.size < t.min_metric_points and not bad.any():
+            continue
+        med = float(np.median(finite)) if finite.size else 0.0
+        mad = float(np.median(np.abs(finite - med))) * 1.4826 if finite.size else 0.0
+        limit = max(med + t.spike_mads * max(mad, 1e-12), t.spike_ratio * abs(med), 1e-12)
+        spikes = (~bad) & (v > limit) if finite.size >= t.min_metric_points else np.zeros_like(bad)
+        if not (spikes.any() or bad.any()):
+            continue
+        where = s[spikes | bad][:8].tolist()
+        out.append(Finding(
+            code="unstable", severity="critical" if bad.any() else "warning", sort="reward", order="desc",
+            title=f"Unstable run: '{name}' " + ("went non-finite" if bad.any() else "spikes") +
+                  f" at step{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}.",
+            detail=f"median {med:.3g}, robust spread {mad:.3g}; {int(spikes.sum())} spikes above {limit:.3g}, "
+                   f"{int(bad.sum())} non-finite values.",
+            fix="Lower the learning rate, raise beta (the KL coefficient), clip gradients (max_grad_norm), and read "
+                "the rollouts of the steps just before the spike for reward outliers.",
+            evidence={"metric": name, "first_step": where[0] if where else None, "spikes": int(spikes.sum()),
+                      "non_finite": int(bad.sum())},
+        ))
+    return out
+
+
+def quality_gap(
+    rollout_ids: np.ndarray,
+    rewards: np.ndarray,
+    steps: np.ndarray,
+    bad_case_ids: Callable[[], Iterable[int]],
+    annotated_ids: Callable[[], Iterable[int]] | None = None,
+    t: Thresholds = Thresholds(),
+    top_quantile: float = 0.8,
+) -> list[Finding]:
+    """Reward rises but annotated quality does not: the share of annotated bad cases among high-reward
+    rollouts. `bad_case_ids()` returns the ids of rollouts annotated as bad; `annotated_ids()`, when
+    given, every annotated rollout (the denominator); otherwise every high-reward rollout counts."""
+    ok = ~np.isnan(rewards)
+    if ok.sum() < t.min_groups:
+        return []
+    cut = float(np.quantile(rewards[ok], top_quantile))
+    high = ok & (rewards >= cut)
+    bad = np.isin(rollout_ids, np.fromiter(bad_case_ids(), dtype=np.int64))
+    denom_mask = high & np.isin(rollout_ids, np.fromiter(annotated_ids(), dtype=np.int64)) if annotated_ids else high
+    n_annot = int(denom_mask.sum())
+    if n_annot < t.quality_min_annotated:
+        return []
+    share = float((bad & denom_mask).sum() / n_annot)
+    rise = _thirds_rise(steps, rewards)
+    if not (share >= t.quality_bad_share):
+        return []
+    rising = rise > 0.05
+    return [Finding(
+        code="reward_vs_quality", severity="critical" if rising else "warning", sort="reward", order="desc",
+        title=f"{_pct(share)} of the annotated high-reward rollouts are bad cases"
+              + (f", while the reward rose {_pct(rise)}: the reward is being gamed." if rising else "."),
+        detail=f"{int((bad & denom_mask).sum())} bad of {n_annot} annotated rollouts with reward >= {cut:.3g} "
+               f"(top {_pct(1 - top_quantile)}).",
+        fix="Read the high-reward bad cases, find what they share, and close the loophole in the reward "
+            "(a stricter verifier, a penalty, or a gate); then add them as negative examples.",
+        evidence={"share": share, "annotated": n_annot, "reward_rise": rise, "cut": cut},
+    )]
+
+
+@dataclass
+class Diagnosis:
+    health: HealthReport
+    findings: list[Finding]
+    collapse: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"health": self.health.as_dict(), "findings": [f.as_dict() for f in self.findings],
+                "collapse": {k: _json_float(v) for k, v in self.collapse.items()}}
+
+
+def diagnose(
+    data: RunArrays,
+    *,
+    aggregation: str = "sum_then_normalize",
+    metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    bad_case_ids: Callable[[], Iterable[int]] | None = None,
+    annotated_ids: Callable[[], Iterable[int]] | None = None,
+    thresholds: Thresholds = Thresholds(),
+) -> Diagnosis:
+    """Health of every component over `data` and the findings of every detector, worst first."""
+    t = thresholds
+    h = component_health(data)
+    trivial = detect_trivial_outputs(h, t)
+    findings = detect_unreachable(h, t) + detect_saturation(h, t) + trivial
+    # A component already explained by a more specific finding is not repeated as "dead".
+    explained = {f.component for f in findings if f.component}
+    if trivial:
+        explained |= {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
+    findings += detect_dead(h, t, skip=explained)
+    if not trivial:
+        findings += detect_ignores_prompt(h, t)
+    findings += detect_length_hacking(data, h, t)
+    collapse = aggregation_collapse(data) if aggregation == "sum_then_normalize" else {}
+    findings += detect_aggregation_collapse(collapse, t)
+    findings += detect_unstable(metrics, t)
+    if bad_case_ids is not None and data.rollout_ids is not None:
+        findings += quality_gap(data.rollout_ids, data.rewards(), data.steps, bad_case_ids, annotated_ids, t)
+    findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
+    return Diagnosis(health=h, findings=findings, collapse=collapse)
+
+
+# --------------------------------------------------------------------------------------------
+# Ablation
+# --------------------------------------------------------------------------------------------
+
+NO_SIGNAL = "this component produced (almost) no training signal in this run"
+
+
+@dataclass(frozen=True)
+class AblationSpec:
+    drop: tuple[str, ...] = ()
+    weights: dict[str, float] = field(default_factory=dict)  # re-weights (name -> new weight)
+    scale_rewards: str = "group"
+    aggregation: str = "sum_then_normalize"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"drop": list(self.drop), "weights": dict(self.weights), "scale_rewards": self.scale_rewards,
+                "aggregation": self.aggregation}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """How the run computed its advantages: its weights and aggregation."""
+
+    scale_rewards: str = "group"
+    aggregation: str = "sum_then_normalize"
+
+
+def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
+    """Rank of each value inside its group (0 = lowest), ties given their average rank; NaN lowest.
+
+    stats.rank_within_groups breaks ties by row order, which is right for "who is best" but biases a
+    Spearman correlation on the binary rewards GRPO sees all the time; this uses the same single lexsort.
+    """
+    v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
+    order = np.lexsort((v, gidx))
+    sg, sv = gidx[order], v[order]
+    n = v.size
+    if n == 0:
+        return np.zeros(0)
+    new_group = np.r_[True, sg[1:] != sg[:-1]]
+    new_block = new_group | np.r_[True, sv[1:] != sv[:-1]]
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    block_start = np.maximum.accumulate(np.where(new_block, np.arange(n), 0))
+    block_id = np.cumsum(new_block) - 1
+    block_end = np.r_[np.flatnonzero(new_block)[1:], n] - 1  # last position of each block
+    avg = (block_start + block_end[block_id]) / 2.0 - group_start
+    ranks = np.empty(n)
+    ranks[order] = avg
+    return ranks
+
+
+def group_spearman(old: np.ndarray, new: np.ndarray, gidx: np.ndarray, m: int) -> np.ndarray:
+    """Spearman correlation of two orderings inside each group (NaN where either is constant)."""
+    ro, rn = tie_averaged_ranks(old, gidx), tie_averaged_ranks(new, gidx)
+    cnt = np.bincount(gidx, minlength=m).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mo = np.bincount(gidx, ro, m) / cnt
+        mn = np.bincount(gidx, rn, m) / cnt
+        do, dn = ro - mo[gidx], rn - mn[gidx]
+        cov = np.bincount(gidx, do * dn, m)
+        vo = np.bincount(gidx, do * do, m)
+        vn = np.bincount(gidx, dn * dn, m)
+        rho = cov / np.sqrt(vo * vn)
+    rho[(vo <= 1e-12) | (vn <= 1e-12)] = np.nan
+    return rho
+
+
+def resolve_weights(components: list[ComponentInfo], spec: AblationSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(columns kept, their weights) for a spec: dropped components are removed outright, as if the
+    reward function were not there (a rollout only they scored becomes unscorable)."""
+    keep = np.array([c.name not in spec.drop for c in components], dtype=bool)
+    w = np.array([float(spec.weights.get(c.name, c.weight)) for c in components], dtype=np.float64)
+    return keep, w[keep]
+
+
+def ablate(
+    data: RunArrays,
+    spec: AblationSpec,
+    baseline: Baseline = Baseline(),
+    *,
+    top: int = 10,
+    gidx: tuple[np.ndarray, int] | None = None,
+) -> dict[str, Any]:
+    """Recompute every group's advantages under `spec` and compare with the run's own (recomputed with
+    the same function, so only the spec differs). batch_ids = steps, as in ingestion.
+
+    Returns plain JSON: mean |Δ advantage|, fraction of sign flips among rollouts that had a signal,
+    fraction of groups whose unique best completion changes, per-group Spearman of old vs new order,
+    the change in zero-std groups, the most affected groups (database ids), and a verdict.
+    """
+    g, m = gidx if gidx is not None else dense_ids(data.group_ids)
+    base = stats.compute_advantages(data.matrix, data.weights, g, scale_rewards=baseline.scale_rewards,
+                                    aggregation=baseline.aggregation, batch_ids=data.steps)
+    keep, w = resolve_weights(data.components, spec)
+    kept = [c for c, k in zip(data.components, keep) if k]
+    new = stats.compute_advantages(data.matrix[:, keep], w, g, scale_rewards=spec.scale_rewards,
+                                   aggregation=spec.aggregation, batch_ids=data.steps)
+    a0, a1 = base.advantages, new.advantages
+    delta = np.abs(a1 - a0)
+    tol = 1e-9
+    s0 = np.where(np.abs(a0) > tol, np.sign(a0), 0.0)
+    s1 = np.where(np.abs(a1) > tol, np.sign(a1), 0.0)
+    had = s0 != 0
+    flips = had & (s0 * s1 < 0)
+    lost = had & (s1 == 0)
+    best_changed, n_unique_best = _best_changed(a0, a1, g, m, tol)
+    rho = group_spearman(a0, a1, g, m)
+    z0, z1 = _zero_std_groups(base, g, m), _zero_std_groups(new, g, m)
+    per_group = np.bincount(g, delta, m) / np.maximum(np.bincount(g, minlength=m), 1)
+    worst = np.argsort(-per_group, kind="stable")[:top]
+    group_db_ids = np.zeros(m, dtype=np.int64)
+    group_db_ids[g] = data.group_ids
+    group_steps = np.zeros(m, dtype=np.int64)
+    group_steps[g] = data.steps
+    finite_rho = rho[np.isfinite(rho)]
+    out = {
+        "n_rollouts": data.n,
+        "n_groups": m,
+        "weights": {c.name: float(wj) for c, wj in zip(kept, w)},
+        "dropped": list(spec.drop),
+        "mean_abs_delta": float(delta.mean()) if data.n else 0.0,
+        "max_abs_delta": float(delta.max()) if data.n else 0.0,
+        "sign_flip_frac": float(flips.sum() / had.sum()) if had.any() else 0.0,
+        "signal_lost_frac": float(lost.sum() / had.sum()) if had.any() else 0.0,
+        "best_changed_frac": float(best_changed.sum() / n_unique_best) if n_unique_best else 0.0,
+        "spearman_mean": float(finite_rho.mean()) if finite_rho.size else None,
+        "spearman_median": float(np.median(finite_rho)) if finite_rho.size else None,
+        "spearman_groups": int(finite_rho.size),
+        "zero_std_before": float(z0.mean()) if m else 0.0,
+        "zero_std_after": float(z1.mean()) if m else 0.0,
+        "zero_std_change": float(z1.mean() - z0.mean()) if m else 0.0,
+        "top_groups": [{"group_id": int(group_db_ids[i]), "step": int(group_steps[i]),
+                        "mean_abs_delta": float(per_group[i]),
+                        "spearman": _json_float(rho[i])} for i in worst if per_group[i] > tol],
+    }
+    out["verdict"] = ablation_verdict(out, spec)
+    return out
+
+
+def _zero_std_groups(res: stats.AdvantageResult, g: np.ndarray, m: int) -> np.ndarray:
+    """Groups whose advantages are all zero: nothing to learn from them."""
+    nonzero = np.bincount(g, (np.abs(res.advantages) > 1e-9).astype(np.float64), m)
+    return nonzero == 0
+
+
+def _best_changed(a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float) -> tuple[np.ndarray, int]:
+    """Among groups with a unique best completion before, those where it is no longer the unique best."""
+    def top_info(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mx = np.full(m, -np.inf)
+        np.maximum.at(mx, g, a)
+        at_top = a >= mx[g] - tol
+        return mx, np.bincount(g, at_top.astype(np.float64), m)
+
+    mx0, n_top0 = top_info(a0)
+    mx1, n_top1 = top_info(a1)
+    unique0 = n_top0 == 1
+    best_rows = np.flatnonzero((a0 >= mx0[g] - tol) & unique0[g])
+    still = np.zeros(m, dtype=bool)
+    still[g[best_rows]] = (a1[best_rows] >= mx1[g[best_rows]] - tol) & (n_top1[g[best_rows]] == 1)
+    return unique0 & ~still, int(unique0.sum())
+
+
+# "(almost) nothing": advantages are in units of a group std, so 0.05 is a twentieth of one std.
+NEGLIGIBLE = {"mean_abs_delta": 0.05, "sign_flip_frac": 0.01, "best_changed_frac": 0.02, "zero_std_change": 0.01}
+
+
+def ablation_verdict(r: dict[str, Any], spec: AblationSpec) -> dict[str, str]:
+    negligible = all(abs(r[k]) <= v for k, v in NEGLIGIBLE.items())
+    what = (", ".join(f"'{d}'" for d in spec.drop)) if spec.drop else None
+    if negligible:
+        text = (f"Dropping {what} changes (almost) nothing: {NO_SIGNAL}." if what
+                else "This change leaves the advantages (almost) unchanged: it would not change what the run learns.")
+        return {"level": "no_signal", "text": text}
+    parts = (f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, best "
+             f"completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
+             f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}")
+    strong = r["sign_flip_frac"] >= 0.1 or r["best_changed_frac"] >= 0.2 or r["mean_abs_delta"] >= 0.5
+    subject = f"{what} shaped" if what else "This change reshapes"
+    text = f"{subject} the training signal: {parts}."
+    return {"level": "strong" if strong else "moderate", "text": text}
+
+
+def python_loop_advantages(rows: list[tuple[int, list[float]]], weights: list[float]) -> list[float]:
+    """The baseline the benchmark compares against: sum-then-normalise per group in plain Python.
+
+    `rows` is [(group id, component values)], grouped by id in any order."""
+    groups: dict[int, list[int]] = {}
+    for i, (gid, _) in enumerate(rows):
+        groups.setdefault(gid, []).append(i)
+    out = [0.0] * len(rows)
+    for idx in groups.values():
+        rewards = [sum(w * v for w, v in zip(weights, rows[i][1]) if v == v) for i in idx]
+        n = len(rewards)
+        mean = sum(rewards) / n
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1)) if n > 1 else 0.0
+        for i, r in zip(idx, rewards):
+            out[i] = (r - mean) / (std + stats.EPS)
+    return out

@@ -1,0 +1,35 @@
+"""Readers for other trainers' rollout dumps, yielding groups in the web app's ingestion format.
+
+`open_reader(format, path, components=..., group_size=...)` picks the reader; see each module's
+docstring for the source format and how its groups are reconstructed. Plain Python, no Django.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.importers.base import BadRecord, GroupItem, Item, MetricsItem, Reader, ReaderError, RecordError
+from training.importers.byoo import ByooReader
+from training.importers.jsonl import JsonlReader
+from training.importers.prime_rl import PrimeRLReader
+from training.importers.trl import TRLReader
+from training.importers.verl import VerlReader
+
+READERS: dict[str, type[Reader]] = {
+    "jsonl": JsonlReader,
+    "trl": TRLReader,
+    "verl": VerlReader,
+    "prime-rl": PrimeRLReader,
+    "byoo": ByooReader,
+}
+
+
+def open_reader(fmt: str, path: str | Path, *, components: list[str] | None = None,
+                group_size: int | None = None) -> Reader:
+    if fmt not in READERS:
+        raise ReaderError(f"format: must be one of {', '.join(READERS)}, got {fmt!r}")
+    return READERS[fmt](Path(path), components=components, group_size=group_size)
+
+
+__all__ = ["READERS", "BadRecord", "GroupItem", "Item", "MetricsItem", "Reader", "ReaderError", "RecordError",
+           "open_reader"]

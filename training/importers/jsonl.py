@@ -1,0 +1,81 @@
+"""JSONL in the ingestion format: one group record per line, exactly what POST
+/api/v1/runs/{id}/groups/ takes inside its "groups" list (and what `export_rollouts --format jsonl`
+writes).
+
+The offline file of `training.sinks.JsonlSink` is read too: its lines carry a "type" field; "group"
+lines are groups, "metrics" lines are per-step metrics ({"step", "values"}), "log" and "progress"
+lines are ignored. Records are passed through as they are; the ingestion service validates them and
+the import command maps its errors back to the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.importers.base import (
+    BadRecord,
+    GroupItem,
+    Item,
+    MetricsItem,
+    Progress,
+    Reader,
+    RecordError,
+    jsonl_files,
+    jsonl_lines,
+    parse_json_object,
+)
+
+IGNORED_TYPES = ("log", "progress")
+
+
+@dataclass
+class JsonlReader(Reader):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.format = "jsonl"
+        self.grouping = "one group per line, as given (step and key from the record)"
+        self.advantage = "as given in the records; missing ones computed at ingestion from the components"
+
+    def files(self) -> list[Path]:
+        return jsonl_files(self.path)
+
+    def read(self, progress: Progress | None = None) -> Iterator[Item]:
+        for path in self.files():
+            name = str(path)
+            for lineno, _, raw in jsonl_lines(path, progress):
+                try:
+                    item = self._item(parse_json_object(raw), name, lineno)
+                except RecordError as e:
+                    yield BadRecord(name, lineno, str(e))
+                    continue
+                if item is not None:
+                    yield item
+
+    def _item(self, obj: dict[str, Any], name: str, lineno: int) -> GroupItem | MetricsItem | None:
+        kind = obj.pop("type", "group")
+        if kind == "group":
+            return GroupItem(obj, name, lineno)
+        if kind == "metrics":
+            return MetricsItem({"step": obj.get("step"), "values": obj.get("values")}, name, lineno)
+        if kind in IGNORED_TYPES:
+            return None
+        raise RecordError(f"type: must be group or metrics (or log/progress, ignored), got {kind!r}")
+
+    def sample_components(self, limit: int = 200) -> list[str]:
+        names: dict[str, None] = {}
+        seen = 0
+        for item in self.read():
+            if isinstance(item, GroupItem):
+                for r in item.record.get("rollouts") or []:
+                    if isinstance(r, dict) and isinstance(r.get("rewards"), dict):
+                        # Names are kept as written: a name the web app refuses must fail loudly at its
+                        # line rather than be silently renamed in an exact-format file.
+                        names.update(dict.fromkeys(str(k) for k in r["rewards"]))
+                seen += 1
+                if seen >= limit:
+                    break
+        return list(names)
+

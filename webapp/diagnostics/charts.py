@@ -1,0 +1,113 @@
+"""Plotly figure dicts for the diagnostics pages. Pure functions over plain data: no queries, no request.
+
+Figures follow webapp/runs/charts.py's convention ({"data", "layout"}, drawn by static/js/app.js from a
+`json_script` blob), so component names reach plotly as JSON data and never become markup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Figure = dict[str, Any]
+
+PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d", "#4d7c0f")
+
+
+def _layout(title: str, y_title: str = "", x_title: str = "step", **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left"},
+        "margin": {"l": 52, "r": 12, "t": 32, "b": 36},
+        "height": 260,
+        "xaxis": {"title": {"text": x_title}, "zeroline": False},
+        "yaxis": {"title": {"text": y_title}, "zeroline": False},
+        "legend": {"orientation": "h", "y": -0.28, "font": {"size": 11}},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "#fbfbfa",
+        "font": {"family": "system-ui, sans-serif", "size": 11, "color": "#222"},
+    }
+    layout.update(extra)
+    return layout
+
+
+def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> dict[str, Any]:
+    trace = {"type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": list(y),
+             "name": name, "line": {"color": color, "width": 1.8}, "marker": {"size": 4}}
+    trace.update(extra)
+    return trace
+
+
+def zero_std_figure(agg: dict[str, Any]) -> Figure:
+    """Fraction of groups where each component (and the aggregate reward) is constant, per step."""
+    steps = agg["steps"]
+    data = [_line(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
+            for i, (name, s) in enumerate(agg["components"].items())]
+    data.append(_line(steps, agg["reward_zero_std_frac"], "aggregate reward", "#111",
+                      line={"color": "#111", "width": 2.4, "dash": "dot"}))
+    return {"data": data, "layout": _layout("Zero within-group std: groups that teach nothing", "fraction of groups",
+                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}})}
+
+
+def within_std_figure(agg: dict[str, Any]) -> Figure:
+    steps = agg["steps"]
+    data = [_line(steps, s["std"], name, PALETTE[i % len(PALETTE)]) for i, (name, s) in enumerate(agg["components"].items())]
+    return {"data": data, "layout": _layout("Mean within-group std per component", "std")}
+
+
+def component_mean_figure(agg: dict[str, Any]) -> Figure:
+    steps = agg["steps"]
+    data = [_line(steps, s["mean"], name, PALETTE[i % len(PALETTE)]) for i, (name, s) in enumerate(agg["components"].items())]
+    return {"data": data, "layout": _layout("Component means", "mean")}
+
+
+def share_figure(health: dict[str, Any]) -> Figure:
+    """Each component's share of the advantage next to its share of the weights."""
+    comps = health["components"]
+    names = [c["name"] for c in comps]
+    total_w = sum(abs(c["weight"] or 0) for c in comps) or 1.0
+    return {
+        "data": [
+            {"type": "bar", "x": names, "y": [abs(c["weight"] or 0) / total_w for c in comps], "name": "share of |weights|",
+             "marker": {"color": "#cbd5e1"}},
+            {"type": "bar", "x": names, "y": [c["share"] for c in comps], "name": "share of the advantage",
+             "marker": {"color": PALETTE[0]}},
+        ],
+        "layout": _layout("What the advantage is made of", "share", x_title="component", barmode="group"),
+    }
+
+
+def corr_figure(health: dict[str, Any]) -> Figure:
+    labels = health["corr_labels"]
+    z = health["corr"]
+    text = [["" if v is None else f"{v:.2f}" for v in row] for row in z]
+    return {
+        "data": [{"type": "heatmap", "x": labels, "y": labels, "z": z, "zmin": -1, "zmax": 1, "colorscale": "RdBu",
+                  "reversescale": True, "text": text, "texttemplate": "%{text}", "hoverongaps": False}],
+        "layout": _layout("Within-group correlations (what GRPO sees)", "", x_title="",
+                          height=300 + 12 * len(labels), yaxis={"autorange": "reversed"}),
+    }
+
+
+def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
+    """One bar group per metric, one bar per ablation."""
+    metrics = [("mean_abs_delta", "mean |Δ adv|"), ("sign_flip_frac", "sign flips"),
+               ("best_changed_frac", "best changed"), ("zero_std_change", "Δ zero-std groups")]
+    data = [{"type": "bar", "name": r["name"], "x": [label for _, label in metrics],
+             "y": [r["results"].get(key) for key, _ in metrics], "marker": {"color": PALETTE[i % len(PALETTE)]}}
+            for i, r in enumerate(rows)]
+    return {"data": data, "layout": _layout("Ablations side by side", "", x_title="", barmode="group")}
+
+
+def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
+    """Reward mean per step for each run, and one figure per component with each run's mean."""
+    dashes = ("solid", "dash", "dot", "dashdot")
+    reward = [_line(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)]) for i, s in enumerate(series)]
+    figs: dict[str, Figure] = {"reward": {"data": reward, "layout": _layout("Reward mean per step", "reward")}}
+    names: list[str] = []
+    for s in series:
+        names += [n for n in s["components"] if n not in names]
+    for j, name in enumerate(names):
+        data = [_line(s["steps"], s["components"][name], s["label"], PALETTE[i % len(PALETTE)],
+                      line={"color": PALETTE[i % len(PALETTE)], "width": 1.8, "dash": dashes[i % len(dashes)]})
+                for i, s in enumerate(series) if name in s["components"]]
+        figs[f"component-{j}"] = {"data": data, "layout": _layout(f"{name}: mean per step", "mean")}
+    return figs

@@ -1,0 +1,342 @@
+"""Reading a run into arrays fast, and the diagnostics and ablations built on them.
+
+The reader is the hot path of an ablation at a million rollouts: the ORM builds one Python tuple
+per row (seconds). On Postgres we COPY ... TO STDOUT (FORMAT binary) with every column cast to a
+fixed width, so each row is a fixed-size record that numpy reads in place with one structured dtype
+(np.frombuffer, no per-row Python). SQLite (the embedded default, small runs) uses plain cursors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.core.cache import cache
+from django.db import connection
+from django.db.models import Avg, Count, Max, Q
+
+from training import diagnostics as dg
+from webapp.rollouts.ingest import run_components, run_weights
+from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
+from webapp.runs.models import Run, StepMetric
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 50  # steps: detectors speak about "now", and the window bounds the cost at any run size
+CACHE_SECONDS = 120  # annotations (the quality detector) may change without the rollout count changing
+SCALES = ("group", "batch", "none")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+# The annotations app appends callables fn(run) -> iterable of rollout ids annotated as bad cases (and
+# optionally sets ANNOTATED_PROVIDERS the same way for the denominator). Empty: the detector is skipped.
+BAD_CASE_PROVIDERS: list[Callable[[Run], Iterable[int]]] = []
+ANNOTATED_PROVIDERS: list[Callable[[Run], Iterable[int]]] = []
+
+# ------------------------------------------------------------------------------------------ reader
+
+_PGCOPY_HEADER = b"PGCOPY\n\xff\r\n\x00"
+_ROLLOUT_DT = np.dtype([("nf", ">i2"), ("l0", ">i4"), ("id", ">i8"), ("l1", ">i4"), ("group_id", ">i8"),
+                        ("l2", ">i4"), ("step", ">i4"), ("l3", ">i4"), ("length", ">i4")])
+_SCORE_DT = np.dtype([("nf", ">i2"), ("l0", ">i4"), ("rollout_id", ">i8"), ("l1", ">i4"), ("component_id", ">i4"),
+                      ("l2", ">i4"), ("value", ">f8")])
+
+
+def _copy_binary(sql: str) -> bytes:
+    with connection.cursor() as django_cur:
+        cur = django_cur.cursor  # the psycopg 3 cursor under Django's wrapper
+        with cur.copy(sql) as cp:
+            return b"".join(bytes(chunk) for chunk in cp)
+
+
+def _parse_pgcopy(buf: bytes, dtype: np.dtype) -> np.ndarray:
+    """Fixed-width rows of a binary COPY: 19-byte header, records, a 2-byte trailer (-1)."""
+    if not buf.startswith(_PGCOPY_HEADER):
+        raise ValueError("not a PGCOPY binary stream")
+    ext = int.from_bytes(buf[15:19], "big")
+    start = 19 + ext
+    body = len(buf) - start - 2
+    if body % dtype.itemsize:
+        raise ValueError("COPY rows are not fixed-width: a column was not cast to a fixed type")
+    rows = np.frombuffer(buf, dtype=dtype, count=body // dtype.itemsize, offset=start)
+    if rows.size and (rows["nf"] != len(dtype.names) // 2).any():
+        raise ValueError("unexpected field count in COPY stream")
+    return rows
+
+
+def _step_clause(step_min: int | None) -> str:
+    return "" if step_min is None else f" AND step >= {int(step_min)}"
+
+
+def _read_postgres(run_id: int, step_min: int | None) -> tuple[np.ndarray, ...]:
+    where = f"run_id = {int(run_id)}{_step_clause(step_min)}"
+    r = _parse_pgcopy(_copy_binary(
+        f"COPY (SELECT id, group_id, step, COALESCE(length, -1) FROM rollouts_rollout WHERE {where}) "
+        "TO STDOUT (FORMAT binary)"), _ROLLOUT_DT)
+    s = _parse_pgcopy(_copy_binary(
+        f"COPY (SELECT rollout_id, component_id::int4, COALESCE(value, 'NaN'::float8) FROM rollouts_rewardscore "
+        f"WHERE {where}) TO STDOUT (FORMAT binary)"), _SCORE_DT)
+    return (r["id"].astype(np.int64), r["group_id"].astype(np.int64), r["step"].astype(np.int64),
+            r["length"].astype(np.float64), s["rollout_id"].astype(np.int64), s["component_id"].astype(np.int64),
+            s["value"].astype(np.float64))
+
+
+def _read_generic(run_id: int, step_min: int | None) -> tuple[np.ndarray, ...]:
+    where = f"run_id = {int(run_id)}{_step_clause(step_min)}"
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT id, group_id, step, COALESCE(length, -1) FROM rollouts_rollout WHERE {where}")
+        r = np.array(cur.fetchall(), dtype=np.float64).reshape(-1, 4)
+        cur.execute(f"SELECT rollout_id, component_id, value FROM rollouts_rewardscore WHERE {where}")
+        s = np.array([(a, b, math.nan if v is None else v) for a, b, v in cur.fetchall()],
+                     dtype=np.float64).reshape(-1, 3)
+    return (r[:, 0].astype(np.int64), r[:, 1].astype(np.int64), r[:, 2].astype(np.int64), r[:, 3],
+            s[:, 0].astype(np.int64), s[:, 1].astype(np.int64), s[:, 2])
+
+
+def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row position in `ids` of each value of `wanted` (all present). A lookup table when the ids are
+    dense (one run's ids nearly always are), else a binary search."""
+    if ids.size == 0:
+        return np.zeros(wanted.shape, dtype=np.int64)
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo < 8 * ids.size + 1024:
+        table = np.empty(hi - lo + 1, dtype=np.int64)
+        table[ids - lo] = np.arange(ids.size)
+        return table[wanted - lo]
+    order = np.argsort(ids, kind="stable")
+    return order[np.searchsorted(ids, wanted, sorter=order)]
+
+
+def component_infos(run: Run, comps: list[RewardComponent]) -> list[dg.ComponentInfo]:
+    weights = run_weights(run, comps)
+    return [dg.ComponentInfo(c.name, float(w), c.kind, c.min_value, c.max_value) for c, w in zip(comps, weights)]
+
+
+def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
+    """Every rollout of the run (from `step_min` on) as arrays, components in environment order."""
+    comps = run_components(run)
+    reader = _read_postgres if connection.vendor == "postgresql" else _read_generic
+    ids, gids, steps, lengths, s_rid, s_cid, s_val = reader(run.id, step_min)
+    lengths[lengths < 0] = np.nan
+    matrix = np.full((ids.size, len(comps)), np.nan)
+    if s_rid.size and comps:
+        col = np.full(int(max(c.id for c in comps)) + 1, -1, dtype=np.int64)
+        col[[c.id for c in comps]] = np.arange(len(comps))
+        cols = col[np.minimum(s_cid, col.size - 1)]
+        ok = (s_cid < col.size) & (cols >= 0)  # a score of a component no longer in the environment: ignored
+        matrix[_positions(ids, s_rid[ok]), cols[ok]] = s_val[ok]
+    return dg.RunArrays(components=component_infos(run, comps), matrix=matrix, group_ids=gids, steps=steps,
+                        lengths=lengths, rollout_ids=ids)
+
+
+def window_start(run: Run, window: int | None) -> int | None:
+    """The first step of the last `window` steps that have groups (None: the whole run)."""
+    if window is None:
+        return None
+    steps = (Group.objects.filter(run=run).order_by("-step").values_list("step", flat=True).distinct()[:window])
+    steps = list(steps)
+    return steps[-1] if len(steps) == window else None
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
+
+
+def run_settings(run: Run) -> dg.Baseline:
+    cfg = run.config or {}
+    return dg.Baseline(scale_rewards=cfg.get("scale_rewards", "group"),
+                       aggregation=cfg.get("multi_objective_aggregation", "sum_then_normalize"))
+
+
+def _fingerprint(run: Run, *parts: Any) -> str:
+    """Changes whenever the run gains groups or its weights/settings change: the cache key."""
+    g = Group.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
+    m = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
+    raw = json.dumps([run.id, g, m, run.config or {}, *parts], sort_keys=True, default=str)
+    return hashlib.sha1(raw.encode()).hexdigest()
+
+
+def _metrics(run: Run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    keys = Q()
+    for key in dg.UNSTABLE_KEYS:
+        keys |= Q(name=key) | Q(name__startswith=f"{key}/") | Q(name=f"train/{key}") | Q(
+            name__startswith=f"train/{key}/")
+    rows = StepMetric.objects.filter(run=run).filter(keys).order_by("name", "step").values_list("name", "step", "value")
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for name, step, value in rows:
+        s, v = out.setdefault(name, ([], []))
+        s.append(step)
+        v.append(math.nan if value is None else value)
+    return {k: (np.array(s), np.array(v, dtype=np.float64)) for k, (s, v) in out.items()}
+
+
+def _providers(run: Run, providers: list[Callable[[Run], Iterable[int]]]) -> Callable[[], Iterable[int]] | None:
+    if not providers:
+        return None
+    return lambda: [rid for p in providers for rid in p(run)]
+
+
+def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW) -> dict[str, Any]:
+    """The diagnosis of the run's last `window` steps (None: all), as JSON, cached until the run changes."""
+    key = f"diag:{_fingerprint(run, window, len(BAD_CASE_PROVIDERS))}"
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    t0 = time.perf_counter()
+    data = load_run_arrays(run, step_min=window_start(run, window))
+    t1 = time.perf_counter()
+    d = dg.diagnose(data, aggregation=run_settings(run).aggregation, metrics=_metrics(run),
+                    bad_case_ids=_providers(run, BAD_CASE_PROVIDERS),
+                    annotated_ids=_providers(run, ANNOTATED_PROVIDERS))
+    out = d.as_dict()
+    out["window"] = window
+    out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
+    cache.set(key, out, CACHE_SECONDS)
+    return out
+
+
+def step_aggregates(run: Run) -> dict[str, Any]:
+    """Per step and component, from the stored GroupComponentStat rows (one SQL aggregate, whole run):
+    mean, mean within-group std, fraction of zero-std groups; and the aggregate reward per step."""
+    rows = (GroupComponentStat.objects.filter(run=run).values("step", "component_id")
+            .annotate(groups=Count("id"), zero=Count("id", filter=Q(zero_std=True)), mean=Avg("mean"),
+                      std=Avg("std")).order_by("step"))
+    names = dict(RewardComponent.objects.filter(environment_id=run.environment_id).values_list("id", "name"))
+    steps = sorted({r["step"] for r in rows})
+    pos = {s: i for i, s in enumerate(steps)}
+    series = {n: {"mean": [None] * len(steps), "std": [None] * len(steps), "zero_std_frac": [None] * len(steps)}
+              for n in names.values()}
+    for r in rows:
+        s = series.get(names.get(r["component_id"], ""))
+        if s is None:
+            continue
+        i = pos[r["step"]]
+        s["mean"][i], s["std"][i] = r["mean"], r["std"]
+        s["zero_std_frac"][i] = (r["zero"] or 0) / r["groups"] if r["groups"] else None
+    reward = dict(Group.objects.filter(run=run).values("step").annotate(m=Avg("reward_mean")).values_list("step", "m"))
+    zero = (Group.objects.filter(run=run).values("step")
+            .annotate(n=Count("id"), z=Count("id", filter=Q(zero_std=True))).values_list("step", "n", "z"))
+    zero_frac = {s: z / n for s, n, z in zero if n}
+    return {"steps": steps, "components": series, "reward_mean": [reward.get(s) for s in steps],
+            "reward_zero_std_frac": [zero_frac.get(s) for s in steps]}
+
+
+# ------------------------------------------------------------------------------------------ ablations
+
+
+class SpecError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -> dg.AblationSpec:
+    """Validate an ablation spec (API JSON or the page's form, turned into the same dict). Raises
+    SpecError naming the field."""
+    comps = run_components(run) if comps is None else comps
+    names = [c.name for c in comps]
+    base = run_settings(run)
+    if not isinstance(raw, dict):
+        raise SpecError("spec", "must be an object with drop, weights, scale_rewards, aggregation")
+    extra = set(raw) - {"drop", "weights", "scale_rewards", "aggregation"}
+    if extra:
+        raise SpecError(f"spec.{sorted(extra)[0]}", "unknown key; expected drop, weights, scale_rewards, aggregation")
+    drop = raw.get("drop") or []
+    if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
+        raise SpecError("spec.drop", "must be a list of component names")
+    for d in drop:
+        if d not in names:
+            raise SpecError("spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})")
+    if names and len(set(drop)) == len(names):
+        raise SpecError("spec.drop", "cannot drop every component: nothing would be left to reward")
+    weights = raw.get("weights") or {}
+    if not isinstance(weights, dict):
+        raise SpecError("spec.weights", "must be an object of component name -> number")
+    clean: dict[str, float] = {}
+    for name, w in weights.items():
+        if name not in names:
+            raise SpecError(f"spec.weights.{str(name)[:80]}", f"unknown component (this run has: {', '.join(names)})")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise SpecError(f"spec.weights.{name}", "must be a finite number")
+        clean[name] = float(w)
+    scale = raw.get("scale_rewards") or base.scale_rewards
+    if scale not in SCALES:
+        raise SpecError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
+    agg = raw.get("aggregation") or base.aggregation
+    if agg not in AGGREGATIONS:
+        raise SpecError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
+    return dg.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
+
+
+def run_ablation(run: Run, spec: dg.AblationSpec, data: dg.RunArrays | None = None) -> dict[str, Any]:
+    """Recompute every group's advantages under `spec` over the stored rollouts, end to end (read + math)."""
+    t0 = time.perf_counter()
+    data = load_run_arrays(run) if data is None else data
+    t1 = time.perf_counter()
+    out = dg.ablate(data, spec, run_settings(run))
+    out["spec"] = spec.as_dict()
+    out["baseline"] = {"weights": {c.name: c.weight for c in data.components}, **vars(run_settings(run))}
+    out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
+    return out
+
+
+def default_name(spec: dg.AblationSpec, run: Run) -> str:
+    base = run_settings(run)
+    parts = [f"drop {', '.join(spec.drop)}"] if spec.drop else []
+    parts += [f"{k}={v:g}" for k, v in spec.weights.items()]
+    if spec.scale_rewards != base.scale_rewards:
+        parts.append(f"scale={spec.scale_rewards}")
+    if spec.aggregation != base.aggregation:
+        parts.append(spec.aggregation)
+    return ("; ".join(parts) or "baseline")[:200]
+
+
+@dataclass
+class Launch:
+    twin: Run
+    enqueued: bool
+    message: str
+
+
+def launch_twin(ablation: Any, user: Any) -> Launch:
+    """A twin GRPO run with the ablation's reward, from the same start as the run (same config and base
+    model), recorded as the run's child. Enqueued when the workers' launcher exists."""
+    from webapp.rollouts.services import create_run
+
+    run: Run = ablation.run
+    spec = dg.AblationSpec(drop=tuple(ablation.spec.get("drop", [])), weights=ablation.spec.get("weights", {}),
+                           scale_rewards=ablation.spec["scale_rewards"], aggregation=ablation.spec["aggregation"])
+    comps = run_components(run)
+    weights = {c.name: 0.0 if c.name in spec.drop else float(spec.weights.get(c.name, w))
+               for c, w in zip(comps, run_weights(run, comps))}
+    config = {**(run.config or {}), "reward_weights": weights, "ablation_of": run.id, "ablation_id": ablation.id,
+              "dropped_components": list(spec.drop), "scale_rewards": spec.scale_rewards,
+              "multi_objective_aggregation": spec.aggregation}
+    twin = create_run(name=f"{run.name} / ablation: {ablation.name}"[:200], kind=Run.Kind.GRPO,
+                      environment=run.environment, config=config, owner=user, base_model=run.base_model, parent=run)
+    type(ablation).objects.filter(id=ablation.id).update(twin=twin)
+    try:
+        from workers.launch import enqueue_run  # built by the jobs engineer; absent until then
+    except ImportError:
+        return Launch(twin, False, "The twin run is queued; no worker launcher is installed yet, so it will start "
+                                   "when one picks queued runs up.")
+    enqueue_run(twin.id)
+    return Launch(twin, True, "The twin run is queued for a GPU worker.")
+
+
+def overlay_series(runs: list[Run]) -> list[dict[str, Any]]:
+    """Reward mean per step and per-component means per step for each run (from stored aggregates)."""
+    out = []
+    for run in runs:
+        agg = step_aggregates(run)
+        metric = dict(StepMetric.objects.filter(run=run, name="reward").values_list("step", "value"))
+        out.append({"run": run, "steps": agg["steps"], "reward_mean": agg["reward_mean"],
+                    "components": {n: s["mean"] for n, s in agg["components"].items()},
+                    "logged_reward": sorted(metric.items())})
+    return out

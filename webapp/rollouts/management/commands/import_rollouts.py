@@ -1,0 +1,286 @@
+"""`manage.py import_rollouts FILE --run NAME --format jsonl|trl|verl|prime-rl|byoo`.
+
+Streams a rollout dump through a format reader (training/importers) into `ingest_groups`, in
+batches of complete groups (one transaction each). A record that cannot be read is reported with
+its file and line; `--on-error skip` goes on without it (and without the rest of its group),
+`--on-error stop` stores the complete groups read before it and exits non-zero. Re-running the same
+import is harmless: ingestion is idempotent on (step, key) and every reader derives its keys from
+the content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from tqdm import tqdm
+
+from training.importers import READERS, BadRecord, GroupItem, MetricsItem, Reader, ReaderError, open_reader
+from webapp.rollouts.ingest import IngestError, ingest_groups, run_components
+from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
+from webapp.runs.metrics import record_metrics
+from webapp.runs.models import Run
+
+_ERROR_AT = re.compile(r"^(groups|metrics)\[(\d+)\](?:\.rollouts\[(\d+)\])?")
+MAX_REPORTED = 100  # errors kept in run.summary; all of them go to stderr
+
+
+class ImportStopped(Exception):
+    """--on-error stop met a bad record; everything read before it is stored."""
+
+
+@dataclass
+class ImportStats:
+    groups: int = 0
+    rollouts: int = 0
+    already_stored: int = 0
+    skipped_records: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} skipped records)"
+
+
+class Importer:
+    """Feeds a reader's items to the ingestion service for one run. Usable outside the command (a
+    worker task importing an uploaded file calls the same `run()`)."""
+
+    def __init__(self, run: Run, reader: Reader, *, on_error: str = "stop", batch_groups: int = 200,
+                 grow_components: bool = True, report: Any = None) -> None:
+        self.run = run
+        self.reader = reader
+        self.on_error = on_error
+        self.batch_groups = batch_groups
+        self.grow_components = grow_components  # False when the user fixed the components
+        self.report = report or (lambda line: None)
+        self.stats = ImportStats()
+        self._known = {c.name for c in run_components(run)}
+
+    def run_import(self, progress: Any = None) -> ImportStats:
+        groups: list[GroupItem] = []
+        metrics: list[MetricsItem] = []
+        for item in self.reader.read(progress):
+            if isinstance(item, BadRecord):
+                self._bad(item.where(), item.message, item.records)
+                if self.on_error == "stop":
+                    self._flush(groups, metrics)
+                    raise ImportStopped(f"{item.where()}: {item.message}")
+            elif isinstance(item, MetricsItem):
+                metrics.append(item)
+            else:
+                groups.append(item)
+            if len(groups) >= self.batch_groups or len(metrics) >= self.batch_groups:
+                self._flush(groups, metrics)
+                groups, metrics = [], []
+        self._flush(groups, metrics)
+        return self.stats
+
+    # ---- batches
+
+    def _flush(self, groups: list[GroupItem], metrics: list[MetricsItem]) -> None:
+        if groups:
+            self._add_components(groups)
+            self._ingest(groups)
+        if metrics:
+            self._metrics(metrics)
+
+    def _ingest(self, batch: list[GroupItem]) -> None:
+        while batch:
+            try:
+                result = ingest_groups(self.run, {"groups": [item.record for item in batch]})
+            except IngestError as e:
+                bad = self._attribute(e, "groups", batch)
+                first = min(bad)
+                if self.on_error == "stop":
+                    if first:
+                        self._ingest(batch[:first])  # every group before the first bad one is valid
+                    raise ImportStopped(self._describe(batch[first], bad[first])) from None
+                batch = [item for i, item in enumerate(batch) if i not in bad]
+                continue
+            self.stats.groups += result.groups
+            self.stats.rollouts += result.rollouts
+            self.stats.already_stored += result.skipped_groups
+            return
+
+    def _metrics(self, batch: list[MetricsItem]) -> None:
+        while batch:
+            try:
+                record_metrics(self.run, {"metrics": [item.record for item in batch]})
+                return
+            except IngestError as e:
+                bad = self._attribute(e, "metrics", batch)
+                if self.on_error == "stop":
+                    first = min(bad)
+                    raise ImportStopped(self._describe(batch[first], bad[first])) from None
+                batch = [item for i, item in enumerate(batch) if i not in bad]
+
+    def _attribute(self, e: IngestError, kind: str, batch: list[Any]) -> dict[int, list[tuple[int | None, str]]]:
+        """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items, report
+        each with its file and line, and count what is skipped."""
+        bad: dict[int, list[tuple[int | None, str]]] = {}
+        for err in e.errors:
+            m = _ERROR_AT.match(err["field"])
+            if not m or m.group(1) != kind or int(m.group(2)) >= len(batch):
+                raise CommandError(f"ingestion refused the batch: {err['field']}: {err['error']}")
+            i = int(m.group(2))
+            rollout = int(m.group(3)) if m.group(3) is not None else None
+            rest = err["field"][m.end():].lstrip(".")
+            bad.setdefault(i, []).append((rollout, f"{rest + ': ' if rest else ''}{err['error']}"))
+        for i, errs in sorted(bad.items()):
+            item = batch[i]
+            for rollout, message in errs:
+                where = item.where(rollout) if isinstance(item, GroupItem) else f"{item.file}:{item.line}"
+                self._bad(where, message, 0)
+            self.stats.skipped_records += item.records if isinstance(item, GroupItem) else 1
+        return bad
+
+    def _describe(self, item: GroupItem | MetricsItem, errs: list[tuple[int | None, str]]) -> str:
+        rollout, message = errs[0]
+        where = item.where(rollout) if isinstance(item, GroupItem) else f"{item.file}:{item.line}"
+        return f"{where}: {message}"
+
+    def _bad(self, where: str, message: str, records: int) -> None:
+        self.stats.skipped_records += records
+        line = f"{where}: {message}"
+        if len(self.stats.errors) < MAX_REPORTED:
+            self.stats.errors.append(line)
+        self.report(line)
+
+    def _add_components(self, batch: list[GroupItem]) -> None:
+        """Components first seen mid-file join the environment (when the user did not fix them)."""
+        if not self.grow_components:
+            return
+        new: dict[str, None] = {}
+        for item in batch:
+            for r in item.record.get("rollouts") or []:
+                rewards = r.get("rewards") if isinstance(r, dict) else None
+                if isinstance(rewards, dict):
+                    new.update((str(k), None) for k in rewards if k not in self._known)
+        valid = [n for n in new if _valid_component(n)]  # the others fail at their line, as unknown
+        if valid and self.run.environment_id:
+            ensure_environment(self.run.environment.name, [_component(n) for n in valid])
+            self._known.update(valid)
+
+
+def _valid_component(name: str) -> bool:
+    try:
+        validate_environment_spec({"name": "x", "components": [{"name": name}]})
+        return True
+    except SpecError:
+        return False
+
+
+def _component(name: str) -> dict[str, Any]:
+    _, comps = validate_environment_spec({"name": "x", "components": [{"name": name}]})
+    return comps[0]
+
+
+def _positive(raw: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {raw!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {raw!r}")
+    return v
+
+
+def _names(raw: str) -> list[str]:
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one component name, comma-separated")
+    return names
+
+
+class Command(BaseCommand):
+    help = "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) into a run."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file",
+                            help="the dump: a file, or a folder of them (TRL output_dir, verl rollout_data_dir)")
+        parser.add_argument("--run", required=True, help="run name; created (kind import) when no run has it")
+        parser.add_argument("--format", required=True, choices=list(READERS))
+        parser.add_argument("--environment", help="environment of a new run (default: the run name)")
+        parser.add_argument("--components", type=_names,
+                            help="comma-separated reward components (default: inferred from the first records)")
+        parser.add_argument("--on-error", choices=("stop", "skip"), default="stop",
+                            help="a bad record stops the import (default) or is skipped with its group")
+        parser.add_argument("--batch-groups", type=_positive, default=200, help="groups per transaction")
+        parser.add_argument("--group-size", type=_positive,
+                            help="expected rollouts per group (num_generations); splits repeated prompts")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def handle(self, *args: Any, **o: Any) -> None:
+        try:
+            reader = open_reader(o["format"], o["file"], components=o["components"], group_size=o["group_size"])
+            reader.files()  # a folder without files of the format fails here, before a run is created
+        except ReaderError as e:
+            raise CommandError(str(e)) from None
+        run = self._run(o, reader)
+        importer = Importer(run, reader, on_error=o["on_error"], batch_groups=o["batch_groups"],
+                            grow_components=o["components"] is None, report=self._report)
+        bar = tqdm(total=reader.total_bytes(), unit="B", unit_scale=True, desc=f"import {o['format']}",
+                   disable=True if o["no_progress"] else None)  # None: off when stderr is not a terminal
+        stopped = None
+        try:
+            importer.run_import(bar.update)
+        except ImportStopped as e:
+            stopped = str(e)
+        finally:
+            bar.close()
+        self._save(run, reader, importer.stats, o, stopped)
+        if importer.stats.already_stored:
+            self.stdout.write(f"{importer.stats.already_stored} groups were already stored (not imported twice)")
+        self.stdout.write(importer.stats.line())
+        if stopped:
+            raise CommandError(f"stopped at the first bad record (--on-error stop): {stopped}")
+
+    def _report(self, line: str) -> None:
+        self.stderr.write(line)
+
+    def _run(self, o: dict[str, Any], reader: Reader) -> Run:
+        runs = list(Run.objects.filter(name=o["run"]).select_related("environment")[:2])
+        if len(runs) > 1:
+            raise CommandError(f"--run: more than one run is named {o['run']!r}; rename one to import into it")
+        if runs:
+            run = runs[0]
+            if run.environment_id is None:
+                raise CommandError(f"--run: run {o['run']!r} has no environment, so it cannot hold reward scores")
+            if o["environment"] and run.environment.name != o["environment"]:
+                raise CommandError(f"--environment: run {o['run']!r} already uses environment "
+                                   f"{run.environment.name!r}")
+            if o["components"]:
+                ensure_environment(run.environment.name, self._spec(run.environment.name, o["components"]))
+            return run
+        names = o["components"] if o["components"] is not None else reader.sample_components()
+        env_name = o["environment"] or o["run"]
+        env = ensure_environment(env_name, self._spec(env_name, names))
+        config = {"import": {**reader.notes(), "source": str(o["file"]),
+                             "components": "given" if o["components"] else "inferred from the first records"}}
+        run = create_run(name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config,
+                         status=Run.Status.RUNNING)
+        self.stdout.write(f"created run {run.id} {run.name!r} (environment {env.name!r}: {', '.join(names) or 'none'})")
+        return run
+
+    def _spec(self, env_name: str, names: list[str]) -> list[dict[str, Any]]:
+        try:
+            return validate_environment_spec({"name": env_name, "components": [{"name": n} for n in names]})[1]
+        except SpecError as e:
+            raise CommandError(f"--components: {e.field}: {e.message}") from None
+
+    def _save(self, run: Run, reader: Reader, stats: ImportStats, o: dict[str, Any], stopped: str | None) -> None:
+        run.refresh_from_db()
+        summary = dict(run.summary or {})
+        summary["import"] = {
+            **reader.notes(), "source": str(o["file"]), "groups": stats.groups, "rollouts": stats.rollouts,
+            "already_stored": stats.already_stored, "skipped_records": stats.skipped_records,
+            "errors": stats.errors, "stopped": stopped,
+            "duplicate_files": getattr(reader, "duplicates", []),
+        }
+        Run.objects.filter(id=run.id).update(summary=summary)
+        created_here = run.kind == Run.Kind.IMPORT and "import" in (run.config or {})
+        if created_here and not stopped:
+            run.mark_succeeded()

@@ -1,0 +1,276 @@
+"""Rollout pages: explorer, group, no-signal groups, transcript. All read-only (viewer and up).
+
+Everything a model wrote is rendered through auto-escaping templates; the diagram state is re-rendered
+by our own Canvas from the completion and shown as an <img> (scripts in an SVG image never run).
+The SVG stored in Rollout.state came from a client and is never echoed.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+from typing import Any
+from urllib.parse import urlencode
+
+from django.apps import apps
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_safe
+
+from training.environments import get_environment
+from training.environments.base import Prompt
+from webapp.accounts.roles import require_role
+from webapp.rollouts.ingest import run_components, run_weights
+from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.rollouts.queries import (
+    ExplorerQuery,
+    QueryError,
+    decode_cursor,
+    encode_cursor,
+    explore,
+)
+from webapp.runs.models import Run
+
+NO_SIGNAL_PAGE = 50
+
+
+def _is_partial(request: HttpRequest) -> bool:
+    # A history restore (back button after a cache miss) needs the whole page, not the fragment.
+    return bool(request.headers.get("HX-Request")) and not request.headers.get("HX-History-Restore-Request")
+
+
+def _labels() -> list[Any]:
+    """Annotation labels, once the annotations app defines them (the explorer shows a select then)."""
+    try:
+        model = apps.get_model("annotations", "Label")
+    except LookupError:
+        return []
+    return list(model.objects.all()[:200])
+
+
+@require_safe
+def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
+    require_role(request, "viewer")
+    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    components = run_components(run)
+    error, page, q = None, None, ExplorerQuery()
+    try:
+        q = ExplorerQuery.from_params(request.GET, [c.name for c in components])
+        page = explore(run, q)
+    except QueryError as exc:
+        error = exc
+    base = q.params()
+    ctx = {
+        "run": run, "components": components, "q": q, "page": page, "error": error,
+        "base_url": request.path, "qs": urlencode(base),
+        "next_qs": urlencode(q.params(cursor=page.next_cursor)) if page and page.next_cursor else "",
+        "sort_links": _sort_links(q, components),
+        "sorted_component": next((c for c in components if c.name == q.sort), None),
+        "labels": _labels(),
+        "ranges": {c.name: q.ranges.get(c.name, (None, None)) for c in components},
+    }
+    template = "rollouts/_table.html" if _is_partial(request) else "rollouts/explorer.html"
+    response = render(request, template, ctx, status=400 if error else 200)
+    response["Vary"] = "HX-Request"  # the same URL answers a fragment or a page
+    return response
+
+
+def _sort_links(q: ExplorerQuery, components: list[RewardComponent]) -> dict[str, dict[str, str]]:
+    """Per sortable column: the query string that sorts by it (toggling direction when already sorted)."""
+    links = {}
+    for name in ["reward", "advantage", "length", "step", *(c.name for c in components)]:
+        order = ("asc" if q.order == "desc" else "desc") if q.sort == name else "desc"
+        p = dataclasses.replace(q, sort=name, order=order, cursor=None).params()
+        arrow = ("▼" if q.order == "desc" else "▲") if q.sort == name else ""
+        links[name] = {"qs": urlencode(p), "arrow": arrow}
+    return links
+
+
+def _scores_by_rollout(rollout_ids: list[int]) -> dict[int, dict[int, RewardScore]]:
+    out: dict[int, dict[int, RewardScore]] = {i: {} for i in rollout_ids}
+    for s in RewardScore.objects.filter(rollout_id__in=rollout_ids):
+        out[s.rollout_id][s.component_id] = s
+    return out
+
+
+def separating_component(
+    best: dict[int, float | None], worst: dict[int, float | None], components: list[RewardComponent],
+    weights: list[float],
+) -> RewardComponent | None:
+    """The component with the largest |weight x (best - worst)|: what tells the two apart."""
+    top, top_gap = None, 0.0
+    for comp, w in zip(components, weights):
+        b, x = best.get(comp.id), worst.get(comp.id)
+        if b is None or x is None:
+            continue
+        gap = abs(w * (b - x))
+        if gap > top_gap:
+            top, top_gap = comp, gap
+    return top
+
+
+@require_safe
+def group_view(request: HttpRequest, group_id: int) -> HttpResponse:
+    require_role(request, "viewer")
+    group = get_object_or_404(Group.objects.select_related("run", "run__environment"), id=group_id)
+    components = run_components(group.run)
+    rollouts = sorted(group.rollouts.defer("state"), key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index))
+    scores = _scores_by_rollout([r.id for r in rollouts])
+    values = {r.id: {cid: s.value for cid, s in scores[r.id].items()} for r in rollouts}
+    stats = {s.component_id: s for s in GroupComponentStat.objects.filter(group=group)}
+    best, worst = (rollouts[0], rollouts[-1]) if rollouts else (None, None)
+    separator = None
+    if best is not None and best.id != worst.id:
+        separator = separating_component(values[best.id], values[worst.id], components,
+                                         run_weights(group.run, components).tolist())
+    cards = [
+        {"rollout": r, "rank": i + 1,
+         "scores": [(c, scores[r.id].get(c.id)) for c in components]}
+        for i, r in enumerate(rollouts)
+    ]
+    ctx = {
+        "group": group, "run": group.run, "components": components, "cards": cards, "separator": separator,
+        "stats": [(c, stats.get(c.id)) for c in components], "best": best, "worst": worst,
+    }
+    return render(request, "rollouts/group.html", ctx)
+
+
+def _no_signal_groups(run: Run) -> QuerySet[Group]:
+    """Groups that produce no gradient: aggregate std 0 (incl. all unscorable) or every advantage 0."""
+    nonzero_adv = Rollout.objects.filter(group_id=OuterRef("pk")).filter(Q(advantage__gt=0) | Q(advantage__lt=0))
+    return Group.objects.filter(run=run).filter(Q(zero_std=True) | ~Exists(nonzero_adv))
+
+
+def no_signal_reason(group: Group) -> str:
+    if group.all_unscorable:
+        return "all unscorable"
+    if group.zero_std:
+        return "all equal"
+    return "all advantages 0"
+
+
+@require_safe
+def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
+    require_role(request, "viewer")
+    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    error = None
+    try:
+        step_min, step_max = _opt_int(request, "step_min"), _opt_int(request, "step_max")
+        after = decode_cursor(request.GET["cursor"]) if request.GET.get("cursor") else None
+    except QueryError as exc:
+        error, step_min, step_max, after = exc, None, None, None
+    qs = _no_signal_groups(run)
+    if step_min is not None:
+        qs = qs.filter(step__gte=step_min)
+    if step_max is not None:
+        qs = qs.filter(step__lte=step_max)
+    if after is not None:
+        qs = qs.filter(Q(step__gt=after[0]) | Q(step=after[0], id__gt=after[1]))
+    groups = list(qs.order_by("step", "id").defer("prompt")[: NO_SIGNAL_PAGE + 1])
+    more = len(groups) > NO_SIGNAL_PAGE
+    groups = groups[:NO_SIGNAL_PAGE]
+    components = run_components(run)
+    stats: dict[int, dict[int, GroupComponentStat]] = {g.id: {} for g in groups}
+    for s in GroupComponentStat.objects.filter(group_id__in=[g.id for g in groups]):
+        stats[s.group_id][s.component_id] = s
+    rows = [{"group": g, "reason": no_signal_reason(g), "stats": [(c, stats[g.id].get(c.id)) for c in components]}
+            for g in groups]
+    keep = {k: v for k, v in (("step_min", step_min), ("step_max", step_max)) if v is not None}
+    next_qs = urlencode({**keep, "cursor": encode_cursor(groups[-1].step, groups[-1].id)}) if more else ""
+    ctx = {"run": run, "rows": rows, "components": components, "error": error, "next_qs": next_qs,
+           "step_min": step_min, "step_max": step_max, "paged": after is not None}
+    return render(request, "rollouts/no_signal.html", ctx, status=400 if error else 200)
+
+
+def _opt_int(request: HttpRequest, name: str) -> int | None:
+    raw = request.GET.get(name, "")
+    if raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise QueryError(name, f"must be an integer, got {raw[:40]!r}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _environment(name: str) -> Any:
+    return get_environment(name)  # KeyError for environments registered only through the API
+
+
+def state_image(run: Run, group: Group, rollout: Rollout) -> tuple[str | None, list[str]]:
+    """Re-render the environment state with OUR renderer: (data: URI of the SVG, canvas errors)."""
+    if run.environment is None:
+        return None, []
+    try:
+        env = _environment(run.environment.name)
+    except KeyError:
+        return None, []
+    prompt = Prompt(key=group.key, text=group.prompt_text, split=group.split)
+    state = env.state(prompt, rollout.transcript)
+    svg = state.get("svg") if isinstance(state, dict) else None
+    if not isinstance(svg, str):
+        return None, []
+    uri = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+    return uri, [str(e) for e in state.get("errors", [])]
+
+
+def neighbours(run: Run, rollout: Rollout, params: Any, components: list[RewardComponent]) -> tuple[int | None, int | None]:
+    """(previous, next) rollout ids in the explorer order described by `params`."""
+    try:
+        q = ExplorerQuery.from_params(params, [c.name for c in components])
+    except QueryError:
+        return None, None
+    comp = next((c for c in components if c.name == q.sort), None)
+    if comp is not None:
+        found = list(RewardScore.objects.filter(rollout=rollout, component=comp).values_list("value", flat=True))
+        if not found:
+            return None, None  # not scored by the sort component: not in that explorer listing
+        value = found[0]
+    else:
+        value = getattr(rollout, q.sort)
+    cursor = encode_cursor(value, rollout.id)
+    after = explore(run, dataclasses.replace(q, cursor=cursor, limit=1)).rows
+    # The keyset order is a total order, so the reversed direction from the same cursor is "previous".
+    flipped = "asc" if q.order == "desc" else "desc"
+    before = explore(run, dataclasses.replace(q, cursor=cursor, order=flipped, limit=1)).rows
+    return (before[0].rollout.id if before else None), (after[0].rollout.id if after else None)
+
+
+def _messages(transcript: Any) -> list[dict[str, Any]]:
+    """Normalise stored messages for the template (content as text, tool calls as name + arguments)."""
+    out = []
+    for m in transcript if isinstance(transcript, list) else []:
+        if not isinstance(m, dict):
+            continue
+        calls = []
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else {}
+            calls.append({"name": str(fn.get("name", "")) if isinstance(fn, dict) else "",
+                          "arguments": fn.get("arguments", fn) if isinstance(fn, dict) else call,
+                          "id": str(call.get("id", "")) if isinstance(call, dict) else ""})
+        content = m.get("content")
+        out.append({"role": str(m.get("role", "")), "content": content if isinstance(content, str) else "",
+                    "name": str(m.get("name") or m.get("tool_call_id") or ""), "tool_calls": calls})
+    return out
+
+
+@require_safe
+def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
+    require_role(request, "viewer")
+    rollout = get_object_or_404(Rollout.objects.select_related("group", "run", "run__environment"), id=rollout_id)
+    run, group = rollout.run, rollout.group
+    components = run_components(run)
+    scores = _scores_by_rollout([rollout.id])[rollout.id]
+    svg_uri, canvas_errors = state_image(run, group, rollout)
+    prev_id, next_id = neighbours(run, rollout, request.GET, components)
+    messages = _messages(rollout.transcript)
+    ctx = {
+        "rollout": rollout, "run": run, "group": group, "messages": messages,
+        "show_prompt": not any(m["role"] in ("system", "user") for m in messages),
+        "scores": [(c, scores.get(c.id)) for c in components], "svg_uri": svg_uri,
+        "canvas_errors": canvas_errors, "prev_id": prev_id, "next_id": next_id,
+        "qs": request.GET.urlencode(),
+    }
+    return render(request, "rollouts/transcript.html", ctx)
