@@ -10,5 +10,6 @@ urlpatterns = [
     path("rollouts/", include("webapp.rollouts.urls")),
     path("diagnostics/", include("webapp.diagnostics.urls")),
     path("annotations/", include("webapp.annotations.urls")),
+    path("jobs/", include("webapp.runs.job_urls")),
     path("", include("webapp.runs.urls")),
 ]

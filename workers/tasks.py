@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from celery.signals import worker_ready, worker_shutdown
 
 from workers.celery import app
 
 log = logging.getLogger(__name__)
+CANCEL_GRACE_SECONDS = 20  # after SIGTERM, the child gets this long to unwind before SIGKILL
+LOG_TAIL_BYTES = 4000
 
 
 @app.task(name="workers.tasks.recompute_run_stats", queue="default")
@@ -20,3 +32,154 @@ def recompute_run_stats(run_id: int) -> str:
         return f"run {run_id} no longer exists"
     out = recompute(run)
     return f"run {run_id}: recomputed {out['groups']} groups, {out['rollouts']} rollouts"
+
+
+def _child_command(run) -> list[str]:
+    gpus = int((run.config or {}).get("num_gpus", 1) or 1)
+    if gpus > 1:  # TRL's own multi-GPU path: one process per GPU under accelerate
+        return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpus),
+                "-m", "workers.job", str(run.id)]
+    return [sys.executable, "-m", "workers.job", str(run.id)]
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@app.task(name="workers.tasks.run_job", bind=True, acks_late=True)
+def run_job(self, run_id: int) -> str:
+    """Claim the run, run its job in a child process, relay cancel, record how it ended.
+
+    No retry: a training error fails the run. Transient broker trouble is Celery's to retry.
+    """
+    from django.db import close_old_connections
+
+    from webapp.runs.models import Run
+    from workers.jobs import output_dir
+
+    close_old_connections()
+    try:
+        run = Run.objects.get(id=run_id)
+    except Run.DoesNotExist:
+        return f"run {run_id} no longer exists"
+    worker = self.request.hostname or socket.gethostname()
+    if not run.claim(worker):
+        return f"run {run_id} not claimed (status {run.status})"
+    out = output_dir(run)
+    out.mkdir(parents=True, exist_ok=True)
+    child_log = out / "job.log"
+    with open(child_log, "ab") as fh:
+        proc = subprocess.Popen(_child_command(run), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    Run.objects.filter(id=run_id).update(pid=proc.pid, output_dir=str(out))
+    _set_current(run_id)
+    rc = _watch(run_id, proc)
+    _set_current(None)
+    run.refresh_from_db()
+    if run.cancel_requested:
+        run.mark_cancelled()
+        outcome = "cancelled"
+    elif rc == 0:
+        run.mark_succeeded()
+        outcome = "succeeded"
+    else:
+        why = f"killed by signal {-rc}" + (" (out of memory?)" if rc == -signal.SIGKILL else "") if rc < 0 \
+            else f"exit code {rc}"
+        run.mark_failed(f"job process {why}\n{_tail(child_log)}")
+        outcome = f"failed ({why})"
+    _after(run)
+    return f"run {run_id} {outcome}"
+
+
+def _watch(run_id: int, proc: subprocess.Popen) -> int:
+    from django.conf import settings
+    from django.utils import timezone
+
+    from webapp.runs.models import Run
+
+    term_at: float | None = None
+    last_beat = 0.0
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            return rc
+        now = time.monotonic()
+        if now - last_beat >= settings.WORKER_HEARTBEAT_SECONDS / 2:
+            Run.objects.filter(id=run_id).update(heartbeat_at=timezone.now())
+            last_beat = now
+            if term_at is None and Run.objects.filter(id=run_id, cancel_requested=True).exists():
+                _signal(proc, signal.SIGTERM)
+                term_at = now
+        if term_at is not None and now - term_at > CANCEL_GRACE_SECONDS:
+            _signal(proc, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _after(run) -> None:
+    """Chains: a finished run starts (or cancels) the runs queued behind it."""
+    from workers.launch import enqueue_run
+
+    waiting = type(run).objects.filter(parent=run, status="queued", config__start_after_parent=True)
+    for child in waiting:
+        if run.status == "succeeded":
+            enqueue_run(child.id)
+        else:
+            child.mark_failed(f"not started: parent run {run.id} {run.status}")
+
+
+# ---- worker heartbeat -------------------------------------------------------------------------------
+
+_current_run: int | None = None
+_stop = threading.Event()
+
+
+def _set_current(run_id: int | None) -> None:
+    global _current_run
+    _current_run = run_id
+
+
+def _beat(name: str, queues: str) -> None:
+    from django.conf import settings
+    from django.db import close_old_connections
+    from django.utils import timezone
+
+    from webapp.runs.models import WorkerHeartbeat
+    from webapp.runs.services import device_name, reap_stale_runs
+
+    device = device_name()
+    while not _stop.is_set():
+        try:
+            close_old_connections()
+            WorkerHeartbeat.objects.update_or_create(
+                name=name, defaults={"device": device, "queues": queues, "pid": os.getpid(),
+                                     "current_run_id": _current_run, "last_seen": timezone.now()})
+            reap_stale_runs()
+        except Exception:  # the database may be restarting; the next beat tries again
+            log.exception("heartbeat failed")
+        _stop.wait(settings.WORKER_HEARTBEAT_SECONDS)
+
+
+@worker_ready.connect
+def _start_heartbeat(sender=None, **kwargs) -> None:
+    name = getattr(sender, "hostname", None) or socket.gethostname()
+    queues = ",".join(q.name for q in getattr(getattr(sender, "app", app).amqp, "queues", {}).values()) \
+        if hasattr(sender, "app") else ""
+    threading.Thread(target=_beat, args=(name, queues), daemon=True, name="heartbeat").start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**kwargs) -> None:
+    _stop.set()

@@ -310,12 +310,18 @@ def test_it_escapes_and_truncates_the_preview(client_as, run):
     ingest_groups(run, {"groups": [g]})
     body = client_as("viewer").get(reverse("rollouts-explorer", args=[run.id])).content.decode()
     assert "<script>window.__pwned" not in body and "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in body
-    assert "padding padding…" in body
+    assert re.search(r"padding( pad\w*)?…</a>", body)
 
 
 def test_it_hides_the_label_filter_until_labels_exist(client_as, seeded):
-    body = client_as("viewer").get(reverse("rollouts-explorer", args=[seeded.id])).content.decode()
-    assert 'name="label"' not in body
+    from webapp.annotations.models import Label
+
+    url = reverse("rollouts-explorer", args=[seeded.id])
+    Label.objects.all().delete()
+    assert 'name="label"' not in client_as("viewer").get(url).content.decode()
+    Label.objects.create(slug="hack", name="Reward <hack>")
+    body = client_as("viewer").get(url, {"label": "hack"}).content.decode()
+    assert '<option value="hack" selected>Reward &lt;hack&gt;</option>' in body
 
 
 def test_it_carries_the_explorer_query_into_transcript_links(client_as, seeded):
@@ -354,7 +360,8 @@ def test_it_diffs_best_against_worst_with_escaping(client_as, run):
     body = client_as("viewer").get(reverse("rollouts-group", args=[Group.objects.get(run=run).id])).content.decode()
     diff = body[body.index('class="diff-text"'):]
     assert "<del>" in diff and "<ins>" in diff
-    assert "&lt;script&gt;" in diff and "<script>bad" not in body and "<b>good" not in body
+    assert "&lt;" in diff and "<script>bad" not in body and "<b>good" not in body
+    assert "<del>good</del><ins>bad()</ins>" in diff
 
 
 # --- no-signal -------------------------------------------------------------------------------

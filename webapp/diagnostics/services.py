@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Avg, Count, Max, Q
+from django.db.models import Avg, Count, Max, Q, Sum
 
 from training import diagnostics as dg
 from webapp.rollouts.ingest import run_components, run_weights
@@ -30,7 +30,10 @@ from webapp.runs.models import Run, StepMetric
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 50  # steps: detectors speak about "now", and the window bounds the cost at any run size
+MAX_WINDOW_ROLLOUTS = 250_000  # a page's window never reads more than this many rollouts
+SLOT_MAX_ROLLOUTS = 100_000  # the dashboard slot reads at most this many (its first view stays well under 1 s)
 CACHE_SECONDS = 120  # annotations (the quality detector) may change without the rollout count changing
+SLOT_SECONDS = 60  # the slot may lag a live run by this much instead of recomputing on every poll
 SCALES = ("group", "batch", "none")
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
@@ -79,9 +82,14 @@ def _read_postgres(run_id: int, step_min: int | None) -> tuple[np.ndarray, ...]:
     r = _parse_pgcopy(_copy_binary(
         f"COPY (SELECT id, group_id, step, COALESCE(length, -1) FROM rollouts_rollout WHERE {where}) "
         "TO STDOUT (FORMAT binary)"), _ROLLOUT_DT)
+    score_where = where
+    if step_min is not None and r.size:
+        # A window's rollouts were ingested together, so their ids form a narrow range: bounding
+        # rollout_id lets Postgres range-scan the (rollout, component) index instead of every score row.
+        score_where += f" AND rollout_id BETWEEN {int(r['id'].min())} AND {int(r['id'].max())}"
     s = _parse_pgcopy(_copy_binary(
         f"COPY (SELECT rollout_id, component_id::int4, COALESCE(value, 'NaN'::float8) FROM rollouts_rewardscore "
-        f"WHERE {where}) TO STDOUT (FORMAT binary)"), _SCORE_DT)
+        f"WHERE {score_where}) TO STDOUT (FORMAT binary)"), _SCORE_DT)
     return (r["id"].astype(np.int64), r["group_id"].astype(np.int64), r["step"].astype(np.int64),
             r["length"].astype(np.float64), s["rollout_id"].astype(np.int64), s["component_id"].astype(np.int64),
             s["value"].astype(np.float64))
@@ -135,13 +143,21 @@ def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
                         lengths=lengths, rollout_ids=ids)
 
 
-def window_start(run: Run, window: int | None) -> int | None:
-    """The first step of the last `window` steps that have groups (None: the whole run)."""
-    if window is None:
+def window_start(run: Run, window: int | None, max_rollouts: int | None = None) -> int | None:
+    """The first step of the last `window` steps that have groups (None: from the start), shortened so
+    that the window holds at most `max_rollouts` rollouts (never fewer than one step)."""
+    if window is None and max_rollouts is None:
         return None
-    steps = (Group.objects.filter(run=run).order_by("-step").values_list("step", flat=True).distinct()[:window])
-    steps = list(steps)
-    return steps[-1] if len(steps) == window else None
+    per_step = (Group.objects.filter(run=run).values("step").annotate(n=Sum("size")).order_by("-step")
+                .values_list("step", "n"))
+    if window is not None:
+        per_step = per_step[:window]
+    first, total, rows = None, 0, list(per_step)
+    for step, n in rows:
+        if first is not None and max_rollouts is not None and total + (n or 0) > max_rollouts:
+            return first
+        first, total = step, total + (n or 0)
+    return first if window is not None and len(rows) == window else None
 
 
 # ------------------------------------------------------------------------------------------ diagnostics
@@ -181,14 +197,15 @@ def _providers(run: Run, providers: list[Callable[[Run], Iterable[int]]]) -> Cal
     return lambda: [rid for p in providers for rid in p(run)]
 
 
-def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW) -> dict[str, Any]:
-    """The diagnosis of the run's last `window` steps (None: all), as JSON, cached until the run changes."""
-    key = f"diag:{_fingerprint(run, window, len(BAD_CASE_PROVIDERS))}"
+def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW,
+                 max_rollouts: int | None = MAX_WINDOW_ROLLOUTS) -> dict[str, Any]:
+    """The diagnosis of the run's last `window` steps (None: all) as JSON, cached until the run changes."""
+    key = f"diag:{_fingerprint(run, window, max_rollouts, len(BAD_CASE_PROVIDERS))}"
     hit = cache.get(key)
     if hit is not None:
         return hit
     t0 = time.perf_counter()
-    data = load_run_arrays(run, step_min=window_start(run, window))
+    data = load_run_arrays(run, step_min=window_start(run, window, max_rollouts))
     t1 = time.perf_counter()
     d = dg.diagnose(data, aggregation=run_settings(run).aggregation, metrics=_metrics(run),
                     bad_case_ids=_providers(run, BAD_CASE_PROVIDERS),
@@ -197,6 +214,36 @@ def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW) -> dict[str, Any
     out["window"] = window
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
     cache.set(key, out, CACHE_SECONDS)
+    return out
+
+
+def slot_summary(run: Run) -> dict[str, Any]:
+    """What the run dashboard shows: a health verdict, each component's share of the advantage and its
+    zero-std fraction, and the top findings. Cached per run for SLOT_SECONDS (a live run's dashboard
+    polls; the slot may lag instead of recomputing each time)."""
+    from webapp.diagnostics.links import with_links
+
+    key = f"diag-slot:{run.id}"
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    try:
+        d = diagnose_run(run, DEFAULT_WINDOW, SLOT_MAX_ROLLOUTS)
+    except Exception:  # the dashboard must render even if a diagnosis fails; the full page shows the error
+        log.exception("diagnostics summary failed for run %s", run.id)
+        return {"error": "The diagnosis failed; open the diagnostics page for details."}
+    h = d["health"]
+    findings = with_links(run.id, d["findings"])
+    severities = {f["severity"] for f in findings}
+    out = {
+        "status": "critical" if "critical" in severities else "warning" if severities else "healthy",
+        "n_rollouts": h["n_rollouts"], "step_min": h["step_min"], "step_max": h["step_max"],
+        "components": [{k: c[k] for k in ("name", "kind", "weight", "share", "zero_std_frac", "at_max", "at_min")}
+                       for c in h["components"]],
+        "reward_zero_std_frac": h["reward_zero_std_frac"],
+        "findings": findings[:3], "n_findings": len(findings),
+    }
+    cache.set(key, out, SLOT_SECONDS)
     return out
 
 

@@ -173,7 +173,7 @@ def _explorer_rows(run: Run, query: ExplorerQuery, components: list[str]) -> Ite
 def write_hf(run: Run, folder: str | Path, filters: GroupFilter | None = None,
              query: ExplorerQuery | None = None) -> int:
     """Write a `datasets`-loadable folder: data/*.parquet (one row group per chunk) and a README with
-    the dataset card's config. Returns the number of rows."""
+    the dataset card's config. Returns the number of rows; with none, nothing is written."""
     folder = Path(folder)
     path = folder / HF_DATA_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,8 +184,10 @@ def write_hf(run: Run, folder: str | Path, filters: GroupFilter | None = None,
         for rows in iter_hf_rows(run, filters, query):
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             n += len(rows)
-        if n == 0:
-            writer.write_table(schema.empty_table())  # an empty run still loads, with its columns
+    if n == 0:
+        # `datasets` cannot load a split without rows: write nothing rather than a folder it refuses.
+        path.unlink()
+        return 0
     (folder / "README.md").write_text(_card(run, components, n), encoding="utf-8")
     return n
 

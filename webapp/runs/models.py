@@ -138,3 +138,21 @@ class StepMetric(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.step} {self.name}={self.value}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A Celery worker's last sign of life, shown on the runs page."""
+
+    name = models.CharField(max_length=200, unique=True)
+    device = models.CharField(max_length=100, blank=True)
+    queues = models.CharField(max_length=200, blank=True)
+    pid = models.IntegerField(null=True)
+    current_run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_alive(self, max_age_seconds: float) -> bool:
+        return (timezone.now() - self.last_seen).total_seconds() <= max_age_seconds

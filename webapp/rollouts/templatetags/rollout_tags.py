@@ -25,7 +25,7 @@ _TOKEN_RE = re.compile(r"\s+|\w+|[^\w\s]")
 def preview(text: Any, limit: int = PREVIEW_CHARS) -> str:
     """One line, whitespace collapsed, truncated. Returns plain text: the template escapes it."""
     one = _WS_RE.sub(" ", str(text or "")).strip()
-    return one if len(one) <= limit else one[: limit - 1] + "…"
+    return one if len(one) <= limit else one[: limit - 1].rstrip() + "…"
 
 
 @register.filter

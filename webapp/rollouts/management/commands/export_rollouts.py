@@ -48,6 +48,8 @@ class Command(BaseCommand):
             raise CommandError("--out: the folder to write is required for --format hf")
         query = self._query(run, o) if o["sort"] else None
         n = write_hf(run, o["out"], filters, query)
+        if n == 0:
+            raise CommandError("no rollouts match: nothing written (a datasets folder needs at least one row)")
         self.stdout.write(f"exported {n} rollouts to {o['out']}")
 
     def _run(self, ref: str) -> Run:

@@ -1,0 +1,78 @@
+"""REST API for ablations. Wired in webapp/api/urls.py:
+
+    POST /api/v1/runs/<run_id>/ablations/   {"name"?: str, "spec": {drop, weights, scale_rewards, aggregation}}
+                                            -> 201 {"id", "name", "spec", "results"}   (trainer role)
+    GET  /api/v1/runs/<run_id>/ablations/   -> {"ablations": [...]}                     (any login)
+    GET  /api/v1/ablations/<ablation_id>/   -> {"id", "run", "name", "spec", "results", ...}
+
+Errors follow the API's shape: {"errors": [{"field": "spec.weights.format", "error": "..."}]}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.roles import has_role
+from webapp.api.errors import error_response
+from webapp.api.views import BodyError, parse_body
+from webapp.diagnostics import services
+from webapp.diagnostics.models import Ablation
+from webapp.runs.models import Run
+
+
+def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
+    out = {"id": a.id, "run": a.run_id, "name": a.name, "spec": a.spec, "created_at": a.created_at.isoformat(),
+           "created_by": a.created_by.username if a.created_by_id else None, "twin_run": a.twin_id}
+    if results:
+        out["results"] = a.results
+    else:
+        out["verdict"] = (a.results or {}).get("verdict")
+    return out
+
+
+@extend_schema(summary="Recompute a run's advantages with components dropped or re-weighted, and save it; or list",
+               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@api_view(["GET", "POST"])
+def run_ablations(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run, id=run_id)
+    if request.method == "GET":
+        qs = Ablation.objects.filter(run=run).select_related("created_by")[:200]
+        return Response({"ablations": [_json(a, results=False) for a in qs]})
+    if not has_role(request.user, "trainer"):
+        return error_response([{"field": "", "error": "saving an ablation needs the trainer role"}],
+                              status.HTTP_403_FORBIDDEN)
+    try:
+        body = parse_body(request)
+        if not isinstance(body, dict):
+            raise services.SpecError("body", "must be a JSON object with spec (and optionally name)")
+        extra = set(body) - {"name", "spec"}
+        if extra:
+            raise services.SpecError(sorted(extra)[0], "unknown key; expected name and spec")
+        name = body.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 200):
+            raise services.SpecError("name", "must be a string of at most 200 characters")
+        if "spec" not in body:
+            raise services.SpecError("spec", "is required")
+        spec = services.parse_spec(body["spec"], run)
+    except BodyError as e:
+        return error_response([{"field": "body", "error": str(e)}])
+    except services.SpecError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    results = services.run_ablation(run, spec)
+    a = Ablation.objects.create(run=run, name=(name or "").strip() or services.default_name(spec, run),
+                                spec=spec.as_dict(), results=results, created_by=request.user)
+    return Response(_json(a), status=status.HTTP_201_CREATED)
+
+
+@extend_schema(summary="A saved ablation with its results", responses={200: dict, 404: dict})
+@api_view(["GET"])
+def ablation_detail(request: Request, ablation_id: int) -> Response:
+    a = get_object_or_404(Ablation.objects.select_related("created_by"), id=ablation_id)
+    return Response(_json(a))

@@ -1,0 +1,27 @@
+"""Links into the pages other apps own: the explorer sorted by a component, and the group view."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.urls import NoReverseMatch, reverse
+
+
+def explorer_url(run_id: int, sort: str | None = None, order: str = "desc") -> str:
+    try:
+        base = reverse("rollouts-explorer", kwargs={"run_id": run_id})
+    except NoReverseMatch:
+        base = f"/runs/{run_id}/rollouts/"
+    return f"{base}?{urlencode({'sort': sort, 'order': order})}" if sort else base
+
+
+def group_url(group_id: int) -> str:
+    try:
+        return reverse("rollouts-group", kwargs={"group_id": group_id})
+    except NoReverseMatch:
+        return f"/groups/{group_id}/"
+
+
+def with_links(run_id: int, findings: list[dict]) -> list[dict]:
+    """Findings (JSON, possibly cached) with the explorer link of their example transcripts."""
+    return [{**f, "link": explorer_url(run_id, f.get("sort"), f.get("order") or "desc")} for f in findings]

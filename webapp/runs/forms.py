@@ -1,0 +1,121 @@
+"""Launch forms, one per job kind, built from the job's config dataclass (its fields and help texts).
+
+Validation runs the dataclass's own __post_init__, so the form and the CLI refuse the same configs,
+and its "field: problem" message lands on the field it names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from django import forms
+
+from training.environments import available_environments
+from webapp.runs.models import Run
+
+CHOICES: dict[str, list[str]] = {
+    "scale_rewards": ["group", "batch", "none"],
+    "loss_type": ["dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"],
+    "multi_objective_aggregation": ["sum_then_normalize", "normalize_then_sum"],
+    "split": ["holdout", "train"],
+}
+HIDDEN = {"output_dir", "env", "base_model", "device", "reward_weights"}  # set by the app, not typed in
+
+
+def _types(tp: Any) -> set[Any]:
+    """The concrete types a hint admits: `int | None` -> {int}; `str | list[dict]` -> {str, list}."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return {typing.get_origin(a) or a for a in args if a is not type(None)}
+
+
+def _form_field(f: dataclasses.Field, hints: dict[str, Any]) -> forms.Field:
+    kinds = _types(hints.get(f.name, str))
+    help_text = f.metadata.get("help", "")
+    initial = None if f.default is dataclasses.MISSING else f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        initial = f.default_factory()  # type: ignore[misc]
+    if f.name in CHOICES:
+        return forms.ChoiceField(choices=[(c, c) for c in CHOICES[f.name]], initial=initial, help_text=help_text)
+    if kinds == {bool}:
+        return forms.BooleanField(required=False, initial=initial, help_text=help_text)
+    if kinds == {int}:
+        return forms.IntegerField(initial=initial, help_text=help_text, required=initial is not None)
+    if kinds <= {int, float}:
+        return forms.FloatField(initial=initial, help_text=help_text, required=initial is not None)
+    if kinds & {list, dict}:
+        return forms.CharField(required=False, initial=json.dumps(initial) if initial not in (None, "") else "",
+                               help_text=help_text + " (JSON)")
+    return forms.CharField(required=False, initial=initial or "", help_text=help_text)
+
+
+class LaunchForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    environment = forms.ChoiceField(choices=())
+    base_model = forms.CharField(max_length=500, required=False,
+                                 help_text="'tiny:<env>' (offline tiny model), 'run:<id>' (a run's output), "
+                                           "a model folder or a hub id")
+    parent = forms.ModelChoiceField(queryset=Run.objects.none(), required=False,
+                                    help_text="start after this run succeeds (chains: SFT -> GRPO -> eval)")
+    num_gpus = forms.IntegerField(min_value=1, max_value=64, initial=1,
+                                  help_text="GPUs on one host; >1 runs under accelerate launch")
+
+    def __init__(self, kind: str, *args: Any, **kwargs: Any) -> None:
+        from workers.jobs import config_class
+
+        super().__init__(*args, **kwargs)
+        self.kind = kind
+        self.config_cls = config_class(kind)
+        self.fields["environment"].choices = [(e, e) for e in available_environments()]
+        self.fields["parent"].queryset = Run.objects.exclude(status__in=[Run.Status.FAILED, Run.Status.CANCELLED])
+        hints = typing.get_type_hints(self.config_cls)
+        self.job_fields = []
+        for f in dataclasses.fields(self.config_cls):
+            if f.name in HIDDEN:
+                continue
+            self.fields[f"cfg_{f.name}"] = _form_field(f, hints)
+            self.fields[f"cfg_{f.name}"].label = f.name
+            self.job_fields.append(f.name)
+        if self.config_cls.requires_model:
+            self.fields["base_model"].required = True
+
+    def job_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.job_fields:
+            value = self.cleaned_data.get(f"cfg_{name}")
+            field = self.fields[f"cfg_{name}"]
+            if isinstance(field, forms.CharField) and (field.help_text or "").endswith("(JSON)"):
+                if value in ("", None):
+                    value = None
+                else:
+                    try:
+                        value = json.loads(value)
+                    except json.JSONDecodeError as e:
+                        self.add_error(f"cfg_{name}", f"not valid JSON: {e.msg}")
+                        continue
+            if value is None and isinstance(field, (forms.IntegerField, forms.FloatField)):
+                continue
+            out[name] = value
+        return out
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        config = self.job_config()
+        if self.errors:
+            return data
+        trial = dict(config, output_dir="/tmp/validate-only", base_model=data.get("base_model") or "x",
+                     env=data.get("environment") or "diagram")
+        names = {f.name for f in dataclasses.fields(self.config_cls)}
+        try:
+            self.config_cls.from_dict({k: v for k, v in trial.items() if k in names})
+        except (ValueError, TypeError) as e:
+            field, _, message = str(e).partition(": ")
+            target = f"cfg_{field}" if f"cfg_{field}" in self.fields else None
+            self.add_error(target, message or str(e))
+        data["config"] = config
+        return data

@@ -1,0 +1,123 @@
+"""Launching, watching, cancelling and comparing training jobs (trainer role to change anything)."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.db.models import Avg
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from training.environments import get_environment
+from webapp.accounts.roles import require_role
+from webapp.rollouts.models import GroupComponentStat
+from webapp.rollouts.models import Group as RolloutGroup
+from webapp.rollouts.services import create_run, environment_from_training
+from webapp.runs.forms import LaunchForm
+from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
+from workers.jobs import JOBS
+
+KIND_TITLES = {"sft": "SFT", "grpo": "GRPO", "dpo": "DPO", "eval": "Eval", "teacher": "Teacher trajectories",
+               "probe": "Signal probe"}
+
+
+def launch(request: HttpRequest, kind: str) -> HttpResponse:
+    require_role(request, "trainer")
+    if kind not in JOBS:
+        raise Http404("unknown job kind")
+    initial = {"environment": "diagram", "base_model": request.GET.get("base_model", "tiny:diagram")}
+    if request.GET.get("parent"):
+        initial["parent"] = request.GET["parent"]
+    form = LaunchForm(kind, request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        run = start_job(kind, form.cleaned_data, request.user)
+        messages.success(request, f"Run {run.id} {'queued' if run.status == 'queued' else run.status}.")
+        return redirect("jobs-detail", run_id=run.id)
+    return render(request, "jobs/launch.html", {"form": form, "kind": kind, "title": KIND_TITLES[kind],
+                                                "kinds": KIND_TITLES})
+
+
+def start_job(kind: str, data: dict, owner) -> Run:
+    """Create the run and queue it now, or behind its parent when the parent has not finished."""
+    from workers.launch import enqueue_run
+
+    env = environment_from_training(get_environment(data["environment"]))
+    parent: Run | None = data.get("parent")
+    waits = parent is not None and parent.status != Run.Status.SUCCEEDED
+    config = dict(data["config"], num_gpus=data.get("num_gpus") or 1, start_after_parent=waits)
+    run = create_run(name=data["name"], kind=kind, environment=env, config=config, owner=owner,
+                     base_model=data.get("base_model") or "", parent=parent)
+    if not waits:
+        enqueue_run(run.id)
+    return run
+
+
+def detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
+    return render(request, "jobs/detail.html", {"run": run, "children": run.children.all()})
+
+
+def progress(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, id=run_id)
+    return render(request, "jobs/_progress.html", {"run": run})
+
+
+@require_POST
+def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    require_role(request, "trainer")
+    run = get_object_or_404(Run, id=run_id)
+    if run.is_finished:
+        messages.info(request, f"Run {run.id} already {run.status}.")
+    else:
+        run.request_cancel()
+        messages.success(request, f"Cancel requested for run {run.id}.")
+    return redirect("jobs-detail", run_id=run.id)
+
+
+def workers(request: HttpRequest) -> HttpResponse:
+    from django.conf import settings
+
+    beats = WorkerHeartbeat.objects.select_related("current_run").order_by("-last_seen")[:50]
+    max_age = settings.WORKER_HEARTBEAT_SECONDS * 3
+    return render(request, "jobs/_workers.html", {"workers": [(w, w.is_alive(max_age)) for w in beats]})
+
+
+def compare(request: HttpRequest) -> HttpResponse:
+    try:
+        ids = [int(x) for x in request.GET.getlist("run") if x]
+    except ValueError:
+        return render(request, "jobs/compare.html", {"error": "run: must be run ids"}, status=400)
+    runs = list(Run.objects.filter(id__in=ids).select_related("environment"))
+    figures = compare_figures(runs) if runs else []
+    return render(request, "jobs/compare.html", {
+        "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
+        "figures_json": json.dumps(figures),
+    })
+
+
+def compare_figures(runs: list[Run]) -> list[dict]:
+    """Overlay per-step curves: the aggregate reward mean (from groups) and each component's mean."""
+    reward = {"data": [], "layout": {"title": {"text": "reward mean per step"}, "xaxis": {"title": {"text": "step"}},
+                                     "height": 320, "margin": {"t": 40, "r": 10}}}
+    per_comp: dict[str, dict] = {}
+    for run in runs:
+        rows = (RolloutGroup.objects.filter(run=run).values("step").annotate(m=Avg("reward_mean")).order_by("step"))
+        reward["data"].append({"type": "scatter", "mode": "lines+markers", "name": f"{run.id} {run.name}"[:40],
+                               "x": [r["step"] for r in rows], "y": [r["m"] for r in rows]})
+        stats = (GroupComponentStat.objects.filter(run=run).values("component__name", "step")
+                 .annotate(m=Avg("mean")).order_by("component__name", "step"))
+        for s in stats:
+            fig = per_comp.setdefault(s["component__name"], {
+                "data": {}, "layout": {"title": {"text": f"{s['component__name']} mean"}, "height": 260,
+                                       "margin": {"t": 40, "r": 10}}})
+            trace = fig["data"].setdefault(run.id, {"type": "scatter", "mode": "lines", "name": f"{run.id}",
+                                                    "x": [], "y": []})
+            trace["x"].append(s["step"])
+            trace["y"].append(s["m"])
+        if not rows:  # a run fed only metrics (e.g. SFT): its logged loss instead
+            loss = StepMetric.objects.filter(run=run, name="loss").order_by("step").values_list("step", "value")
+            reward["data"].append({"type": "scatter", "mode": "lines", "name": f"{run.id} loss",
+                                   "x": [s for s, _ in loss], "y": [v for _, v in loss]})
+    return [reward] + [{"data": list(f["data"].values()), "layout": f["layout"]} for f in per_comp.values()]

@@ -1,0 +1,63 @@
+"""The child process of a training task: `python -m workers.job RUN_ID`.
+
+Running the job in its own process means an OOM or a crash cannot take the Celery worker down, and a
+cancel is a signal. The parent task (workers.tasks.run_job) watches the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+
+
+def main(run_id: int) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(var, "1")  # nothing may download at run time on these machines
+    import django
+
+    django.setup()
+    from webapp.runs.models import Run
+    from workers.jobs import job_config, job_module, output_dir
+    from workers.sinks import DatabaseSink
+
+    def _terminate(signum, frame):  # cancel: unwind so partial batches already sent stay stored
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _terminate)
+    run = Run.objects.get(id=run_id)
+    sink = DatabaseSink(run_id)
+    try:
+        config = job_config(run)
+    except (ValueError, TypeError) as e:
+        sink.log(f"invalid job config: {e}")
+        print(f"invalid job config: {e}", file=sys.stderr)
+        return 2
+    out = output_dir(run)
+    Run.objects.filter(id=run_id).update(output_dir=str(out), config={**run.config, "resolved": config.to_dict()})
+    sink.log(f"starting {run.kind} job for run {run_id} on device {getattr(config, 'device', 'auto')}")
+    try:
+        summary = job_module(run.kind).main(config, sink=sink)
+    except KeyboardInterrupt:
+        sink.log("cancelled")
+        return 130
+    except Exception:  # the whole traceback goes to the run; the parent marks it failed
+        tb = traceback.format_exc()
+        sink.log(tb)
+        print(tb, file=sys.stderr)
+        return 1
+    Run.objects.filter(id=run_id).update(summary=_jsonable(summary))
+    sink.log(f"finished: {summary}")
+    return 0
+
+
+def _jsonable(obj):
+    import json
+
+    return json.loads(json.dumps(obj, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))

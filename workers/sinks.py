@@ -1,0 +1,48 @@
+"""The database sink: a training job's recorder writes through the same ingestion service as the API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.runs.metrics import record_metrics
+from webapp.runs.models import Run
+
+log = logging.getLogger(__name__)
+
+
+class DatabaseSink:
+    """Implements training.sinks.Sink against the Django models of one run."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run = Run.objects.get(id=run_id)
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        try:
+            ingest_groups(self.run, {"groups": groups})
+        except IngestError as e:
+            # A recorder bug must not kill a training run; it must be loud in the run's log.
+            self.log(f"ingestion refused a batch of {len(groups)} groups: {e.errors[:3]}")
+            log.error("ingestion refused a batch for run %s: %s", self.run.id, e.errors[:3])
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        record_metrics(self.run, {"metrics": [{"step": step, "values": values}]})
+
+    def log(self, line: str) -> None:
+        self.run.append_log(line.rstrip("\n") + "\n")
+
+    def progress(self, step: int, total: int) -> None:
+        self.run.set_progress(step, total, eta=_eta(self.run, step, total))
+
+    def close(self) -> None:
+        pass
+
+
+def _eta(run: Run, step: int, total: int) -> float | None:
+    from django.utils import timezone
+
+    if not run.started_at or step <= 0 or not total:
+        return None
+    elapsed = (timezone.now() - run.started_at).total_seconds()
+    return elapsed / step * max(0, total - step)
