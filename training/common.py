@@ -112,6 +112,18 @@ def get_env(name: str) -> "Environment":
     raise ValueError(f"env: unknown environment {name!r}")
 
 
+def env_prompts(env: "Environment", split: str, n: int, seed: int = 0, max_nodes: int = 0) -> list[Any]:
+    """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0 (an environment
+    whose prompts() takes a `max_nodes` argument, e.g. diagram); 0 means every request."""
+    if not max_nodes:
+        return env.prompts(split, n, seed=seed)
+    import inspect
+
+    if "max_nodes" not in inspect.signature(env.prompts).parameters:
+        raise ValueError(f"max_nodes: environment {env.name!r} cannot filter prompts by size; leave it 0")
+    return env.prompts(split, n, seed=seed, max_nodes=max_nodes)
+
+
 def chat_prompt(text: str, messages: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return list(messages) if messages else [{"role": "user", "content": text}]
 

@@ -14,6 +14,7 @@ import numpy as np
 from training.common import (
     ProgressFn,
     chat_prompt,
+    env_prompts,
     get_env,
     load_model,
     load_tokenizer,
@@ -35,6 +36,7 @@ class EvalJobConfig(JobConfig):
 
     split: str = help_field("holdout", "which prompts to evaluate: 'holdout' (default) or 'train'")
     num_prompts: int = help_field(64, "prompts to evaluate")
+    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
     num_generations: int = help_field(4, "G: sampled completions per prompt")
     max_completion_length: int = help_field(256, "max new tokens per completion")
     temperature: float = help_field(1.0, "sampling temperature")
@@ -49,6 +51,8 @@ class EvalJobConfig(JobConfig):
             raise ValueError("split: must be 'train' or 'holdout'")
         if self.num_prompts < 1:
             raise ValueError("num_prompts: must be >= 1")
+        if self.max_nodes < 0:
+            raise ValueError("max_nodes: must be >= 0 (0 keeps every request)")
         if self.num_generations < 1:
             raise ValueError("num_generations: must be >= 1")
         if self.max_completion_length < 1:
@@ -118,7 +122,7 @@ def main(config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn |
     device = resolve_device(config.device)
     config.save(config.output_dir, kind="eval")
     env = get_env(config.env)
-    prompts = env.prompts(config.split, config.num_prompts, seed=config.seed)
+    prompts = env_prompts(env, config.split, config.num_prompts, config.seed, config.max_nodes)
     source = resolve_model_dir(config.base_model)
     model, tokenizer = load_model(source, device), load_tokenizer(source)
 

@@ -18,6 +18,7 @@ from typing import Any
 from training.common import (
     ProgressFn,
     chat_prompt,
+    env_prompts,
     get_env,
     load_model,
     load_tokenizer,
@@ -41,6 +42,7 @@ class GRPOJobConfig(TrainJobConfig):
         None, "an SFT run's output dir (or model dir) to start from instead of base_model"
     )
     num_prompts: int = help_field(256, "training prompts drawn from the environment's train split")
+    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
     num_generations: int = help_field(8, "G: completions per prompt (the group)")
     per_device_batch_size: int = help_field(16, "completions per device per micro-step; a multiple of num_generations")
     max_completion_length: int = help_field(256, "max new tokens per completion (truncated beyond)")
@@ -57,11 +59,16 @@ class GRPOJobConfig(TrainJobConfig):
     mask_truncated_completions: bool = help_field(False, "exclude truncated completions from the loss")
     record: bool = help_field(True, "record rollouts and metrics into the sink (RolloutRecorder)")
     record_state: bool = help_field(False, "also store the environment state (e.g. rendered SVG) per rollout")
+    log_completions: bool = help_field(
+        False, "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to output_dir"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_prompts < 1:
             raise ValueError("num_prompts: must be >= 1")
+        if self.max_nodes < 0:
+            raise ValueError("max_nodes: must be >= 0 (0 keeps every request)")
         if self.num_generations < 2:
             raise ValueError("num_generations: GRPO needs at least 2 completions per prompt")
         if self.per_device_batch_size % self.num_generations:
@@ -103,7 +110,7 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
 
     # Data: the environment's train prompts as chat prompts, with their key for the reward lookup.
     env = get_env(config.env)
-    prompts = env.prompts("train", config.num_prompts, seed=config.seed)
+    prompts = env_prompts(env, "train", config.num_prompts, config.seed, config.max_nodes)
     dataset = Dataset.from_list([{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts])
     reward_funcs, weights = environment_reward_funcs(env, prompts)
     if config.reward_weights is not None:
@@ -130,6 +137,7 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         multi_objective_aggregation=config.multi_objective_aggregation,
         reward_weights=weights,
         mask_truncated_completions=config.mask_truncated_completions,
+        log_completions=config.log_completions,
     )
     recording = config.record and sink is not None
     # One writer thread for everything this job reports, so records reach the sink in order, from a

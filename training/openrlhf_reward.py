@@ -27,7 +27,7 @@ How a batch becomes groups:
 - the aggregate reward is "rewards"; per-sample entries of "extra_logs" (length == batch size) are
   reward components, scalar ones are ignored; "scores" and the label go into the rollout's state;
 - the step is `step_fn()` when given, else the call's ordinal in this process (OpenRLHF does not pass
-  one); group keys carry the process id and call ordinal, so workers never collide;
+  one); group keys carry a random per-wrapper id and the call ordinal, so workers never collide;
 - advantages are not known here (OpenRLHF computes them later, per its estimator): the recorded one
   is the GRPO advantage of "rewards" within the group.
 """
@@ -42,6 +42,7 @@ import logging
 import os
 import queue
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,9 @@ class RewardRecorder:
         self.spool_path = Path(spool_path or f"openrlhf-spool-{os.getpid()}.jsonl")
         self.components: set[str] | None = None  # known when this recorder created the run
         self.calls = itertools.count()
+        # In every group key: two wrappers (Ray actors, restarts, two reward files) never produce the
+        # same (step, key), which ingestion would silently skip as "already stored".
+        self.instance = uuid.uuid4().hex[:10]
         self.sent = 0  # groups delivered
         self.spooled = 0  # groups written to the spool
         self._lock = threading.Lock()
@@ -142,7 +146,7 @@ class RewardRecorder:
             ordinal = next(self.calls)
             step = int(self.step_fn()) if self.step_fn is not None else ordinal
             groups = batch_to_groups(list(queries), list(prompts), labels, result, step=step,
-                                     call_id=f"{os.getpid()}.{ordinal}")
+                                     call_id=f"{self.instance}.{ordinal}")
         except Exception:  # noqa: BLE001 - a recording bug must never stop training
             logger.exception("openrlhf recorder: could not read this batch; not recorded")
             return

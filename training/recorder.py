@@ -301,10 +301,11 @@ class RolloutRecorder(TrainerCallback):
         return groups
 
     def _count_tokens(self, completion: Any) -> int:
-        from training.environments.diagram import completion_text  # plain text of str or messages
-
+        """Fallback when no wrapped reward function saw the token ids (reward models only)."""
+        if not isinstance(completion, str):  # chat messages: count the text of every turn
+            completion = "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
         tok = getattr(self.trainer, "_tokenizer", None) or self.trainer.processing_class
-        return len(tok(completion_text(completion), add_special_tokens=False)["input_ids"])
+        return len(tok(completion, add_special_tokens=False)["input_ids"])
 
     # ---- lifecycle
 

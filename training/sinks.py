@@ -9,9 +9,9 @@ A sink implements the `Sink` protocol. Records use the ingestion format the web 
 - `JsonlSink(path)`: one JSON object per line, {"type": "group"|"metrics"|"log"|"progress", ...}; the
   offline format, importable later.
 - `MemorySink()`: keeps everything in lists (tests).
-- `HttpSink(base_url, token, run_id)`: POSTs to the app's API, batched, retried with exponential backoff,
-  never raising into training; whatever cannot be delivered goes to a spool JSONL file that
-  `python -m training.sinks upload SPOOL --url URL --token KEY --run ID` sends later.
+- `HttpSink(base_url, token, run_id)`: POSTs to the app's API through `training.client.Client`, batched,
+  retried with exponential backoff, never raising into training; whatever cannot be delivered goes to a
+  spool JSONL file that `python -m training.sinks upload SPOOL --url URL --token KEY --run ID` sends later.
 - `BatchingSink(inner)`: a background thread and a queue, so the training loop never waits on I/O.
 
 The database sink lives in workers/ and implements the same protocol.
@@ -27,10 +27,10 @@ import os
 import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from training.client import ApiError, Client
 
 logger = logging.getLogger(__name__)
 
@@ -135,16 +135,18 @@ def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
 
 
 class HttpSink:
-    """Posts groups and metrics to the web app's API; logs go to the `logging` module, progress is
-    derived by the app from the metrics.
+    """Posts groups and metrics to the web app's API through `training.client.Client` (one HTTP
+    client, one retry policy); logs go to the `logging` module, progress is derived by the app from
+    the metrics.
 
     A POST goes out every `batch_size` records or when a write finds the oldest buffered record older
     than `flush_interval` seconds (so the app stays live at a few groups per step), and on flush/close.
-    A connection error or 5xx is retried `retries` times with exponential backoff (backoff, 2*backoff,
-    ...); if it still fails, or the server answers 4xx (a request that will never succeed as is), the
-    batch is appended to the spool file and training continues. Once the server has failed, later
-    batches skip straight to the spool for `cooldown` seconds, so a dead server costs one timeout, not
-    one per step."""
+    The client retries a connection error, a timeout, a 5xx or a 429 `retries` times with exponential
+    backoff (backoff, 2*backoff, ...); if it still fails, or the server answers another 4xx (a request
+    that will never succeed as is, e.g. a component the run's environment lacks), the batch is
+    appended to the spool file, the reason is logged, and training continues. Once the server has
+    been unreachable, later batches skip straight to the spool for `cooldown` seconds, so a dead
+    server costs one round of retries, not one per step. Nothing here raises into training."""
 
     def __init__(
         self,
@@ -160,22 +162,22 @@ class HttpSink:
         cooldown: float = 30.0,
         flush_interval: float = 5.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.token = token
+        self.client = Client(base_url, token, timeout=timeout, retries=retries, backoff=backoff)
         self.run_id = str(run_id)
         self.spool_path = Path(spool_path) if spool_path else Path(f"spool-run-{self.run_id}.jsonl")
         self.batch_size = batch_size
-        self.retries = retries
-        self.backoff = backoff
-        self.timeout = timeout
         self.cooldown = cooldown
+        self.flush_interval = flush_interval
         self._groups: list[dict[str, Any]] = []
         self._metrics: list[dict[str, Any]] = []
-        self.flush_interval = flush_interval
         self._down_until = 0.0
         self._oldest: float | None = None  # monotonic time of the oldest unsent record
         self.sent = {"groups": 0, "metrics": 0}
         self.spooled = {"groups": 0, "metrics": 0}
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
 
     # ---- Sink protocol
 
@@ -210,9 +212,6 @@ class HttpSink:
 
     # ---- transport
 
-    def _url(self, kind: str) -> str:
-        return f"{self.base_url}/api/v1/runs/{self.run_id}/{kind}/"
-
     def _flush_groups(self) -> None:
         batch, self._groups = self._groups, []
         if batch:
@@ -231,31 +230,27 @@ class HttpSink:
             self.sent[kind] += n
 
     def post(self, kind: str, payload: dict[str, Any]) -> bool:
-        """One POST with retries. True when the server accepted it (2xx). Never raises."""
-        body = json.dumps(payload).encode()
-        for attempt in range(self.retries + 1):
-            request = urllib.request.Request(
-                self._url(kind),
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json", "Authorization": f"Token {self.token}"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    response.read()
-                return True
-            except urllib.error.HTTPError as e:
-                if e.code < 500:
-                    logger.warning("HttpSink: %s rejected with %s; spooling", kind, e.code)
-                    return False
-                error: Exception = e
-            except (urllib.error.URLError, OSError, TimeoutError) as e:
-                error = e
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        logger.warning("HttpSink: %s failed after %d tries (%s); spooling", kind, self.retries + 1, error)
-        self._down_until = time.monotonic() + self.cooldown
-        return False
+        """One POST of a spool-format batch ({"groups": [...]} or {"metrics": [...]}), with the client's
+        retries. True when the server accepted it (2xx). Never raises."""
+        send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics}.get(kind)
+        if send is None or not isinstance(payload.get(kind), list):
+            logger.error("HttpSink: not a %r batch; spooling it untouched", kind)
+            return False
+        try:
+            send(self.run_id, payload[kind])  # type: ignore[arg-type]  # the client formats the id into the URL
+            return True
+        except ApiError as e:
+            if e.retryable:  # the client already retried: the server is down or overloaded
+                logger.warning("HttpSink: %s not delivered after %d tries (%s); spooling",
+                               kind, self.client.retries + 1, e)
+                self._down_until = time.monotonic() + self.cooldown
+            else:  # a 4xx repeats identically on retry: keep the batch for a human, say why
+                logger.warning("HttpSink: %s rejected (%s); spooling. Server said: %s", kind, e, e.errors[:3])
+            return False
+        except Exception:  # noqa: BLE001 - e.g. the server died mid-response (http.client errors)
+            logger.exception("HttpSink: %s failed; spooling", kind)
+            self._down_until = time.monotonic() + self.cooldown
+            return False
 
     def _spool(self, kind: str, payload: dict[str, Any]) -> None:
         try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from training.common import ProgressFn, Sample, chat_prompt, get_env, write_jsonl
+from training.common import ProgressFn, Sample, chat_prompt, env_prompts, get_env, write_jsonl
 from training.config import JobConfig, cli, help_field
 from training.eval import score_groups
 from training.sinks import Sink
@@ -49,6 +49,7 @@ class TeacherJobConfig(JobConfig):
     min_reward: float = help_field(0.9, "keep an answer when its weighted mean component score is >= this")
     min_scores: dict[str, float] = help_field({}, "per-component minimums, e.g. {'schema_valid': 1.0}")
     request_timeout: float = help_field(120.0, "seconds per endpoint request")
+    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -60,6 +61,8 @@ class TeacherJobConfig(JobConfig):
             raise ValueError("split: must be 'train' or 'holdout'")
         if self.num_prompts < 1:
             raise ValueError("num_prompts: must be >= 1")
+        if self.max_nodes < 0:
+            raise ValueError("max_nodes: must be >= 0 (0 keeps every request)")
         if self.samples_per_prompt < 1:
             raise ValueError("samples_per_prompt: must be >= 1")
         if self.max_completion_length < 1:
@@ -173,7 +176,7 @@ def main(config: TeacherJobConfig, sink: Sink | None = None, progress: ProgressF
     if unknown:
         raise ValueError(f"min_scores: unknown component {sorted(unknown)[0]!r}")
     weights = {c.name: c.weight for c in env.components}
-    prompts = env.prompts(config.split, config.num_prompts, seed=config.seed)
+    prompts = env_prompts(env, config.split, config.num_prompts, config.seed, config.max_nodes)
     teacher = make_teacher(env, config)
 
     kept: list[dict[str, Any]] = []

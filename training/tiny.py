@@ -34,15 +34,26 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<|assistant|>\n' }}{%- endif -%}"
 )
 
-BUILD_VERSION = "1"  # bump when the recipe changes, so ensure_tiny_model's cache is rebuilt
+BUILD_VERSION = "2"  # bump when the recipe changes, so ensure_tiny_model's cache is rebuilt
+
+# Pre-tokens: runs of punctuation with the lowercase identifiers between them (JSON keys and enum
+# values), capitalised or other words, digit runs, and single whitespace characters.
+PRE_TOKEN_PATTERN = r"(?:[^\s\p{L}\p{N}]+[a-z_]*)+|\p{L}+|\p{N}+|\s"
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Words never carry the space before them, so a name is the same token(s) in the prose request
+    # ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is one lookup.
+    # Punctuation glues to the lowercase identifiers next to it, so JSON boilerplate such as
+    # '{"action":"create_shape","id":"' can merge into a single token: answers stay short.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

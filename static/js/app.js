@@ -63,6 +63,9 @@
         return;
       }
     }
+    // Links that declare a single-key shortcut (e.g. "e": explore rollouts from the dashboard).
+    var hot = /^[a-z]$/.test(ev.key) && document.querySelector('a[data-hotkey="' + ev.key + '"]');
+    if (hot) { window.location.href = hot.getAttribute("href"); ev.preventDefault(); return; }
     // Transcript page: j/k walk the explorer order the user came from.
     var link = ev.key === "j" ? document.getElementById("next-rollout")
       : ev.key === "k" ? document.getElementById("prev-rollout") : null;

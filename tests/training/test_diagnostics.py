@@ -324,3 +324,31 @@ def test_it_matches_the_python_loop_baseline() -> None:
     loop = dg.python_loop_advantages(rows, data.weights.tolist())
     vec = stats.compute_advantages(data.matrix, data.weights, data.group_ids, batch_ids=data.steps).advantages
     assert np.allclose(loop, vec)
+
+
+def test_it_gives_the_same_spearman_on_the_regular_fast_path() -> None:
+    rng = np.random.default_rng(5)
+    g = rng.permutation(np.repeat(np.arange(300), 8))  # rows in any order
+    a, b = rng.integers(0, 4, g.size).astype(float), rng.integers(0, 4, g.size).astype(float)
+    a[::17] = np.nan
+    blocks = dg.regular_blocks(g, 300)
+    assert blocks is not None and blocks[1] == 8
+    fast, slow = dg.group_spearman(a, b, g, 300, blocks), dg.group_spearman(a, b, g, 300)
+    assert np.allclose(fast, slow, equal_nan=True)
+    assert dg.regular_blocks(np.array([0, 0, 1]), 2) is None
+
+
+def test_it_counts_collapse_the_same_on_ragged_and_regular_groups() -> None:
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 2, (400, 2)).astype(float)
+    comps = [C("a", 1.0), C("b", 1.0)]
+    regular = dg.RunArrays(comps, x, np.repeat(np.arange(50), 8), np.zeros(400, int))
+    ragged_ids = np.repeat(np.arange(50), 8)
+    ragged_ids[-1] = 999  # one singleton group breaks the equal-size layout
+    ragged = dg.RunArrays(comps, x, ragged_ids, np.zeros(400, int))
+    assert dg.regular_blocks(*dg.dense_ids(ragged.group_ids)) is None
+    a, b = dg.aggregation_collapse(regular), dg.aggregation_collapse(ragged)
+    assert a["groups"] == 50 and b["groups"] == 50  # the singleton has one vector: not counted
+    assert a["collapsed"] - b["collapsed"] in (0, 1)
+    # Row-level: the last rollout moved out of group 49, so at most that group's rollouts differ.
+    assert abs(a["rollouts_frac"] - b["rollouts_frac"]) <= 8 / 400

@@ -138,11 +138,12 @@ def test_it_groups_trl_rows_by_consecutive_prompt(tmp_path):
 def test_it_reads_conversational_trl_logs(tmp_path):
     prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     completion = [{"role": "assistant", "content": "Hello"}]
-    write_trl(tmp_path, 1, [prompt], g=2, completion=[completion, completion])
+    write_trl(tmp_path, 1, [prompt], g=2, completion=[completion, completion], correct=[float("nan"), 1.0])
     (g,), bad, _ = items(open_reader("trl", tmp_path / "completions" / "completions_00001.parquet"))
     assert bad == []
     assert g.record["prompt"] == prompt
     assert g.record["rollouts"][0]["transcript"] == completion
+    assert g.record["rollouts"][0]["rewards"]["correct"] is None  # a reward function's None, stored as NaN
 
 
 def test_it_splits_trl_runs_by_group_size_and_rejects_a_remainder(tmp_path):

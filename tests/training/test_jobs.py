@@ -132,6 +132,7 @@ def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(
         per_device_batch_size=8,  # 2 prompts x 4 completions
         max_completion_length=32,  # short rollouts: generation dominates CPU time
         beta=0.04,  # exercise the reference (adapter-disabled) path and its KL metric
+        record_state=True,
     ), sink=sink)
 
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
@@ -143,6 +144,7 @@ def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(
             assert set(r["rewards"]) == COMPONENTS
             assert all(isinstance(v["reason"], str) and v["reason"] for v in r["rewards"].values())
             assert r["transcript"][0]["role"] == "assistant" and 0 < r["length"] <= 32
+            assert r["state"]["svg"].startswith("<svg") and isinstance(r["advantage"], float)
     logged = {k for m in sink.metrics for k in m["values"]}
     assert {"loss", "kl", "reward", *(f"rewards/{c}/mean" for c in COMPONENTS)} <= logged
     assert (tmp_path / "grpo" / "model" / "adapter_config.json").exists()

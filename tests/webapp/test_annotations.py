@@ -400,3 +400,71 @@ def test_it_appends_the_explorer_hook_once(db):
 
     apps.get_app_config("annotations").ready()
     assert ANNOTATION_FILTER_HOOK.count(services.explorer_filter) == 1
+
+
+def test_it_clears_a_skip_once_the_item_is_annotated(run, rollouts, personas):
+    q = make_queue(run, personas, limit=2, assignees=[personas["annotator"]])
+    item = q.items.get(position=0)
+    services.skip_item(item, personas["annotator"])
+    assert services.progress(q)[0].skipped == 1
+    annotate(item.rollout, personas["annotator"], "good")
+    assert ItemAssignment.objects.get(item=item).skipped_at is None and services.progress(q)[0].skipped == 0
+
+
+# --- pages ---------------------------------------------------------------------------------------------------
+
+
+def test_it_renders_every_annotation_page(client_as, run, rollouts, personas):
+    from webapp.annotations import export
+
+    q = make_queue(run, personas, limit=3, assignees=[personas["annotator"]])
+    annotate(q.items.get(position=0).rollout, personas["annotator"], "reward-hacking", corrected_completion="better")
+    ds = export.export_dataset(name="d", kind="sft", fmt="standard", source="queue", queue=q, user=personas["trainer"])
+    c = client_as("admin")
+    for name, args in [("annotations-home", []), ("annotations-labels", []), ("annotations-label-new", []),
+                       ("annotations-label-edit", [label("good").id]), ("annotations-queue-new", []),
+                       ("annotations-queue", [q.id]), ("annotations-agreement", [q.id]),
+                       ("annotations-focus", [q.id, 0]), ("annotations-activity", []),
+                       ("annotations-datasets", []), ("annotations-dataset", [ds.id]),
+                       ("annotations-rollout", [rollouts[0].id]), ("annotations-slot", [rollouts[0].id])]:
+        resp = c.get(reverse(name, args=args))
+        assert resp.status_code == 200, name
+
+
+def test_it_shows_the_slot_on_the_transcript_and_group_pages(client_as, rollouts, personas):
+    annotate(rollouts[0], personas["trainer"], "format-error", note="broken json")
+    c = client_as("annotator")
+    for url in (reverse("rollouts-transcript", args=[rollouts[0].id]), reverse("rollouts-group",
+                                                                               args=[rollouts[0].group_id])):
+        html = c.get(url).content.decode()
+        assert f'id="ann-slot-{rollouts[0].id}"' in html and "broken json" in html, url
+        assert "Annotate this rollout" in html and html.count("css/annotations.css") == 1
+
+
+def test_it_reassigns_a_queue_and_refuses_people_who_cannot_annotate(client_as, run, rollouts, personas, make_user):
+    q = make_queue(run, personas, limit=4, assignees=[personas["annotator"]])
+    c = client_as("trainer")
+    url = reverse("annotations-queue-assign", args=[q.id])
+    resp = c.post(url, {"assignees": [personas["viewer"].id], "overlap": 1}, follow=True)
+    assert "assignees: cannot annotate (viewer role): viewer" in resp.content.decode()
+    assert list(q.assignees.values_list("user__username", flat=True)) == ["annotator"]
+    bob = make_user("bob", "annotator")
+    c.post(url, {"assignees": [personas["annotator"].id, bob.id], "overlap": 2})
+    q.refresh_from_db()
+    assert q.overlap == 2 and ItemAssignment.objects.filter(item__queue=q).count() == 8
+
+
+def test_it_points_the_htmx_slots_links_back_to_the_page_not_the_post(client_as, rollouts, personas):
+    c = client_as("annotator")
+    resp = c.post(reverse("annotations-annotate", args=[rollouts[0].id]),
+                  {"label": "good", "next": "/rollouts/5/"}, HTTP_HX_REQUEST="true")
+    assert 'name="next" value="/rollouts/5/"' in resp.content.decode()
+
+
+def test_it_recreates_missing_default_labels_without_touching_edited_ones(db):
+    from webapp.annotations.taxonomy import ensure_default_labels
+
+    Label.objects.filter(slug="good").delete()
+    Label.objects.filter(slug="format-error").update(name="Format!")
+    assert ensure_default_labels() == 1 and ensure_default_labels() == 0
+    assert label("format-error").name == "Format!" and label("good").key == "0"

@@ -16,7 +16,9 @@ from webapp.annotations.models import Annotation, Label
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# serialized_rollback: the flush after each transactional test would also wipe the default labels
+# (a data migration) for every test that runs after this file.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def in_threads(*fns: Callable[[], None]) -> list[BaseException]:

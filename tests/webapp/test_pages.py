@@ -423,6 +423,7 @@ def test_it_renders_a_multi_turn_transcript_with_tool_calls(client_as, run):
         assert f'class="msg {role}"' in body
     assert '{\n  &quot;a&quot;: 2,\n  &quot;b&quot;: 3\n}' in body  # arguments pretty-printed, escaped
     assert "right answer" in body and "trailing text ignored" in body
+    assert "&#x27;role&#x27;" not in body  # the chat is rendered as bubbles, never dumped as a dict
     assert f"{r.advantage:.4f}" in body
 
 

@@ -587,30 +587,40 @@ def synthetic_prompt(index: int) -> Prompt:
 # Reference solution
 
 
+# The reference layout is a single column of equal boxes: only `y` changes from shape to shape, so a
+# small model can learn it. Diagrams too tall for one column fall back to a grid.
+COLUMN_X, COLUMN_W, COLUMN_H, COLUMN_TOP, COLUMN_STEP = 300, 200, 50, 20, 80
+COLUMN_MAX = (CANVAS_H - COLUMN_TOP - COLUMN_H) // COLUMN_STEP + 1  # 7 shapes fit
+
+
 def solve_actions(prompt: Prompt) -> list[dict[str, Any]]:
-    """A perfect action list: one shape per requested node on a grid, then every requested edge."""
+    """A perfect action list: one shape per requested node, then every requested edge.
+
+    Each shape's id is the node name itself, so a connect action repeats the names the request
+    uses. Shapes form one column (x, w, h constant, y stepping by 80) when they fit, else a grid."""
     nodes: list[str] = prompt.spec["nodes"]
-    cols = math.ceil(math.sqrt(len(nodes)))
-    rows = math.ceil(len(nodes) / cols)
-    cell_w, cell_h = CANVAS_W // cols, CANVAS_H // rows
-    w, h = min(160, cell_w - 20), min(70, cell_h - 20)
-    ids = {n: slug(n) or f"n{i}" for i, n in enumerate(nodes)}
+    if len(nodes) <= COLUMN_MAX:
+        boxes = [(COLUMN_X, COLUMN_TOP + i * COLUMN_STEP, COLUMN_W, COLUMN_H) for i in range(len(nodes))]
+    else:
+        cols = math.ceil(math.sqrt(len(nodes)))
+        rows = math.ceil(len(nodes) / cols)
+        cell_w, cell_h = CANVAS_W // cols, CANVAS_H // rows
+        w, h = min(160, cell_w - 20), min(70, cell_h - 20)
+        boxes = [(col * cell_w + (cell_w - w) // 2, row * cell_h + (cell_h - h) // 2, w, h)
+                 for row, col in (divmod(i, cols) for i in range(len(nodes)))]
     actions: list[dict[str, Any]] = []
-    for i, node in enumerate(nodes):
-        row, col = divmod(i, cols)
+    for node, (x, y, w, h) in zip(nodes, boxes, strict=True):
         shape = "diamond" if node.endswith("?") else "ellipse" if node in ("Start", "End") else "rect"
-        actions.append({
-            "action": "create_shape", "id": ids[node], "label": node, "shape": shape,
-            "x": col * cell_w + (cell_w - w) // 2, "y": row * cell_h + (cell_h - h) // 2, "w": w, "h": h,
-        })
+        actions.append({"action": "create_shape", "id": node, "label": node, "shape": shape,
+                        "x": x, "y": y, "w": w, "h": h})
     for a, b in prompt.spec["edges"]:
-        actions.append({"action": "connect", "from": ids[a], "to": ids[b]})
+        actions.append({"action": "connect", "from": a, "to": b})
     return actions
 
 
 def render_actions(actions: list[Any]) -> str:
-    # One action per line: readable in the rollout viewer and cheap in tokens.
-    return "[\n" + ",\n".join(json.dumps(a) for a in actions) + "\n]"
+    # Compact JSON, one action per line: readable in the rollout viewer and short in tokens.
+    return "[\n" + ",\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n]"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,11 +635,19 @@ class DiagramEnvironment:
         self.components: list[Component] = list(COMPONENTS)
         self._seeds = seed_prompts()
 
-    def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]:
+    def prompts(self, split: Split, n: int, seed: int = 0, max_nodes: int | None = None) -> list[Prompt]:
         """n prompts of `split`: the seed set (shuffled by `seed`) then synthetic ones.
 
-        Deterministic in (split, n, seed), and a smaller n gives a prefix of a larger one."""
-        out = [p for p in self._seeds if p.split == split]
+        `max_nodes` keeps only requests with at most that many nodes (small diagrams: shorter answers,
+        an easier task for a tiny model). Deterministic in (split, n, seed, max_nodes), and a smaller n
+        gives a prefix of a larger one."""
+        if max_nodes is not None and max_nodes < 3:
+            raise ValueError("max_nodes: must be >= 3 (the smallest requests have 3 nodes)")
+
+        def fits(p: Prompt) -> bool:
+            return max_nodes is None or len(p.spec["nodes"]) <= max_nodes
+
+        out = [p for p in self._seeds if p.split == split and fits(p)]
         random.Random(seed).shuffle(out)
         seen = {p.text for p in self._seeds}
         start = index = seed * 100_000  # different seeds read different stretches of the stream
@@ -638,7 +656,7 @@ class DiagramEnvironment:
                 raise ValueError(f"only {len(out)} distinct {split} prompts available, asked for {n}")
             p = synthetic_prompt(index)
             index += 1
-            if p.split == split and p.text not in seen:
+            if p.split == split and p.text not in seen and fits(p):
                 seen.add(p.text)
                 out.append(p)
         return out[:n]

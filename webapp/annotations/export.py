@@ -267,19 +267,38 @@ def write_jsonl(dataset: Dataset) -> Path:
     return path
 
 
+TRAINED_KINDS = ("sft", "grpo", "dpo")  # runs whose output is a model the next round can start from
+
+
+def default_base_model(source_run: Run | None) -> str:
+    """The policy that produced the bad cases: a trained run's own output ("run:<id>", resolved by
+    workers.jobs), else the source run's base model."""
+    if source_run is None:
+        return ""
+    if source_run.kind in TRAINED_KINDS and source_run.status == Run.Status.SUCCEEDED:
+        return f"run:{source_run.id}"
+    return source_run.base_model
+
+
 def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_model: str = "") -> tuple[Run, str]:
-    """Create an SFT / DPO run on this dataset and hand it to the workers. Returns (run, message)."""
+    """Create an SFT / DPO run on this dataset and hand it to the workers. Returns (run, message).
+
+    The JSONL is written under RUNS_DIR/datasets/; `data` is the job dataclass's field (workers.jobs
+    keeps the config keys the job knows), `dataset_*` link the run back to the dataset."""
     from webapp.rollouts.services import create_run
 
     if kind != dataset.kind:
         raise AnnotationError("kind", f"a {dataset.kind} dataset trains with {dataset.kind}, not {kind}")
-    source_run = Run.objects.filter(id=dataset.source.get("run_id")).first()
+    source_run = Run.objects.filter(id=dataset.source.get("run_id")).select_related("environment").first()
+    base_model = base_model.strip() or default_base_model(source_run)
+    if not base_model:
+        raise AnnotationError("base_model", "the source run names no base model: give one")
     path = write_jsonl(dataset)
-    config = {"dataset_id": dataset.id, "dataset_path": str(path), "dataset_name": dataset.name,
-              "dataset_version": dataset.version, "dataset_format": dataset.format, "dataset_kind": dataset.kind}
+    config = {"data": str(path), "dataset_id": dataset.id, "dataset_path": str(path), "dataset_name": dataset.name,
+              "dataset_version": dataset.version, "dataset_format": dataset.format}
     run = create_run(name=f"{kind} on {dataset.name} v{dataset.version}", kind=kind,
                      environment=source_run.environment if source_run else None, config=config, owner=user,
-                     base_model=base_model or (source_run.base_model if source_run else ""), parent=source_run)
+                     base_model=base_model, parent=source_run)
     try:
         from workers.launch import enqueue_run
     except ImportError:

@@ -8,6 +8,7 @@ from django import forms
 from django.contrib.auth import get_user_model
 from django.http import QueryDict
 
+from webapp.accounts.roles import has_role
 from webapp.annotations.models import Dataset, Label, ReviewQueue
 from webapp.rollouts.models import Rollout
 from webapp.runs.models import Run
@@ -44,6 +45,16 @@ class AnnotationForm(forms.Form):
         return text if text.strip() else ""
 
 
+def check_assignees(form: forms.Form, data: dict[str, Any]) -> None:
+    """Assignees must be able to annotate; overlap cannot exceed their number."""
+    users = list(data.get("assignees") or [])
+    cannot = [u.get_username() for u in users if not has_role(u, "annotator")]
+    if cannot:
+        form.add_error("assignees", f"cannot annotate (viewer role): {', '.join(cannot)}")
+    if users and data.get("overlap") and data["overlap"] > len(users):
+        form.add_error("overlap", f"cannot exceed the number of assignees ({len(users)})")
+
+
 class QueueForm(forms.Form):
     name = forms.CharField(max_length=200)
     run = forms.ModelChoiceField(queryset=Run.objects.all())
@@ -64,9 +75,7 @@ class QueueForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        users = data.get("assignees") or []
-        if users and data.get("overlap") and data["overlap"] > len(users):
-            self.add_error("overlap", f"cannot exceed the number of assignees ({len(users)})")
+        check_assignees(self, data)
         return data
 
 
@@ -76,9 +85,7 @@ class AssignForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        users = data.get("assignees") or []
-        if users and data.get("overlap") and data["overlap"] > len(users):
-            self.add_error("overlap", f"cannot exceed the number of assignees ({len(users)})")
+        check_assignees(self, data)
         return data
 
 
@@ -92,7 +99,7 @@ class LabelForm(forms.ModelForm):
 
     def clean_key(self) -> str:
         key = self.cleaned_data.get("key") or ""
-        if key and key in "nsc/":  # the focus view's own keys
+        if key and key in "ns/":  # the focus view's own keys
             raise forms.ValidationError(f"{key!r} is taken by the focus view (n next, s skip, / note)")
         clash = Label.objects.filter(key=key).exclude(pk=self.instance.pk).first() if key else None
         if clash:

@@ -60,6 +60,9 @@ def save_annotation(rollout: Rollout, author: AbstractBaseUser, *, label: Label,
                         setattr(ann, name, value)
                     ann.updated_at = timezone.now()
                     ann.save()
+                # Done now: an earlier skip of this rollout in any queue no longer counts as skipped.
+                ItemAssignment.objects.filter(item__rollout=rollout, user=author, skipped_at__isnull=False).update(
+                    skipped_at=None)
                 ActivityEvent.objects.create(actor=author, rollout_id=rollout.id, label_slug=label.slug,
                                              action=ActivityEvent.Action.CREATED if created
                                              else ActivityEvent.Action.UPDATED)
@@ -219,9 +222,10 @@ def progress(queue: ReviewQueue) -> list[Progress]:
 
 
 def queue_summary(queue: ReviewQueue) -> dict[str, int]:
-    counts = queue.items.annotate(n=Count("rollout__annotations")).aggregate(
-        items=Count("id"), annotated=Count("id", filter=Q(n__gte=1)), complete=Count("id", filter=Q(n__gte=queue.overlap)))
-    return counts
+    """Items, items with an annotation, items with at least `overlap` annotations."""
+    return queue.items.annotate(n=Count("rollout__annotations")).aggregate(
+        items=Count("id"), annotated=Count("id", filter=Q(n__gte=1)),
+        complete=Count("id", filter=Q(n__gte=queue.overlap)))
 
 
 def queue_ratings(queue: ReviewQueue) -> tuple[dict[int, dict[str, str]], dict[int, list[Annotation]]]:

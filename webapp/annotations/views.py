@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -13,10 +14,11 @@ from django.views.decorators.http import require_POST
 from webapp.accounts.roles import require_role
 from webapp.annotations import export, services
 from webapp.annotations.forms import AnnotationForm, AssignForm, ExportForm, LabelForm, LaunchForm, QueueForm
-from webapp.annotations.templatetags.annotation_tags import initial_from
 from webapp.annotations.models import ActivityEvent, Annotation, Dataset, Label, QueueItem, ReviewQueue
+from webapp.annotations.templatetags.annotation_tags import initial_from
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.queries import QueryError
+from webapp.runs.models import Run
 
 
 def _safe_next(request: HttpRequest, default: str) -> str:
@@ -33,9 +35,15 @@ def _queue_for(request: HttpRequest, queue_id: int, role: str = "viewer") -> Rev
 # --- annotating a rollout (the transcript / group page slot) ------------------------------------------------
 
 
+def _slot_next(request: HttpRequest, rollout: Rollout) -> str:
+    # The fragment's own URL (or the POST's) is no page to come back to: links go to the page that holds it.
+    return _safe_next(request, reverse("annotations-rollout", args=[rollout.id]))
+
+
 def rollout_slot(request: HttpRequest, rollout_id: int) -> HttpResponse:
     rollout = get_object_or_404(Rollout, id=rollout_id)
-    return render(request, "annotations/_rollout_slot.html", {"rollout": rollout})
+    return render(request, "annotations/_rollout_slot.html", {"rollout": rollout,
+                                                               "next_url": _slot_next(request, rollout)})
 
 
 @require_POST
@@ -43,13 +51,14 @@ def annotate(request: HttpRequest, rollout_id: int) -> HttpResponse:
     require_role(request, "annotator")
     rollout = get_object_or_404(Rollout, id=rollout_id)
     form = AnnotationForm(request.POST, rollout=rollout)
+    ctx = {"rollout": rollout, "next_url": _slot_next(request, rollout)}
     if not form.is_valid():
-        return render(request, "annotations/_rollout_slot.html", {"rollout": rollout, "form": form}, status=400)
+        return render(request, "annotations/_rollout_slot.html", {**ctx, "form": form}, status=400)
     services.save_annotation(rollout, request.user, **form.cleaned_data)
     if request.headers.get("HX-Request"):
-        return render(request, "annotations/_rollout_slot.html", {"rollout": rollout, "saved": True})
+        return render(request, "annotations/_rollout_slot.html", {**ctx, "saved": True})
     messages.success(request, "Annotation saved.")
-    return redirect(_safe_next(request, reverse("annotations-rollout", args=[rollout.id])))
+    return redirect(ctx["next_url"])
 
 
 @require_POST
@@ -67,7 +76,7 @@ def delete(request: HttpRequest, annotation_id: int) -> HttpResponse:
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    queues = ReviewQueue.objects.select_related("run", "created_by")[:200]
+    queues = ReviewQueue.objects.select_related("run", "created_by").annotate(n_items=Count("items"))[:200]
     return render(request, "annotations/home.html", {"queues": queues, "labels": Label.objects.all()})
 
 
@@ -220,8 +229,10 @@ def export_view(request: HttpRequest) -> HttpResponse:
 def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = get_object_or_404(Dataset.objects.select_related("created_by"), id=dataset_id)
     records = ds.records.select_related("label", "annotator")[:50]
-    return render(request, "annotations/dataset.html", {"dataset": ds, "records": records,
-                                                        "runs": export.runs_from(ds), "total": ds.records.count()})
+    source_run = Run.objects.filter(id=ds.source.get("run_id")).first()
+    return render(request, "annotations/dataset.html", {
+        "dataset": ds, "records": records, "runs": export.runs_from(ds), "total": ds.records.count(),
+        "default_base_model": export.default_base_model(source_run)})
 
 
 def dataset_download(request: HttpRequest, dataset_id: int) -> StreamingHttpResponse:

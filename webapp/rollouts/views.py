@@ -14,13 +14,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.apps import apps
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from training.environments import get_environment
 from training.environments.base import Prompt
+from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
 from webapp.rollouts.ingest import run_components, run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
@@ -31,6 +33,7 @@ from webapp.rollouts.queries import (
     encode_cursor,
     explore,
 )
+from webapp.rollouts.templatetags.rollout_tags import bar, preview
 from webapp.runs.models import Run
 
 NO_SIGNAL_PAGE = 50
@@ -61,10 +64,11 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
         page = explore(run, q)
     except QueryError as exc:
         error = exc
-    base = q.params()
+    qs = urlencode(q.params())
     ctx = {
         "run": run, "components": components, "q": q, "page": page, "error": error,
-        "base_url": request.path, "qs": urlencode(base),
+        "rows": _table_rows(page, components, q, qs) if page else [],
+        "base_url": request.path, "qs": qs,
         "next_qs": urlencode(q.params(cursor=page.next_cursor)) if page and page.next_cursor else "",
         "sort_links": _sort_links(q, components),
         "sorted_component": next((c for c in components if c.name == q.sort), None),
@@ -75,6 +79,25 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
     response = render(request, template, ctx, status=400 if error else 200)
     response["Vary"] = "HX-Request"  # the same URL answers a fragment or a page
     return response
+
+
+def _table_rows(page: Any, components: list[RewardComponent], q: ExplorerQuery, qs: str) -> list[dict[str, Any]]:
+    """Rows with their links and bars prepared here: per-cell template lookups and URL reversals
+    were most of the page's render time at 50 rows x K components."""
+    transcript_url = reverse("rollouts-transcript", args=[0]).replace("/0/", "/{}/") + ("?" + qs if qs else "")
+    group_url = reverse("rollouts-group", args=[0]).replace("/0/", "/{}/")
+    rows = []
+    for row in page.rows:
+        r = row.rollout
+        rows.append({
+            "id": r.id, "step": r.step, "holdout": r.split == "holdout", "preview": preview(r.completion),
+            "reward": r.reward, "advantage": r.advantage, "length": r.length, "group_std": row.group_std,
+            "zero_group": row.group_std is not None and row.group_std <= ZERO_STD_ATOL,
+            "sort_value": "" if row.sort_value is None else row.sort_value,
+            "href": transcript_url.format(r.id), "group_href": group_url.format(r.group_id),
+            "bars": [(c.name == q.sort, bar(row.values.get(c.name), c)) for c in components],
+        })
+    return rows
 
 
 def _sort_links(q: ExplorerQuery, components: list[RewardComponent]) -> dict[str, dict[str, str]]:
@@ -137,10 +160,25 @@ def group_view(request: HttpRequest, group_id: int) -> HttpResponse:
     return render(request, "rollouts/group.html", ctx)
 
 
-def _no_signal_groups(run: Run) -> QuerySet[Group]:
-    """Groups that produce no gradient: aggregate std 0 (incl. all unscorable) or every advantage 0."""
+def _no_signal_page(run: Run, cond: Q, limit: int) -> list[Group]:
+    """Groups that produce no gradient, in (step, id) order: aggregate std 0 (incl. all unscorable), or
+    every advantage 0 (a trainer that sent zeros although the rewards differ).
+
+    Two index-backed queries merged here: one OR over "zero_std or no non-zero advantage" made Postgres
+    probe every group of the run (1.2 s at 125k groups). A group whose advantages are all 0 has a
+    rollout with advantage = 0, found on the (run, advantage, id) index, so only those are checked."""
+    tied = Group.objects.filter(run=run, zero_std=True).filter(cond)
     nonzero_adv = Rollout.objects.filter(group_id=OuterRef("pk")).filter(Q(advantage__gt=0) | Q(advantage__lt=0))
-    return Group.objects.filter(run=run).filter(Q(zero_std=True) | ~Exists(nonzero_adv))
+    zero_adv = (
+        Group.objects.filter(run=run, zero_std=False)
+        .filter(id__in=Rollout.objects.filter(run=run, advantage=0).values("group_id"))
+        .filter(cond)
+        .exclude(Exists(nonzero_adv))
+    )
+    groups = []
+    for qs in (tied, zero_adv):
+        groups += list(qs.order_by("step", "id").defer("prompt")[:limit])
+    return sorted(groups, key=lambda g: (g.step, g.id))[:limit]
 
 
 def no_signal_reason(group: Group) -> str:
@@ -161,14 +199,14 @@ def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
         after = decode_cursor(request.GET["cursor"]) if request.GET.get("cursor") else None
     except QueryError as exc:
         error, step_min, step_max, after = exc, None, None, None
-    qs = _no_signal_groups(run)
+    cond = Q()
     if step_min is not None:
-        qs = qs.filter(step__gte=step_min)
+        cond &= Q(step__gte=step_min)
     if step_max is not None:
-        qs = qs.filter(step__lte=step_max)
+        cond &= Q(step__lte=step_max)
     if after is not None:
-        qs = qs.filter(Q(step__gt=after[0]) | Q(step=after[0], id__gt=after[1]))
-    groups = list(qs.order_by("step", "id").defer("prompt")[: NO_SIGNAL_PAGE + 1])
+        cond &= Q(step__gt=after[0]) | Q(step=after[0], id__gt=after[1])
+    groups = _no_signal_page(run, cond, NO_SIGNAL_PAGE + 1)
     more = len(groups) > NO_SIGNAL_PAGE
     groups = groups[:NO_SIGNAL_PAGE]
     components = run_components(run)
@@ -199,24 +237,27 @@ def _environment(name: str) -> Any:
     return get_environment(name)  # KeyError for environments registered only through the API
 
 
-def state_image(run: Run, group: Group, rollout: Rollout) -> tuple[str | None, list[str]]:
-    """Re-render the environment state with OUR renderer: (data: URI of the SVG, canvas errors)."""
+def state_image(run: Run, group: Group, rollout: Rollout) -> tuple[str | None, list[str], int | None]:
+    """Re-render the environment state with OUR renderer: (data: URI of the SVG, canvas errors, shapes)."""
     if run.environment is None:
-        return None, []
+        return None, [], None
     try:
         env = _environment(run.environment.name)
     except KeyError:
-        return None, []
+        return None, [], None
     prompt = Prompt(key=group.key, text=group.prompt_text, split=group.split)
     state = env.state(prompt, rollout.transcript)
     svg = state.get("svg") if isinstance(state, dict) else None
     if not isinstance(svg, str):
-        return None, []
+        return None, [], None
     uri = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
-    return uri, [str(e) for e in state.get("errors", [])]
+    shapes = state.get("n_shapes")
+    return uri, [str(e) for e in state.get("errors", [])], shapes if isinstance(shapes, int) else None
 
 
-def neighbours(run: Run, rollout: Rollout, params: Any, components: list[RewardComponent]) -> tuple[int | None, int | None]:
+def neighbours(
+    run: Run, rollout: Rollout, params: Any, components: list[RewardComponent]
+) -> tuple[int | None, int | None]:
     """(previous, next) rollout ids in the explorer order described by `params`."""
     try:
         q = ExplorerQuery.from_params(params, [c.name for c in components])
@@ -263,14 +304,14 @@ def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
     run, group = rollout.run, rollout.group
     components = run_components(run)
     scores = _scores_by_rollout([rollout.id])[rollout.id]
-    svg_uri, canvas_errors = state_image(run, group, rollout)
+    svg_uri, canvas_errors, n_shapes = state_image(run, group, rollout)
     prev_id, next_id = neighbours(run, rollout, request.GET, components)
-    messages = _messages(rollout.transcript)
+    chat = _messages(rollout.transcript)  # not "messages": base.html shows django.contrib.messages under that name
     ctx = {
-        "rollout": rollout, "run": run, "group": group, "messages": messages,
-        "show_prompt": not any(m["role"] in ("system", "user") for m in messages),
+        "rollout": rollout, "run": run, "group": group, "chat": chat,
+        "show_prompt": not any(m["role"] in ("system", "user") for m in chat),
         "scores": [(c, scores.get(c.id)) for c in components], "svg_uri": svg_uri,
-        "canvas_errors": canvas_errors, "prev_id": prev_id, "next_id": next_id,
+        "canvas_errors": canvas_errors, "n_shapes": n_shapes, "prev_id": prev_id, "next_id": next_id,
         "qs": request.GET.urlencode(),
     }
     return render(request, "rollouts/transcript.html", ctx)

@@ -23,12 +23,13 @@ BATCH_VS_GROUP = (
 
 def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
-        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left"},
-        "margin": {"l": 48, "r": 12, "t": 32, "b": 32},
+        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left", "y": 0.97, "yanchor": "top"},
+        "margin": {"l": 48, "r": 16, "t": 44, "b": 24},
         "height": 240,
-        "xaxis": {"title": {"text": "step"}, "zeroline": False},
+        "xaxis": {"zeroline": False, "hoverformat": "d"},  # no axis title: it is always the step
         "yaxis": {"title": {"text": y_title}, "zeroline": False},
-        "legend": {"orientation": "h", "y": -0.25, "font": {"size": 11}},
+        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.01, "yanchor": "bottom",
+                   "font": {"size": 10}, "bgcolor": "rgba(255,255,255,0)"},
         "hovermode": "x unified",
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "#fbfbfa",
@@ -61,7 +62,7 @@ def reward_figure(reward: Series) -> Figure:
             _line(reward.steps, reward.std, "reward std (batch)", PALETTE[1], yaxis="y2",
                   line={"color": PALETTE[1], "width": 1.2, "dash": "dot"}),
         ],
-        "layout": _layout("Aggregate reward", "mean",
+        "layout": _layout("Aggregate reward", "mean", margin={"l": 48, "r": 48, "t": 44, "b": 24},
                           yaxis2={"title": {"text": "std"}, "overlaying": "y", "side": "right",
                                   "zeroline": False, "showgrid": False}),
     }

@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Avg, Case, Count, F, FloatField, IntegerField, Max, Q, Sum, Value, When
+from django.db.models import Avg, Case, Count, F, FloatField, IntegerField, Q, Sum, Value, When
 from django.db.models.functions import Coalesce
 
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
@@ -209,6 +209,3 @@ def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
         out[rid].curve = points
     return out
 
-
-def latest_step(run: Run) -> int | None:
-    return Group.objects.filter(run=run).aggregate(m=Max("step"))["m"]

@@ -24,7 +24,12 @@ def initial_from(ann: Annotation | None) -> dict[str, Any]:
 
 @register.simple_tag(takes_context=True)
 def rollout_annotations(context: template.Context, rollout: Any, form: AnnotationForm | None = None) -> dict:
-    user = context["request"].user
+    request = context["request"]
+    user = request.user
+    # Once per request (a group page holds one slot per rollout): the label list and the stylesheet link.
+    first = not hasattr(request, "_ann_labels")
+    if first:
+        request._ann_labels = list(Label.objects.all())
     anns = services.rollout_annotations(rollout)
     mine = next((a for a in anns if a.author_id == user.pk), None)
     can_annotate = has_role(user, "annotator")
@@ -35,7 +40,8 @@ def rollout_annotations(context: template.Context, rollout: Any, form: Annotatio
         "mine": mine,
         "can_annotate": can_annotate,
         "form": form if can_annotate else None,
-        "labels": list(Label.objects.all()),
+        "labels": request._ann_labels,
+        "link_css": first,
     }
 
 

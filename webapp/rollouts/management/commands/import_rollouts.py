@@ -257,7 +257,7 @@ class Command(BaseCommand):
             return run
         names = o["components"] if o["components"] is not None else reader.sample_components()
         env_name = o["environment"] or o["run"]
-        env = ensure_environment(env_name, self._spec(env_name, names))
+        env = ensure_environment(env_name, self._spec(env_name, names, given=o["components"] is not None))
         config = {"import": {**reader.notes(), "source": str(o["file"]),
                              "components": "given" if o["components"] else "inferred from the first records"}}
         run = create_run(name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config,
@@ -265,11 +265,12 @@ class Command(BaseCommand):
         self.stdout.write(f"created run {run.id} {run.name!r} (environment {env.name!r}: {', '.join(names) or 'none'})")
         return run
 
-    def _spec(self, env_name: str, names: list[str]) -> list[dict[str, Any]]:
+    def _spec(self, env_name: str, names: list[str], given: bool = True) -> list[dict[str, Any]]:
         try:
             return validate_environment_spec({"name": env_name, "components": [{"name": n} for n in names]})[1]
         except SpecError as e:
-            raise CommandError(f"--components: {e.field}: {e.message}") from None
+            source = "--components" if given else f"components found in the first records ({', '.join(names)})"
+            raise CommandError(f"{source}: {e.field}: {e.message}") from None
 
     def _save(self, run: Run, reader: Reader, stats: ImportStats, o: dict[str, Any], stopped: str | None) -> None:
         run.refresh_from_db()

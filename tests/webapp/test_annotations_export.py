@@ -1,0 +1,299 @@
+"""Bad cases -> training data: SFT / DPO records, the never-a-positive rule, versioning, the JSONL loaded
+back by `datasets` and accepted by TRL and our own trainers, and the SFT / DPO launch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from tests.webapp.test_annotations import annotate, make_queue, rollouts  # noqa: F401 - fixture
+from webapp.annotations import export
+from webapp.annotations.models import Dataset, DatasetRecord
+from webapp.annotations.services import AnnotationError
+from webapp.rollouts.models import Rollout
+from webapp.runs.models import Run
+
+
+@pytest.fixture
+def cases(run, rollouts, personas):  # noqa: F811
+    """Group p0 at step 0: r0 corrected hack, r1 bad without correction, r2 untouched, r3 annotated good.
+    Rewards: r0 0.5, r1 1.48, r2 0.46, r3 1.44 (correct + 0.5 format + 0.2 penalty)."""
+    r = rollouts[:4]
+    annotate(r[0], personas["annotator"], "reward-hacking", note="keyword stuffing",
+             corrected_completion="the right answer")
+    annotate(r[1], personas["trainer"], "false-positive-reward", note="rewarded but wrong")
+    annotate(r[3], personas["annotator"], "good")
+    return r
+
+
+def export_(kind: str, fmt: str = "standard", **kw) -> Dataset:
+    args = {"name": "bad-cases", "kind": kind, "fmt": fmt, "source": "explorer", "params": {"sort": "reward"}}
+    args.update(kw)
+    return export.export_dataset(**args)
+
+
+def lines(ds: Dataset) -> list[dict]:
+    return [json.loads(x) for x in export.jsonl_lines(ds)]
+
+
+# --- record rules -------------------------------------------------------------------------------------------------
+
+
+def test_it_exports_corrections_as_sft_and_never_a_bad_case_as_positive(run, cases, personas):
+    ds = export_("sft", user=personas["trainer"], run=run)
+    [rec] = lines(ds)
+    assert rec == {"prompt": "Prompt 0", "completion": "the right answer", "source_rollout_id": cases[0].id,
+                   "chosen_rollout_id": None, "annotation_label": "reward-hacking", "note": "keyword stuffing",
+                   "annotator": "annotator"}
+    assert ds.source["skipped"] == {"bad case without a correction": 1, "good completion (not included)": 1,
+                                    "not annotated": 13}
+    bad_texts = {r.completion for r in Rollout.objects.filter(annotations__label__is_bad=True)}
+    assert not bad_texts & {rec["completion"]}
+
+
+def test_it_adds_good_completions_to_sft_only_when_asked(run, cases, personas):
+    ds = export_("sft", user=personas["trainer"], run=run, include_good=True)
+    got = {(r["source_rollout_id"], r["completion"]) for r in lines(ds)}
+    assert got == {(cases[0].id, "the right answer"), (cases[3].id, cases[3].completion)}
+    assert cases[1].completion not in {c for _, c in got}  # the flagged one never becomes a positive
+
+
+def test_it_pairs_bad_cases_with_their_correction_or_the_best_unflagged_sibling(run, cases, personas):
+    ds = export_("dpo", user=personas["trainer"], run=run)
+    by_source = {r["source_rollout_id"]: r for r in lines(ds)}
+    assert set(by_source) == {cases[0].id, cases[1].id}
+    corrected = by_source[cases[0].id]
+    assert (corrected["prompt"], corrected["chosen"], corrected["rejected"]) == (
+        "Prompt 0", "the right answer", cases[0].completion)
+    sibling = by_source[cases[1].id]
+    # r3 (1.44) is the best completion nobody marked bad; r0 is flagged, r1 is the case itself.
+    assert (sibling["chosen"], sibling["rejected"], sibling["chosen_rollout_id"]) == (
+        cases[3].completion, cases[1].completion, cases[3].id)
+    assert (sibling["annotation_label"], sibling["annotator"], sibling["note"]) == (
+        "false-positive-reward", "trainer", "rewarded but wrong")
+    rec = DatasetRecord.objects.get(dataset=ds, source_rollout=cases[1])
+    assert rec.chosen_rollout_id == cases[3].id and rec.label.slug == "false-positive-reward"
+
+
+def test_it_never_picks_an_unparsable_or_truncated_sibling_as_chosen(run, cases, personas):
+    Rollout.objects.filter(id=cases[3].id).update(parse_error="unclosed tag")
+    Rollout.objects.filter(id=cases[2].id).update(truncated=True)
+    ds = export_("dpo", user=personas["trainer"], run=run)
+    assert {r["source_rollout_id"] for r in lines(ds)} == {cases[0].id}
+    assert ds.source["skipped"]["bad case without a correction or a good sibling"] == 1
+
+
+def test_it_replaces_the_transcript_from_the_first_wrong_turn_in_conversational_records(run, rollouts, personas):  # noqa: F811
+    r = rollouts[0]
+    Rollout.objects.filter(id=r.id).update(transcript=[
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "search", "arguments": {"q": "x"}}]},
+        {"role": "tool", "content": "3 hits"},
+        {"role": "assistant", "content": "done (wrong)"},
+    ])
+    annotate(Rollout.objects.get(id=r.id), personas["annotator"], "premature-completion",
+             corrected_completion="read the hits first", first_wrong_turn=2)
+    sft = lines(export_("sft", "conversational", user=personas["trainer"], run=run))[0]
+    call = {"role": "assistant", "content": '[{"name": "search", "arguments": {"q": "x"}}]'}
+    assert sft["messages"] == [{"role": "user", "content": "Prompt 0"}, call, {"role": "tool", "content": "3 hits"},
+                               {"role": "assistant", "content": "read the hits first"}]
+    dpo = lines(export_("dpo", "conversational", user=personas["trainer"], run=run))[0]
+    assert dpo["prompt"] == sft["messages"][:3]
+    assert dpo["chosen"] == [{"role": "assistant", "content": "read the hits first"}]
+    assert dpo["rejected"] == [{"role": "assistant", "content": "done (wrong)"}]
+    std = lines(export_("dpo", "standard", user=personas["trainer"], run=run))[0]
+    assert std["prompt"].startswith("Prompt 0\nassistant: [") and std["prompt"].endswith("tool: 3 hits")
+    assert (std["chosen"], std["rejected"]) == ("read the hits first", "done (wrong)")
+
+
+def test_it_exports_from_a_queue_and_from_a_label(run, cases, personas):
+    q = make_queue(run, personas, params={"sort": "reward", "order": "desc", "step_max": "0"}, limit=2)  # r1, r3
+    from_queue = export.export_dataset(name="q", kind="dpo", fmt="standard", source="queue", queue=q,
+                                       user=personas["trainer"])
+    assert [r["source_rollout_id"] for r in lines(from_queue)] == [cases[1].id]
+    assert from_queue.source["run_id"] == run.id and from_queue.source["queue_id"] == q.id
+    from webapp.annotations.models import Label
+
+    by_label = export.export_dataset(name="l", kind="sft", fmt="standard", source="label", run=run,
+                                     label=Label.objects.get(slug="reward-hacking"), user=personas["trainer"])
+    assert [r["source_rollout_id"] for r in lines(by_label)] == [cases[0].id]
+
+
+def test_it_exports_from_an_explorer_filter_with_the_label_hook(run, cases, personas):
+    ds = export_("dpo", user=personas["trainer"], run=run, params={"sort": "reward", "label": "false-positive-reward"})
+    assert [r["source_rollout_id"] for r in lines(ds)] == [cases[1].id] and ds.source["rollouts"] == 1
+
+
+def test_it_counts_versions_per_name(run, cases, personas):
+    a = export_("sft", user=personas["trainer"], run=run)
+    b = export_("dpo", user=personas["trainer"], run=run)
+    c = export_("sft", user=personas["trainer"], run=run, name="other")
+    assert (a.version, b.version, c.version) == (1, 2, 1)
+
+
+def test_it_stores_nothing_when_nothing_qualifies(run, rollouts, personas):  # noqa: F811
+    annotate(rollouts[0], personas["annotator"], "loop-repetition")  # bad, but no correction
+    with pytest.raises(AnnotationError) as e:
+        export_("sft", user=personas["trainer"], run=run)
+    assert e.value.field == "source" and "1 bad case without a correction" in e.value.message
+    assert not Dataset.objects.exists() and not DatasetRecord.objects.exists()
+
+
+# --- loading back: datasets, TRL, our trainers ------------------------------------------------------------------
+
+
+def _download(client, ds: Dataset, tmp_path: Path) -> Path:
+    resp = client.get(reverse("annotations-dataset-download", args=[ds.id]))
+    assert resp.status_code == 200 and resp["Content-Type"].startswith("application/jsonl")
+    assert f'filename="bad-cases-v{ds.version}-{ds.kind}.jsonl"' in resp["Content-Disposition"]
+    path = tmp_path / f"{ds.kind}-{ds.format}-{ds.id}.jsonl"
+    path.write_bytes(b"".join(resp.streaming_content))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from training.tiny import _train_tokenizer
+
+    return _train_tokenizer(["Prompt 0 the right answer answer p0 1 read the hits first"] * 20, vocab_size=300)
+
+
+@pytest.mark.slow  # the first import of datasets + trl + transformers takes ~20 s on a shared machine
+@pytest.mark.parametrize("kind,fmt", [("sft", "standard"), ("sft", "conversational"), ("dpo", "standard"),
+                                      ("dpo", "conversational")])
+def test_it_downloads_jsonl_that_datasets_and_trl_load(client_as, run, cases, personas, tmp_path, tokenizer,
+                                                       kind, fmt):
+    import datasets
+    from trl.data_utils import is_conversational, maybe_apply_chat_template
+
+    ds = export_(kind, fmt, user=personas["trainer"], run=run)
+    path = _download(client_as("viewer"), ds, tmp_path)
+    loaded = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+    assert len(loaded) == ds.records.count() > 0
+    train_keys = {"sft": {"standard": {"prompt", "completion"}, "conversational": {"messages"}},
+                  "dpo": {"standard": {"prompt", "chosen", "rejected"},
+                          "conversational": {"prompt", "chosen", "rejected"}}}[kind][fmt]
+    assert train_keys <= set(loaded.column_names) and "label" not in loaded.column_names
+    for row in loaded:
+        assert is_conversational(row) is (fmt == "conversational")
+        out = maybe_apply_chat_template(row, tokenizer)
+        if fmt == "conversational":  # templated into strings: text (from messages) or prompt/chosen/rejected
+            assert set(out) == ({"text"} if kind == "sft" else train_keys)
+        else:  # already strings: passed through as they are
+            assert out == row
+        assert all(isinstance(out[k], str) for k in set(out) & (train_keys | {"text"}))
+    if kind == "sft":
+        from training.sft import to_sft_records
+
+        assert to_sft_records([dict(r) for r in loaded])[0].keys() == train_keys
+    else:
+        from training.dpo import to_dpo_records
+
+        assert to_dpo_records([dict(r) for r in loaded])[0].keys() == train_keys
+
+
+def test_it_puts_the_correction_in_the_last_assistant_message(client_as, run, cases, personas, tmp_path):
+    ds = export_("sft", "conversational", user=personas["trainer"], run=run)
+    [rec] = lines(ds)
+    assert rec["messages"][-1] == {"role": "assistant", "content": "the right answer"}
+    assert rec["messages"][0] == {"role": "user", "content": "Prompt 0"}
+
+
+# --- views: permissions, export, launch -------------------------------------------------------------------------
+
+
+def test_it_lets_only_trainers_export(client_as, run, cases):
+    data = {"name": "x", "kind": "sft", "format": "standard", "source": "explorer", "run": run.id,
+            "params": "sort=reward"}
+    for role in ("viewer", "annotator"):
+        assert client_as(role).post(reverse("annotations-export"), data).status_code == 403
+    resp = client_as("trainer").post(reverse("annotations-export"), data)
+    ds = Dataset.objects.get()
+    assert resp.status_code == 302 and resp["Location"] == reverse("annotations-dataset", args=[ds.id])
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"source": "queue"}, "queue: choose the queue to export"),
+    ({"source": "label", "run": None}, "label: choose the label to export"),
+    ({"source": "explorer", "run": None}, "run: choose the run whose rollouts to export"),
+    ({"params": "sort=nope"}, "sort: must be one of"),
+    ({"kind": "ppo"}, "kind: Select a valid choice"),
+    ({"name": "has spaces"}, "name: Enter a valid"),
+])
+def test_it_rejects_a_bad_export_naming_the_field(client_as, run, cases, data, message):
+    form = {"name": "x", "kind": "sft", "format": "standard", "source": "explorer", "run": run.id,
+            "params": "sort=reward"}
+    form.update({k: v for k, v in data.items() if v is not None})
+    for k in [k for k, v in data.items() if v is None]:
+        form.pop(k)
+    resp = client_as("trainer").post(reverse("annotations-export"), form)
+    assert resp.status_code == 400
+    assert message in resp.content.decode().replace("&#x27;", "'") or message in str(resp.context["form"].errors)
+    assert not Dataset.objects.exists()
+
+
+def test_it_launches_dpo_on_a_dataset_and_links_the_run_back(client_as, run, cases, personas, settings, tmp_path,
+                                                             monkeypatch):
+    import workers.launch
+
+    sent = []
+    monkeypatch.setattr(workers.launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
+    settings.RUNS_DIR = tmp_path / "runs"
+    Run.objects.filter(id=run.id).update(base_model="tiny:toy")
+    ds = export_("dpo", user=personas["trainer"], run=run)
+    resp = client_as("trainer").post(reverse("annotations-dataset-launch", args=[ds.id]), {"kind": "dpo"})
+    assert resp.status_code == 302
+    new = Run.objects.get(kind="dpo")
+    assert sent == [new.id]
+    assert (new.status, new.environment_id, new.parent_id, new.owner, new.base_model) == (
+        "queued", run.environment_id, run.id, personas["trainer"], "tiny:toy")
+    cfg = new.config
+    assert cfg["dataset_id"] == ds.id and cfg["data"] == cfg["dataset_path"]
+    path = Path(cfg["dataset_path"])
+    assert path.parent == tmp_path / "runs" / "datasets"
+    assert [json.loads(x)["source_rollout_id"] for x in path.read_text().splitlines()] == [
+        r["source_rollout_id"] for r in lines(ds)]
+    page = client_as("viewer").get(reverse("annotations-dataset", args=[ds.id])).content.decode()
+    assert f"run {new.id}" in page and "DPO on this dataset" not in page  # viewers get no button
+    trainer_page = client_as("trainer").get(reverse("annotations-dataset", args=[ds.id])).content.decode()
+    assert "DPO on this dataset" in trainer_page
+
+
+def test_it_leaves_the_run_queued_when_no_launcher_is_importable(client_as, run, cases, personas, settings, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setitem(sys.modules, "workers.launch", None)  # import raises ImportError
+    settings.RUNS_DIR = tmp_path
+    ds = export_("sft", user=personas["trainer"], run=run)
+    resp = client_as("trainer").post(reverse("annotations-dataset-launch", args=[ds.id]),
+                                     {"kind": "sft", "base_model": "/models/student"}, follow=True)
+    new = Run.objects.get(kind="sft")
+    assert new.status == "queued" and new.base_model == "/models/student"
+    assert "no launcher is installed" in resp.content.decode()
+
+
+def test_it_starts_from_a_trained_source_runs_output_by_default(run, personas):
+    Run.objects.filter(id=run.id).update(kind="grpo", status="succeeded")
+    run.refresh_from_db()
+    assert export.default_base_model(run) == f"run:{run.id}"
+
+
+def test_it_refuses_to_launch_the_wrong_kind_or_for_non_trainers(client_as, run, cases, personas, settings, tmp_path):
+    settings.RUNS_DIR = tmp_path
+    ds = export_("sft", user=personas["trainer"], run=run)
+    url = reverse("annotations-dataset-launch", args=[ds.id])
+    assert client_as("annotator").post(url, {"kind": "sft", "base_model": "m"}).status_code == 403
+    resp = client_as("trainer").post(url, {"kind": "dpo", "base_model": "m"}, follow=True)
+    assert "kind: a sft dataset trains with sft, not dpo" in resp.content.decode()
+    assert not Run.objects.exclude(id=run.id).exists()
+
+
+def test_it_asks_for_a_base_model_when_the_source_run_has_none(client_as, run, cases, personas, settings, tmp_path):
+    settings.RUNS_DIR = tmp_path
+    ds = export_("sft", user=personas["trainer"], run=run)
+    resp = client_as("trainer").post(reverse("annotations-dataset-launch", args=[ds.id]), {"kind": "sft"},
+                                     follow=True)
+    assert "base_model: the source run names no base model" in resp.content.decode()
+    assert not Run.objects.exclude(id=run.id).exists()
