@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.db import connection
 
-    from training import diagnostics as dg
+    from training import ablation as abl
     from webapp.diagnostics.services import _cache_path, load_run_arrays, run_ablation
 
     run = ensure_run(args.rollouts)
-    spec = dg.AblationSpec(drop=("format",), weights={"correct": 2.0})
+    spec = abl.AblationSpec(drop=("format",), weights={"correct": 2.0})
     # Cold: no array cache, every row comes from the database. Warm: the per-run cache is current
     # (the normal case after the first diagnostics/ablation view of a run; appends are read as deltas).
     cache_file = _cache_path(run.id)
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows_old = list(zip(gids.tolist(), mat.tolist()))
     rows_new = list(zip(gids.tolist(), mat[:, keep].tolist()))
-    dg.python_loop_advantages(rows_old, data.weights.tolist())
-    dg.python_loop_advantages(rows_new, w_new)
+    abl.python_loop_advantages(rows_old, data.weights.tolist())
+    abl.python_loop_advantages(rows_new, w_new)
     loop_s = (time.perf_counter() - t0) * scale
     best, med = min(totals), statistics.median(totals)
     print(f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "

@@ -99,6 +99,12 @@ def seed(n_rollouts: int) -> Any:
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
     todo = [s for s in range(STEPS) if s not in done]
     if not todo:
+        from webapp.rollouts.models import StepStat
+        from webapp.rollouts.services import recompute_run_stats
+
+        if not StepStat.objects.filter(run=run).exists():  # seeded before StepStat existed
+            print("building per-step statistics for the seeded run ...")
+            recompute_run_stats(run)
         print(f"reusing seeded run {run.id} ({name})")
         return run
     rng = np.random.default_rng(len(done))
@@ -116,7 +122,8 @@ def seed(n_rollouts: int) -> Any:
     from django.db import connection
 
     with connection.cursor() as cur:  # fresh statistics, as autovacuum would eventually give
-        for table in ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat"):
+        for table in ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat",
+                      "rollouts_stepstat"):
             cur.execute(f"VACUUM ANALYZE {table}")
     return run
 

@@ -168,3 +168,19 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.25):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+@pytest.fixture(autouse=True)
+def _default_labels(request):
+    # The label taxonomy comes from a data migration, and a transactional test's flush wipes it for
+    # every test after it; re-install it (idempotent) for any test that touches the database.
+    names = set(request.fixturenames)
+    if request.node.get_closest_marker("django_db") is not None:
+        request.getfixturevalue("_django_db_helper")  # pytest-django's own db setup for the mark
+    elif {"db", "transactional_db", "live_server"} & names:
+        request.getfixturevalue("transactional_db" if names & {"transactional_db", "live_server"} else "db")
+    else:
+        return
+    from webapp.annotations.taxonomy import ensure_default_labels
+
+    ensure_default_labels()

@@ -1,4 +1,4 @@
-"""Component health, failure-mode detectors and ablation recomputation. Pure numpy, no Django.
+"""Component health and failure-mode detectors. Pure numpy, no Django (ablations: training/ablation.py).
 
 GRPO learns only from differences inside a group: a component that is constant across the G
 completions of one prompt produces no advantage, whatever its weight. Everything here is measured
@@ -26,6 +26,9 @@ SEMANTIC_KINDS = ("outcome", "process")  # what the task is about: depends on th
 SYNTAX_KINDS = ("behavioural",)  # form and validity: satisfiable without reading the prompt
 DENSE_KINDS = ("behavioural", "process")  # scored on every completion, easy to saturate
 UNSTABLE_KEYS = ("kl", "clip_ratio", "grad_norm")  # TRL's logged keys (prefix match after an optional "train/")
+# Below these a value is never a spike, however flat the rest of the series (clip ratios sit at exactly 0
+# for whole runs when num_iterations == 1, so a robust spread of 0 would call any 0.001 a spike).
+SPIKE_FLOOR = {"kl": 0.05, "clip_ratio": 0.05, "grad_norm": 1.0}
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,18 @@ def dense_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
         return table[ids - lo].astype(np.int64), int(present.sum())
     uniq, inv = np.unique(ids, return_inverse=True)
     return inv.astype(np.int64), int(uniq.size)
+
+
+def regular_blocks(gidx: np.ndarray, m: int) -> tuple[np.ndarray, int] | None:
+    """(row permutation that lines rows up group after group, G) when every group has the same size G:
+    then per-group work is a row-wise operation on an (M, G) array, with no sort over all N rows."""
+    n = gidx.size
+    if m == 0 or n % m:
+        return None
+    size = n // m
+    if (np.bincount(gidx, minlength=m) != size).any():
+        return None
+    return np.argsort(gidx, kind="stable"), size
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,11 +401,13 @@ def detect_saturation(h: HealthReport, t: Thresholds) -> list[Finding]:
         return []
     out = []
     for c in h.components:
-        if c.kind not in DENSE_KINDS or not (c.at_max >= t.saturated_at_max and c.zero_std_frac >= t.saturated_zero_std):
+        saturated = c.at_max >= t.saturated_at_max and c.zero_std_frac >= t.saturated_zero_std
+        if c.kind not in DENSE_KINDS or not saturated:
             continue
         o = min(outcomes, key=lambda x: x.zero_std_frac if not math.isnan(x.zero_std_frac) else 1.0)
-        state = (f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)"
-                 if o.zero_std_frac < t.flat_zero_std else f"stays flat (constant in {_pct(o.zero_std_frac)} of groups)")
+        flat = o.zero_std_frac >= t.flat_zero_std
+        state = (f"stays flat (constant in {_pct(o.zero_std_frac)} of groups)" if flat
+                 else f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)")
         out.append(Finding(
             code="saturation", severity="warning", component=c.name, sort=o.name, order="asc",
             title=f"'{c.name}' is saturated: at its maximum in {_pct(c.at_max)} of rollouts and constant in "
@@ -590,7 +607,8 @@ def detect_unstable(metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t:
     out = []
     for name, (steps, values) in sorted((metrics or {}).items()):
         base = name.split("/", 1)[1] if name.startswith("train/") else name
-        if not any(base == key or base.startswith(key + "/") for key in UNSTABLE_KEYS):
+        key = next((k for k in UNSTABLE_KEYS if base == k or base.startswith(k + "/")), None)
+        if key is None:
             continue
         v = np.asarray(values, dtype=np.float64)
         s = np.asarray(steps)
@@ -600,7 +618,7 @@ def detect_unstable(metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t:
             continue
         med = float(np.median(finite)) if finite.size else 0.0
         mad = float(np.median(np.abs(finite - med))) * 1.4826 if finite.size else 0.0
-        limit = max(med + t.spike_mads * max(mad, 1e-12), t.spike_ratio * abs(med), 1e-12)
+        limit = max(med + t.spike_mads * mad, t.spike_ratio * abs(med), SPIKE_FLOOR[key])
         spikes = (~bad) & (v > limit) if finite.size >= t.min_metric_points else np.zeros_like(bad)
         if not (spikes.any() or bad.any()):
             continue
@@ -698,252 +716,3 @@ def diagnose(
         findings += quality_gap(data.rollout_ids, data.rewards(), data.steps, bad_case_ids, annotated_ids, t)
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     return Diagnosis(health=h, findings=findings, collapse=collapse)
-
-
-# --------------------------------------------------------------------------------------------
-# Ablation
-# --------------------------------------------------------------------------------------------
-
-NO_SIGNAL = "this component produced (almost) no training signal in this run"
-
-
-@dataclass(frozen=True)
-class AblationSpec:
-    drop: tuple[str, ...] = ()
-    weights: dict[str, float] = field(default_factory=dict)  # re-weights (name -> new weight)
-    scale_rewards: str = "group"
-    aggregation: str = "sum_then_normalize"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"drop": list(self.drop), "weights": dict(self.weights), "scale_rewards": self.scale_rewards,
-                "aggregation": self.aggregation}
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """How the run computed its advantages: its weights and aggregation."""
-
-    scale_rewards: str = "group"
-    aggregation: str = "sum_then_normalize"
-
-
-def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
-    """Rank of each value inside its group (0 = lowest), ties given their average rank; NaN lowest.
-
-    stats.rank_within_groups breaks ties by row order, which is right for "who is best" but biases a
-    Spearman correlation on the binary rewards GRPO sees all the time. One integer argsort of the key
-    (group, dense value code) replaces a two-key lexsort, which is ~5x slower at a million rows.
-    """
-    v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
-    n = v.size
-    if n == 0:
-        return np.zeros(0)
-    _, code = np.unique(v, return_inverse=True)  # equal values share a code: ties stay ties
-    code = code.reshape(-1).astype(np.int64)
-    key = np.asarray(gidx, dtype=np.int64) * (int(code.max()) + 1) + code
-    order = np.argsort(key, kind="stable")
-    sk, sg = key[order], np.asarray(gidx)[order]
-    pos = np.arange(n)
-    new_group = np.r_[True, sg[1:] != sg[:-1]]
-    new_block = np.r_[True, sk[1:] != sk[:-1]]
-    group_start = np.maximum.accumulate(np.where(new_group, pos, 0))
-    block_start = np.maximum.accumulate(np.where(new_block, pos, 0))
-    block_end = np.r_[np.flatnonzero(new_block)[1:], n] - 1  # last position of each block
-    avg = (block_start + block_end[np.cumsum(new_block) - 1]) / 2.0 - group_start
-    ranks = np.empty(n)
-    ranks[order] = avg
-    return ranks
-
-
-def regular_blocks(gidx: np.ndarray, m: int) -> tuple[np.ndarray, int] | None:
-    """(row permutation that lines rows up group after group, G) when every group has the same size G:
-    then per-group work is a row-wise operation on an (M, G) array, with no sort over all N rows."""
-    n = gidx.size
-    if m == 0 or n % m:
-        return None
-    size = n // m
-    if (np.bincount(gidx, minlength=m) != size).any():
-        return None
-    return np.argsort(gidx, kind="stable"), size
-
-
-def _block_ranks(v: np.ndarray) -> np.ndarray:
-    """tie_averaged_ranks for an (M, G) array, one group per row."""
-    m, size = v.shape
-    order = np.argsort(v, axis=1, kind="stable")
-    sv = np.take_along_axis(v, order, axis=1)
-    pos = np.broadcast_to(np.arange(size), (m, size))
-    first = np.ones((m, 1), dtype=bool)
-    new_block = np.concatenate([first, sv[:, 1:] != sv[:, :-1]], axis=1)
-    last = np.concatenate([new_block[:, 1:], first], axis=1)
-    start = np.maximum.accumulate(np.where(new_block, pos, 0), axis=1)
-    end = np.minimum.accumulate(np.where(last, pos, size)[:, ::-1], axis=1)[:, ::-1]
-    ranks = np.empty((m, size))
-    np.put_along_axis(ranks, order, (start + end) / 2.0, axis=1)
-    return ranks
-
-
-def group_spearman(old: np.ndarray, new: np.ndarray, gidx: np.ndarray, m: int,
-                   blocks: tuple[np.ndarray, int] | None = None) -> np.ndarray:
-    """Spearman correlation of two orderings inside each group (NaN where either is constant):
-    tie-averaged ranks, then Pearson on the ranks per group."""
-    if blocks is not None:
-        perm, size = blocks
-        prep = lambda a: np.nan_to_num(np.asarray(a, dtype=np.float64)[perm], nan=-np.inf).reshape(m, size)  # noqa: E731
-        ro, rn = _block_ranks(prep(old)), _block_ranks(prep(new))
-        do, dn = ro - ro.mean(axis=1, keepdims=True), rn - rn.mean(axis=1, keepdims=True)
-        cov, vo, vn = (do * dn).sum(axis=1), (do * do).sum(axis=1), (dn * dn).sum(axis=1)
-    else:
-        ro, rn = tie_averaged_ranks(old, gidx), tie_averaged_ranks(new, gidx)
-        cnt = np.bincount(gidx, minlength=m).astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            do = ro - (np.bincount(gidx, ro, m) / cnt)[gidx]
-            dn = rn - (np.bincount(gidx, rn, m) / cnt)[gidx]
-        cov, vo, vn = np.bincount(gidx, do * dn, m), np.bincount(gidx, do * do, m), np.bincount(gidx, dn * dn, m)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = cov / np.sqrt(vo * vn)
-    rho[(vo <= 1e-12) | (vn <= 1e-12)] = np.nan
-    return rho
-
-
-def resolve_weights(components: list[ComponentInfo], spec: AblationSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(columns kept, their weights) for a spec: dropped components are removed outright, as if the
-    reward function were not there (a rollout only they scored becomes unscorable)."""
-    keep = np.array([c.name not in spec.drop for c in components], dtype=bool)
-    w = np.array([float(spec.weights.get(c.name, c.weight)) for c in components], dtype=np.float64)
-    return keep, w[keep]
-
-
-def ablate(
-    data: RunArrays,
-    spec: AblationSpec,
-    baseline: Baseline = Baseline(),
-    *,
-    top: int = 10,
-    gidx: tuple[np.ndarray, int] | None = None,
-) -> dict[str, Any]:
-    """Recompute every group's advantages under `spec` and compare with the run's own (recomputed with
-    the same function, so only the spec differs). batch_ids = steps, as in ingestion.
-
-    Returns plain JSON: mean |Δ advantage|, fraction of sign flips among rollouts that had a signal,
-    fraction of groups whose unique best completion changes, per-group Spearman of old vs new order,
-    the change in zero-std groups, the most affected groups (database ids), and a verdict.
-    """
-    g, m = gidx if gidx is not None else dense_ids(data.group_ids)
-    base = stats.compute_advantages(data.matrix, data.weights, g, scale_rewards=baseline.scale_rewards,
-                                    aggregation=baseline.aggregation, batch_ids=data.steps)
-    keep, w = resolve_weights(data.components, spec)
-    kept = [c for c, k in zip(data.components, keep) if k]
-    new = stats.compute_advantages(data.matrix[:, keep], w, g, scale_rewards=spec.scale_rewards,
-                                   aggregation=spec.aggregation, batch_ids=data.steps)
-    a0, a1 = base.advantages, new.advantages
-    delta = np.abs(a1 - a0)
-    tol = 1e-9
-    s0 = np.where(np.abs(a0) > tol, np.sign(a0), 0.0)
-    s1 = np.where(np.abs(a1) > tol, np.sign(a1), 0.0)
-    had = s0 != 0
-    flips = had & (s0 * s1 < 0)
-    lost = had & (s1 == 0)
-    blocks = regular_blocks(g, m)  # G completions per prompt, as GRPO samples them: row-wise fast path
-    best_changed, n_unique_best = _best_changed(a0, a1, g, m, tol, blocks)
-    rho = group_spearman(a0, a1, g, m, blocks)
-    z0, z1 = _zero_std_groups(base, g, m), _zero_std_groups(new, g, m)
-    per_group = np.bincount(g, delta, m) / np.maximum(np.bincount(g, minlength=m), 1)
-    worst = np.argsort(-per_group, kind="stable")[:top]
-    group_db_ids = np.zeros(m, dtype=np.int64)
-    group_db_ids[g] = data.group_ids
-    group_steps = np.zeros(m, dtype=np.int64)
-    group_steps[g] = data.steps
-    finite_rho = rho[np.isfinite(rho)]
-    out = {
-        "n_rollouts": data.n,
-        "n_groups": m,
-        "weights": {c.name: float(wj) for c, wj in zip(kept, w)},
-        "dropped": list(spec.drop),
-        "mean_abs_delta": float(delta.mean()) if data.n else 0.0,
-        "max_abs_delta": float(delta.max()) if data.n else 0.0,
-        "sign_flip_frac": float(flips.sum() / had.sum()) if had.any() else 0.0,
-        "signal_lost_frac": float(lost.sum() / had.sum()) if had.any() else 0.0,
-        "best_changed_frac": float(best_changed.sum() / n_unique_best) if n_unique_best else 0.0,
-        "spearman_mean": float(finite_rho.mean()) if finite_rho.size else None,
-        "spearman_median": float(np.median(finite_rho)) if finite_rho.size else None,
-        "spearman_groups": int(finite_rho.size),
-        "zero_std_before": float(z0.mean()) if m else 0.0,
-        "zero_std_after": float(z1.mean()) if m else 0.0,
-        "zero_std_change": float(z1.mean() - z0.mean()) if m else 0.0,
-        "top_groups": [{"group_id": int(group_db_ids[i]), "step": int(group_steps[i]),
-                        "mean_abs_delta": float(per_group[i]),
-                        "spearman": _json_float(rho[i])} for i in worst if per_group[i] > tol],
-    }
-    out["verdict"] = ablation_verdict(out, spec)
-    return out
-
-
-def _zero_std_groups(res: stats.AdvantageResult, g: np.ndarray, m: int) -> np.ndarray:
-    """Groups whose advantages are all zero: nothing to learn from them."""
-    nonzero = np.bincount(g, (np.abs(res.advantages) > 1e-9).astype(np.float64), m)
-    return nonzero == 0
-
-
-def _group_max(a: np.ndarray, g: np.ndarray, m: int, blocks: tuple[np.ndarray, int] | None) -> np.ndarray:
-    if blocks is not None:
-        perm, size = blocks
-        return a[perm].reshape(m, size).max(axis=1)
-    mx = np.full(m, -np.inf)
-    np.maximum.at(mx, g, a)
-    return mx
-
-
-def _best_changed(a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float,
-                  blocks: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
-    """Among groups with a unique best completion before, those where it is no longer the unique best."""
-    def top_info(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mx = _group_max(a, g, m, blocks)
-        at_top = a >= mx[g] - tol
-        return mx, np.bincount(g, at_top.astype(np.float64), m)
-
-    mx0, n_top0 = top_info(a0)
-    mx1, n_top1 = top_info(a1)
-    unique0 = n_top0 == 1
-    best_rows = np.flatnonzero((a0 >= mx0[g] - tol) & unique0[g])
-    still = np.zeros(m, dtype=bool)
-    still[g[best_rows]] = (a1[best_rows] >= mx1[g[best_rows]] - tol) & (n_top1[g[best_rows]] == 1)
-    return unique0 & ~still, int(unique0.sum())
-
-
-# "(almost) nothing": advantages are in units of a group std, so 0.05 is a twentieth of one std.
-NEGLIGIBLE = {"mean_abs_delta": 0.05, "sign_flip_frac": 0.01, "best_changed_frac": 0.02, "zero_std_change": 0.01}
-
-
-def ablation_verdict(r: dict[str, Any], spec: AblationSpec) -> dict[str, str]:
-    negligible = all(abs(r[k]) <= v for k, v in NEGLIGIBLE.items())
-    what = (", ".join(f"'{d}'" for d in spec.drop)) if spec.drop else None
-    if negligible:
-        text = (f"Dropping {what} changes (almost) nothing: {NO_SIGNAL}." if what
-                else "This change leaves the advantages (almost) unchanged: it would not change what the run learns.")
-        return {"level": "no_signal", "text": text}
-    parts = (f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, best "
-             f"completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
-             f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}")
-    strong = r["sign_flip_frac"] >= 0.1 or r["best_changed_frac"] >= 0.2 or r["mean_abs_delta"] >= 0.5
-    subject = f"{what} shaped" if what else "This change reshapes"
-    text = f"{subject} the training signal: {parts}."
-    return {"level": "strong" if strong else "moderate", "text": text}
-
-
-def python_loop_advantages(rows: list[tuple[int, list[float]]], weights: list[float]) -> list[float]:
-    """The baseline the benchmark compares against: sum-then-normalise per group in plain Python.
-
-    `rows` is [(group id, component values)], grouped by id in any order."""
-    groups: dict[int, list[int]] = {}
-    for i, (gid, _) in enumerate(rows):
-        groups.setdefault(gid, []).append(i)
-    out = [0.0] * len(rows)
-    for idx in groups.values():
-        rewards = [sum(w * v for w, v in zip(weights, rows[i][1]) if v == v) for i in idx]
-        n = len(rewards)
-        mean = sum(rewards) / n
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1)) if n > 1 else 0.0
-        for i, r in zip(idx, rewards):
-            out[i] = (r - mean) / (std + stats.EPS)
-    return out

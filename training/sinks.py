@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from training.client import ApiError, Client
 
@@ -48,15 +48,32 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: NaN/inf become None (JSON has no NaN; the schema says value: float | None)."""
+def storable(obj: Any) -> Any:
+    """A copy the web app can store: NaN/inf become None (JSON has no NaN; the schema says value:
+    float | None), and a NUL character or a lone surrogate in any string (or key) becomes U+FFFD.
+    Ingestion refuses both (Postgres text and jsonb cannot hold NUL, UTF-8 cannot encode a lone
+    surrogate) and refuses the whole batch with them, yet a byte-level tokenizer does decode a NUL
+    from a model's output now and then: one odd character must not cost a batch of rollouts."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
+    if isinstance(obj, str):
+        return _storable_text(obj)
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {_storable_text(k) if isinstance(k, str) else k: storable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [storable(v) for v in obj]
     return obj
+
+
+def _storable_text(s: str) -> str:
+    s = s.replace("\x00", "\ufffd")  # returns s itself when there is none
+    if s.isascii():  # the common case, and cheap: nothing else can be wrong in ASCII
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates (from a "\ud800" JSON escape, say)
+        s = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in s)
+    return s
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,10 +88,10 @@ class MemorySink:
         self.closed = False
 
     def write_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.groups.extend(_clean(groups))
+        self.groups.extend(storable(groups))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
-        self.metrics.append({"step": int(step), "values": _clean(dict(values))})
+        self.metrics.append({"step": int(step), "values": storable(dict(values))})
 
     def log(self, line: str) -> None:
         self.logs.append(line)
@@ -96,7 +113,7 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def _write(self, records: list[dict[str, Any]]) -> None:
-        text = "".join(json.dumps(_clean(r), ensure_ascii=False) + "\n" for r in records)
+        text = "".join(json.dumps(storable(r), ensure_ascii=False) + "\n" for r in records)
         with self._lock:
             self._f.write(text)
             self._f.flush()
@@ -146,7 +163,8 @@ class HttpSink:
     that will never succeed as is, e.g. a component the run's environment lacks), the batch is
     appended to the spool file, the reason is logged, and training continues. Once the server has
     been unreachable, later batches skip straight to the spool for `cooldown` seconds, so a dead
-    server costs one round of retries, not one per step. Nothing here raises into training."""
+    server costs one round of retries, not one per step. Records pass through `storable` first, so
+    the server never refuses a batch for a NUL in a completion. Nothing here raises into training."""
 
     def __init__(
         self,
@@ -182,11 +200,11 @@ class HttpSink:
     # ---- Sink protocol
 
     def write_groups(self, groups: list[dict[str, Any]]) -> None:
-        self._groups.extend(_clean(groups))
+        self._groups.extend(storable(groups))
         self._maybe_flush(len(self._groups))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
-        self._metrics.append({"step": int(step), "values": _clean(dict(values))})
+        self._metrics.append({"step": int(step), "values": storable(dict(values))})
         self._maybe_flush(len(self._metrics))
 
     def _maybe_flush(self, buffered: int) -> None:
@@ -232,25 +250,29 @@ class HttpSink:
     def post(self, kind: str, payload: dict[str, Any]) -> bool:
         """One POST of a spool-format batch ({"groups": [...]} or {"metrics": [...]}), with the client's
         retries. True when the server accepted it (2xx). Never raises."""
+        return self.send(kind, payload) == "sent"
+
+    def send(self, kind: str, payload: dict[str, Any]) -> Literal["sent", "rejected", "down"]:
+        """`post`, telling apart a batch the server refused ("rejected": it would be refused again as is)
+        from a server that could not be reached or failed ("down": the same batch may go later)."""
         send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics}.get(kind)
         if send is None or not isinstance(payload.get(kind), list):
-            logger.error("HttpSink: not a %r batch; spooling it untouched", kind)
-            return False
+            logger.error("HttpSink: not a %r batch; kept unsent", kind)
+            return "rejected"
         try:
             send(self.run_id, payload[kind])  # type: ignore[arg-type]  # the client formats the id into the URL
-            return True
+            return "sent"
         except ApiError as e:
-            if e.retryable:  # the client already retried: the server is down or overloaded
-                logger.warning("HttpSink: %s not delivered after %d tries (%s); spooling",
-                               kind, self.client.retries + 1, e)
-                self._down_until = time.monotonic() + self.cooldown
-            else:  # a 4xx repeats identically on retry: keep the batch for a human, say why
+            if not e.retryable:  # a 4xx repeats identically on retry: keep the batch for a human, say why
                 logger.warning("HttpSink: %s rejected (%s); spooling. Server said: %s", kind, e, e.errors[:3])
-            return False
+                return "rejected"
+            # The client already retried: the server is down or overloaded.
+            logger.warning("HttpSink: %s not delivered after %d tries (%s); spooling",
+                           kind, self.client.retries + 1, e)
         except Exception:  # noqa: BLE001 - e.g. the server died mid-response (http.client errors)
             logger.exception("HttpSink: %s failed; spooling", kind)
-            self._down_until = time.monotonic() + self.cooldown
-            return False
+        self._down_until = time.monotonic() + self.cooldown
+        return "down"
 
     def _spool(self, kind: str, payload: dict[str, Any]) -> None:
         try:
@@ -264,24 +286,38 @@ class HttpSink:
 def upload_spool(
     spool_path: str | os.PathLike, base_url: str, token: str, run_id: str | int, **kwargs: Any
 ) -> dict[str, int]:
-    """Send a spool file's batches in order. Batches that fail again are kept in the spool (rewritten in
-    place, so a later upload resumes where this one stopped); ingestion is idempotent, so a batch sent
-    twice is harmless. Returns {"sent": batches, "left": batches}."""
+    """Send a spool file's batches in order; returns {"sent": batches, "left": batches}.
+
+    What is not sent stays in the spool, rewritten in place, so a later upload resumes where this one
+    stopped: when the server cannot be reached, that batch and every later one; when the server
+    rejects a batch (4xx, logged with its reasons), that batch alone, and the later ones still go. A
+    line that is not JSON (a write cut short by a crash) is kept as it is. Ingestion is idempotent, so
+    a batch sent twice is harmless."""
     path = Path(spool_path)
     if not path.exists():
         return {"sent": 0, "left": 0}
     sink = HttpSink(base_url, token, run_id, spool_path=path.with_suffix(".retry"), **kwargs)
-    entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    left: list[dict[str, Any]] = []
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    left: list[str] = []
     sent = 0
-    for i, entry in enumerate(entries):
-        if sink.post(entry["kind"], entry["payload"]):
+    for i, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+            kind, payload = entry["kind"], entry["payload"]
+        except (ValueError, KeyError, TypeError):
+            logger.error("upload: line %d of %s is not a spooled batch; kept", i + 1, path)
+            left.append(line)
+            continue
+        outcome = sink.send(kind, payload)
+        if outcome == "sent":
             sent += 1
+        elif outcome == "rejected":
+            left.append(line)
         else:
-            left = entries[i:]  # server went away: keep the rest, in order, for the next attempt
+            left.extend(lines[i:])  # the server went away: keep the rest, in order, for the next attempt
             break
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in left), encoding="utf-8")
+    tmp.write_text("".join(line + "\n" for line in left), encoding="utf-8")
     os.replace(tmp, path)
     return {"sent": sent, "left": len(left)}
 
@@ -369,7 +405,8 @@ class BatchingSink:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Sink utilities")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("upload", help="send a HttpSink spool file to the server")
+    up = sub.add_parser("upload", help="send a HttpSink spool file to the server; exit status 1 while "
+                        "batches are left in it")
     up.add_argument("spool", help="spool JSONL file written by HttpSink")
     up.add_argument("--url", required=True, help="base URL of the web app, e.g. http://host:8000")
     up.add_argument("--token", required=True, help="API token")
@@ -377,6 +414,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     result = upload_spool(args.spool, args.url, args.token, args.run)
     print(json.dumps(result))
+    if result["left"]:
+        raise SystemExit(1)  # something is still in the spool: a script's retry loop should know
 
 
 if __name__ == "__main__":

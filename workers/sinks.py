@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from training.sinks import storable
 from webapp.rollouts.ingest import IngestError, ingest_groups
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
@@ -20,7 +21,8 @@ class DatabaseSink:
 
     def write_groups(self, groups: list[dict[str, Any]]) -> None:
         try:
-            ingest_groups(self.run, {"groups": groups})
+            # storable(): a NUL a tokenizer decoded must not make ingestion refuse the whole batch
+            ingest_groups(self.run, {"groups": storable(groups)})
         except IngestError as e:
             # A recorder bug must not kill a training run; it must be loud in the run's log.
             self.log(f"ingestion refused a batch of {len(groups)} groups: {e.errors[:3]}")

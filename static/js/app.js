@@ -79,6 +79,14 @@
   });
 
   document.addEventListener("DOMContentLoaded", function () { drawCharts(document); });
-  // A swapped explorer table starts with no selection; j selects its first row.
-  document.addEventListener("htmx:afterSwap", function () { window.scrollTo({top: 0}); });
+  // A swapped explorer table starts with no selection (j selects its first row). A column-header click
+  // changes the sort outside the filter form: copy it back so "Apply" keeps the sort the user sees.
+  document.addEventListener("htmx:afterSwap", function () {
+    window.scrollTo({top: 0});
+    var table = document.getElementById("rollout-table");
+    var form = document.getElementById("explorer-filters");
+    if (!table || !form) return;
+    form.elements.sort.value = table.getAttribute("data-sort");
+    form.elements.order.value = table.getAttribute("data-order");
+  });
 })();

@@ -91,6 +91,8 @@ def test_it_sorts_pages_and_navigates_the_explorer_by_keyboard(page, live_server
     asc = _sort_values(page)
     assert asc == sorted(asc) and asc[0] < desc[0]
     assert "sort=semantic_coverage&order=asc" in page.url
+    assert page.input_value('#explorer-filters select[name="sort"]') == "semantic_coverage"  # form follows
+    assert page.input_value('#explorer-filters select[name="order"]') == "asc"
     shot(page, "03-explorer-sorted")
     first_ids = page.eval_on_selector_all("#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.id)")
     page.click("#next-page")

@@ -1,5 +1,5 @@
-"""training/diagnostics.py: health numbers, every detector on a planted case and on a healthy run,
-and the ablation recomputation on hand-computable cases. Pure numpy: no database."""
+"""training/diagnostics.py and training/ablation.py: health numbers, every detector on a planted case and
+on a healthy run, and the ablation recomputation on hand-computable cases. Pure numpy: no database."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from training import ablation as abl
 from training import diagnostics as dg
 from training import stats
 
@@ -49,8 +50,11 @@ def healthy() -> dg.RunArrays:
 def healthy_metrics():
     rng = np.random.default_rng(1)
     s = np.arange(40)
+    clip = np.zeros(40)
+    clip[7] = 0.002  # clip ratios sit at 0 for whole runs; one tiny blip is not a spike
     return {"kl": (s, 0.02 + rng.normal(0, 0.002, 40)), "grad_norm": (s, 1.0 + rng.normal(0, 0.1, 40)),
-            "clip_ratio/region_mean": (s, 0.01 + rng.normal(0, 0.001, 40)), "loss": (s, rng.normal(0, 5, 40))}
+            "clip_ratio/region_mean": (s, 0.01 + rng.normal(0, 0.001, 40)), "clip_ratio/low_min": (s, clip),
+            "loss": (s, rng.normal(0, 5, 40))}
 
 
 def codes(d: dg.Diagnosis) -> list[str]:
@@ -265,16 +269,16 @@ def small_case() -> dg.RunArrays:
 
 
 def test_it_finds_no_signal_when_dropping_a_constant_component() -> None:
-    r = dg.ablate(small_case(), dg.AblationSpec(drop=("const",)))
+    r = abl.ablate(small_case(), abl.AblationSpec(drop=("const",)))
     assert r["mean_abs_delta"] == pytest.approx(0.0, abs=1e-12)
     assert (r["sign_flip_frac"], r["best_changed_frac"], r["zero_std_change"]) == (0.0, 0.0, 0.0)
     assert r["verdict"]["level"] == "no_signal"
-    assert dg.NO_SIGNAL in r["verdict"]["text"] and "'const'" in r["verdict"]["text"]
+    assert abl.NO_SIGNAL in r["verdict"]["text"] and "'const'" in r["verdict"]["text"]
     assert r["weights"] == {"correct": 1.0}
 
 
 def test_it_measures_what_dropping_the_only_varying_component_does() -> None:
-    r = dg.ablate(small_case(), dg.AblationSpec(drop=("correct",)))
+    r = abl.ablate(small_case(), abl.AblationSpec(drop=("correct",)))
     a = 0.5 / (math.sqrt(1 / 3) + stats.EPS)  # group of [1,0,1,0]: |A| for every rollout
     assert r["mean_abs_delta"] == pytest.approx(a)
     assert (r["zero_std_before"], r["zero_std_after"]) == (0.0, 1.0)
@@ -287,7 +291,7 @@ def test_it_counts_sign_flips_best_changes_and_spearman() -> None:
     # One group; re-weighting b from 0.1 to 3 reverses the order of a and b.
     x = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
     data = dg.RunArrays([C("a", 1.0), C("b", 0.1)], x, np.zeros(3, int), np.zeros(3, int))
-    r = dg.ablate(data, dg.AblationSpec(weights={"b": 3.0}))
+    r = abl.ablate(data, abl.AblationSpec(weights={"b": 3.0}))
     # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the mean both times.
     assert r["sign_flip_frac"] == 1.0
     assert r["best_changed_frac"] == 1.0
@@ -298,10 +302,10 @@ def test_it_recomputes_with_the_ingestion_function_for_every_aggregation() -> No
     data = healthy()
     for scale in ("group", "batch", "none"):
         for agg in ("sum_then_normalize", "normalize_then_sum"):
-            spec = dg.AblationSpec(scale_rewards=scale, aggregation=agg)
-            r = dg.ablate(data, spec, dg.Baseline(scale, agg))
+            spec = abl.AblationSpec(scale_rewards=scale, aggregation=agg)
+            r = abl.ablate(data, spec, abl.Baseline(scale, agg))
             assert r["mean_abs_delta"] == pytest.approx(0.0, abs=1e-12), (scale, agg)
-    r = dg.ablate(data, dg.AblationSpec(aggregation="normalize_then_sum"))
+    r = abl.ablate(data, abl.AblationSpec(aggregation="normalize_then_sum"))
     assert r["mean_abs_delta"] > 0.01
 
 
@@ -309,7 +313,7 @@ def test_it_ranks_ties_by_their_average_like_scipy() -> None:
     rng = np.random.default_rng(3)
     g = np.repeat(np.arange(50), 6)
     a, b = rng.integers(0, 3, 300).astype(float), rng.integers(0, 3, 300).astype(float)
-    rho = dg.group_spearman(a, b, g, 50)
+    rho = abl.group_spearman(a, b, g, 50)
     for i in range(50):
         sl = slice(6 * i, 6 * i + 6)
         if np.ptp(a[sl]) == 0 or np.ptp(b[sl]) == 0:
@@ -321,7 +325,7 @@ def test_it_ranks_ties_by_their_average_like_scipy() -> None:
 def test_it_matches_the_python_loop_baseline() -> None:
     data = healthy()
     rows = list(zip(data.group_ids.tolist(), data.matrix.tolist()))
-    loop = dg.python_loop_advantages(rows, data.weights.tolist())
+    loop = abl.python_loop_advantages(rows, data.weights.tolist())
     vec = stats.compute_advantages(data.matrix, data.weights, data.group_ids, batch_ids=data.steps).advantages
     assert np.allclose(loop, vec)
 
@@ -333,7 +337,7 @@ def test_it_gives_the_same_spearman_on_the_regular_fast_path() -> None:
     a[::17] = np.nan
     blocks = dg.regular_blocks(g, 300)
     assert blocks is not None and blocks[1] == 8
-    fast, slow = dg.group_spearman(a, b, g, 300, blocks), dg.group_spearman(a, b, g, 300)
+    fast, slow = abl.group_spearman(a, b, g, 300, blocks), abl.group_spearman(a, b, g, 300)
     assert np.allclose(fast, slow, equal_nan=True)
     assert dg.regular_blocks(np.array([0, 0, 1]), 2) is None
 
@@ -352,3 +356,22 @@ def test_it_counts_collapse_the_same_on_ragged_and_regular_groups() -> None:
     assert a["collapsed"] - b["collapsed"] in (0, 1)
     # Row-level: the last rollout moved out of group 49, so at most that group's rollouts differ.
     assert abs(a["rollouts_frac"] - b["rollouts_frac"]) <= 8 / 400
+
+
+def test_it_ranks_large_groups_on_the_sorting_path_too() -> None:
+    rng = np.random.default_rng(6)
+    g = np.repeat(np.arange(40), 20)  # G > 16: per-row sort instead of G^2 comparisons
+    a, b = rng.integers(0, 5, g.size).astype(float), rng.integers(0, 5, g.size).astype(float)
+    fast = abl.group_spearman(a, b, g, 40, dg.regular_blocks(g, 40))
+    assert np.allclose(fast, abl.group_spearman(a, b, g, 40), equal_nan=True)
+
+
+def test_it_gives_the_same_ablation_whatever_the_row_order() -> None:
+    data = healthy()
+    perm = np.random.default_rng(2).permutation(data.n)
+    shuffled = data.select(perm)
+    spec = abl.AblationSpec(drop=("format",), weights={"correct": 3.0})
+    a, b = abl.ablate(data, spec), abl.ablate(shuffled, spec)
+    for key in ("mean_abs_delta", "sign_flip_frac", "best_changed_frac", "spearman_mean", "zero_std_after"):
+        assert a[key] == pytest.approx(b[key], abs=1e-12), key
+    assert [t["group_id"] for t in a["top_groups"]] == [t["group_id"] for t in b["top_groups"]]

@@ -14,7 +14,7 @@ from django.urls import path
 
 import webapp.urls
 from tests.conftest import make_group
-from training import diagnostics as dg
+from training import ablation as abl
 from webapp.diagnostics import api as diag_api
 from webapp.diagnostics import services
 from webapp.diagnostics.models import Ablation
@@ -150,7 +150,7 @@ def test_it_previews_an_ablation_for_a_viewer_without_saving(client_as, run):
     assert client_as("viewer").get(url).status_code == 200
     r = client_as("viewer").get(url, ablation_params(drop="format"))
     assert r.status_code == 200
-    assert dg.NO_SIGNAL in r.content.decode()  # format is constant inside every group
+    assert abl.NO_SIGNAL in r.content.decode()  # format is constant inside every group
     assert r.context["result"]["mean_abs_delta"] == pytest.approx(0.0, abs=1e-9)
     assert not Ablation.objects.exists()
     partial = client_as("viewer").get(url, ablation_params(drop="correct"), HTTP_HX_REQUEST="true")
@@ -162,7 +162,8 @@ def test_it_previews_an_ablation_for_a_viewer_without_saving(client_as, run):
 @pytest.mark.parametrize("role, status", [("viewer", 403), ("annotator", 403), ("trainer", 302), ("admin", 302)])
 def test_it_lets_only_trainers_save_ablations(client_as, run, role, status):
     seed(run)
-    r = client_as(role).post(f"/diagnostics/runs/{run.id}/ablations/save/", ablation_params(drop="format", name="no fmt"))
+    r = client_as(role).post(f"/diagnostics/runs/{run.id}/ablations/save/",
+                             ablation_params(drop="format", name="no fmt"))
     assert r.status_code == status
     assert Ablation.objects.count() == (1 if status == 302 else 0)
     if status == 302:
@@ -275,10 +276,12 @@ def test_it_overlays_the_curves_of_a_run_and_its_twin(client_as, run, monkeypatc
     client_as("trainer").post(f"/diagnostics/ablations/{a.id}/launch/")
     twin = Run.objects.exclude(id=run.id).get()
     ingest_groups(twin, {"groups": [make_group(s, "p", [{"correct": 1}, {"correct": 0}]) for s in range(3)]})
+    record_metrics(twin, {"metrics": [{"step": s, "values": {"reward": 0.4}} for s in range(3)]})
     r = client_as("viewer").get(f"/diagnostics/runs/{run.id}/overlay/{twin.id}/")
     assert r.status_code == 200
     figs = r.context["figures"]
-    assert [t["name"].split(":")[0] for t in figs["reward"]["data"]] == ["original", "twin"]
+    assert [t["name"].split(":")[0] for t in figs["reward"]["data"]] == ["original", "twin", "twin"]
+    assert figs["reward"]["data"][2]["name"].endswith("(trainer log)") and figs["reward"]["data"][2]["y"] == [0.4] * 3
     assert figs["reward"]["data"][1]["x"] == [0, 1, 2] and figs["reward"]["data"][1]["y"] == [0.5, 0.5, 0.5]
     assert any(f["layout"]["title"]["text"].startswith("correct") for k, f in figs.items() if k != "reward")
 
@@ -391,3 +394,15 @@ def test_it_caches_a_large_run_and_reads_only_new_rollouts_after_an_append(run, 
     calls.clear()
     window = services.load_run_arrays(run, step_min=2)  # served from the cache
     assert calls == [] and set(window.steps.tolist()) == {2, 7}
+
+
+def test_it_falls_back_to_the_database_when_the_cache_file_is_corrupt(run, settings, tmp_path, monkeypatch):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.setattr(services, "CACHE_MIN_ROLLOUTS", 1)
+    seed(run, steps=2)
+    path = services._cache_path(run.id)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"PK\x03\x04 not really a zip")
+    assert services.warm_run_cache(run.id) == 24
+    assert services.load_run_arrays(run).n == 24 and services._cache_read(run.id) is not None
+    assert services.warm_run_cache(10**9) == 0

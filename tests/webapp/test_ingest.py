@@ -97,3 +97,43 @@ def test_it_accepts_multi_turn_transcripts_and_null_scores(run):
     assert r0.completion == "done" and r0.reward is None and r0.advantage == 0.0
     assert RewardScore.objects.get(rollout=r1).reason == "ok"
     assert Group.objects.get().prompt_text.startswith("user: hi")
+
+
+def test_it_keeps_per_step_sufficient_statistics_across_batches_and_recompute(run):
+    import numpy as np
+
+    from webapp.rollouts.models import StepStat
+    from webapp.rollouts.services import recompute_run_stats
+    from webapp.runs.queries import dashboard_data
+
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 3, size=(6, 4)) / 2.0
+    values[0] = 1.0  # one zero-std group
+    groups = [make_group(step, f"k{g}", [{"correct": float(v), "format": 1.0} for v in values[step * 3 + g]])
+              for step in range(2) for g in range(3)]
+    ingest_groups(run, {"groups": groups[:2]})  # two batches touch step 0: the sums must add up
+    ingest_groups(run, {"groups": groups[2:]})
+
+    def check():
+        data = dashboard_data(run)
+        correct = next(c for c in data.components if c.name == "correct")
+        for step in (0, 1):
+            v = values[step * 3:(step + 1) * 3].ravel()
+            assert correct.mean[step] == pytest.approx(v.mean())
+            assert correct.batch_std[step] == pytest.approx(v.std(ddof=1))
+            stds = values[step * 3:(step + 1) * 3].std(axis=1, ddof=1)
+            assert correct.within_std[step] == pytest.approx(stds.mean())
+            assert correct.zero_std_frac[step] == pytest.approx((stds == 0).mean())
+        fmt = next(c for c in data.components if c.name == "format")
+        assert fmt.zero_std_frac == [1.0, 1.0] and fmt.batch_std == [0.0, 0.0]
+        agg = values + 0.5  # reward = correct * 1.0 + format * 0.5
+        assert data.reward.mean == pytest.approx([agg[:3].mean(), agg[3:].mean()])
+        assert data.n_rollouts == 24 and data.n_groups == 6
+
+    check()
+    before = sorted(StepStat.objects.values_list("step", "component_id", "n_values", "sum_values"))
+    recompute_run_stats(run)
+    after = sorted(StepStat.objects.values_list("step", "component_id", "n_values", "sum_values"))
+    assert [r[:3] for r in after] == [r[:3] for r in before]
+    assert [r[3] for r in after] == pytest.approx([r[3] for r in before])
+    check()

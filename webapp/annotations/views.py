@@ -146,6 +146,7 @@ def _render_focus(request: HttpRequest, queue: ReviewQueue, item: QueueItem, for
     return render(request, "annotations/focus.html", {
         "queue": queue, "item": item, "rollout": item.rollout, "form": form, "labels": Label.objects.all(),
         "total": queue.items.count(), "my_progress": mine[0] if mine else None,
+        "scores": item.rollout.scores.select_related("component").order_by("component__position", "component_id"),
     }, status=status)
 
 

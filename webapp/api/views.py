@@ -6,6 +6,7 @@ Writes need the trainer role (or ownership of the run); reads need any login. Au
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +20,7 @@ from rest_framework.response import Response
 
 from webapp.accounts.roles import has_role
 from webapp.api.errors import error_response
-from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.rollouts.ingest import IngestError, ingest_groups, unstorable_text
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore
 from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
 from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
@@ -28,7 +29,9 @@ from webapp.runs.models import Run
 
 
 class BodyError(ValueError):
-    pass
+    def __init__(self, message: str, field: str = "body") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _reject_constant(name: str) -> Any:
@@ -41,9 +44,24 @@ def parse_body(request: Request) -> Any:
     except RequestDataTooBig:
         raise BodyError(f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
     try:
-        return json.loads(raw or b"null", parse_constant=_reject_constant)
+        body = json.loads(raw or b"null", parse_constant=_reject_constant)
+    except BodyError:
+        raise
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BodyError(f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise BodyError("malformed JSON: nested too deeply") from None
+    except ValueError as e:  # an integer literal past Python's 4300-digit conversion limit
+        raise BodyError(f"malformed JSON: {e}") from None
+    # NUL and lone surrogates can only arrive as \u escapes: walk the body only when one may be there.
+    if _UNSTORABLE_ESCAPE.search(raw):
+        bad = unstorable_text(body, "")
+        if bad is not None:
+            raise BodyError(bad[1], field=bad[0])
+    return body
+
+
+_UNSTORABLE_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
 
 
 def _can_write(request: Request, run: Run | None = None) -> bool:
@@ -85,7 +103,7 @@ def runs(request: Request) -> Response:
             raise SpecError("config", "must be an object")
         env_name, comps = validate_environment_spec(body.get("environment"))
     except BodyError as e:
-        return error_response([{"field": "body", "error": str(e)}])
+        return error_response([{"field": e.field, "error": str(e)}])
     except SpecError as e:
         return error_response([{"field": e.field, "error": e.message}])
     env = ensure_environment(env_name, comps)
@@ -107,7 +125,7 @@ def run_groups(request: Request, run_id: int) -> Response:
     try:
         result = ingest_groups(run, parse_body(request))
     except BodyError as e:
-        return error_response([{"field": "body", "error": str(e)}])
+        return error_response([{"field": e.field, "error": str(e)}])
     except IngestError as e:
         return error_response(e.errors)
     return Response({"groups": result.groups, "rollouts": result.rollouts, "skipped_groups": result.skipped_groups},
@@ -149,7 +167,7 @@ def run_metrics(request: Request, run_id: int) -> Response:
     try:
         n = record_metrics(run, parse_body(request))
     except BodyError as e:
-        return error_response([{"field": "body", "error": str(e)}])
+        return error_response([{"field": e.field, "error": str(e)}])
     except IngestError as e:
         return error_response(e.errors)
     return Response({"metrics": n})

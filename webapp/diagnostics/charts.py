@@ -47,16 +47,17 @@ def zero_std_figure(agg: dict[str, Any]) -> Figure:
                                             yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}})}
 
 
+def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
+    return [_line(agg["steps"], s[field], name, PALETTE[i % len(PALETTE)])
+            for i, (name, s) in enumerate(agg["components"].items())]
+
+
 def within_std_figure(agg: dict[str, Any]) -> Figure:
-    steps = agg["steps"]
-    data = [_line(steps, s["std"], name, PALETTE[i % len(PALETTE)]) for i, (name, s) in enumerate(agg["components"].items())]
-    return {"data": data, "layout": _layout("Mean within-group std per component", "std")}
+    return {"data": _per_component(agg, "std"), "layout": _layout("Mean within-group std per component", "std")}
 
 
 def component_mean_figure(agg: dict[str, Any]) -> Figure:
-    steps = agg["steps"]
-    data = [_line(steps, s["mean"], name, PALETTE[i % len(PALETTE)]) for i, (name, s) in enumerate(agg["components"].items())]
-    return {"data": data, "layout": _layout("Component means", "mean")}
+    return {"data": _per_component(agg, "mean"), "layout": _layout("Component means", "mean")}
 
 
 def share_figure(health: dict[str, Any]) -> Figure:
@@ -66,8 +67,8 @@ def share_figure(health: dict[str, Any]) -> Figure:
     total_w = sum(abs(c["weight"] or 0) for c in comps) or 1.0
     return {
         "data": [
-            {"type": "bar", "x": names, "y": [abs(c["weight"] or 0) / total_w for c in comps], "name": "share of |weights|",
-             "marker": {"color": "#cbd5e1"}},
+            {"type": "bar", "x": names, "y": [abs(c["weight"] or 0) / total_w for c in comps],
+             "name": "share of |weights|", "marker": {"color": "#cbd5e1"}},
             {"type": "bar", "x": names, "y": [c["share"] for c in comps], "name": "share of the advantage",
              "marker": {"color": PALETTE[0]}},
         ],
@@ -83,7 +84,8 @@ def corr_figure(health: dict[str, Any]) -> Figure:
         "data": [{"type": "heatmap", "x": labels, "y": labels, "z": z, "zmin": -1, "zmax": 1, "colorscale": "RdBu",
                   "reversescale": True, "text": text, "texttemplate": "%{text}", "hoverongaps": False}],
         "layout": _layout("Within-group correlations (what GRPO sees)", "", x_title="",
-                          height=300 + 12 * len(labels), yaxis={"autorange": "reversed"}),
+                          height=300 + 12 * len(labels), yaxis={"autorange": "reversed", "automargin": True},
+                          margin={"l": 96, "r": 12, "t": 32, "b": 60}),
     }
 
 
@@ -101,6 +103,11 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
     """Reward mean per step for each run, and one figure per component with each run's mean."""
     dashes = ("solid", "dash", "dot", "dashdot")
     reward = [_line(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)]) for i, s in enumerate(series)]
+    for i, s in enumerate(series):
+        logged = s.get("logged_reward") or []
+        if logged:  # what the trainer itself logged as "reward", when it did
+            reward.append(_line([p[0] for p in logged], [p[1] for p in logged], f"{s['label']} (trainer log)",
+                                PALETTE[i % len(PALETTE)], line={"color": PALETTE[i % len(PALETTE)], "dash": "dot"}))
     figs: dict[str, Figure] = {"reward": {"data": reward, "layout": _layout("Reward mean per step", "reward")}}
     names: list[str] = []
     for s in series:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django import forms
 
-from training import diagnostics as dg
+from training import ablation as abl
 from webapp.diagnostics import services
 from webapp.rollouts.models import RewardComponent
 from webapp.runs.models import Run
@@ -33,7 +33,7 @@ class AblationForm(forms.Form):
         self.fields["drop"].choices = [(c.name, c.name) for c in components]
         for c in components:
             self.fields[f"weight_{c.name}"] = forms.FloatField(required=False, label=f"{c.name} weight")
-        self.spec: dg.AblationSpec | None = None
+        self.spec: abl.AblationSpec | None = None
 
     def weight_fields(self) -> list[tuple[RewardComponent, forms.BoundField, float]]:
         return [(c, self[f"weight_{c.name}"], self.base_weights[c.name]) for c in self.components]

@@ -20,7 +20,9 @@ import json
 import logging
 import math
 import os
+import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Avg, Count, Max, Q, Sum
 
+from training import ablation as abl
 from training import diagnostics as dg
 from webapp.rollouts.ingest import run_components, run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
@@ -41,7 +44,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 50  # steps: detectors speak about "now", and the window bounds the cost at any run size
 MAX_WINDOW_ROLLOUTS = 250_000  # a page's window never reads more than this many rollouts
-SLOT_MAX_ROLLOUTS = 100_000  # the dashboard slot reads at most this many (its first view stays well under 1 s)
+SLOT_WINDOW = 20  # steps the dashboard slot summarises: "now", and a bounded cost
+SLOT_MAX_ROLLOUTS = 50_000  # the slot reads at most this many rollouts (its first view stays well under 1 s)
 CACHE_SECONDS = 120  # annotations (the quality detector) may change without the rollout count changing
 SLOT_SECONDS = 60  # the slot may lag a live run by this much instead of recomputing on every poll
 SCALES = ("group", "batch", "none")
@@ -58,7 +62,8 @@ CACHE_MIN_ROLLOUTS = 50_000  # smaller runs read from the database in well under
 CHUNK_ROLLOUTS = 2_000_000  # rollout ids per query: each packed bytea stays far below Postgres's 1 GB cap
 _ROLLOUT_DT = np.dtype([("id", ">i8"), ("group_id", ">i8"), ("step", ">i4"), ("length", ">i4")])
 _SCORE_DT = np.dtype([("rollout_id", ">i8"), ("component_id", ">i4"), ("value", ">f8")])
-_ROLLOUT_PACK = "string_agg(int8send(id) || int8send(group_id) || int4send(step) || int4send(COALESCE(length, -1)), ''::bytea)"
+_ROLLOUT_PACK = ("string_agg(int8send(id) || int8send(group_id) || int4send(step) || "
+                 "int4send(COALESCE(length, -1)), ''::bytea)")
 _SCORE_PACK = ("string_agg(int8send(rollout_id) || int4send(component_id::int4) || "
                "float8send(COALESCE(value, 'NaN'::float8)), ''::bytea)")
 
@@ -198,14 +203,14 @@ def _cache_read(run_id: int) -> tuple[dict[str, Any], dict[str, np.ndarray]] | N
             arrays = {k: z[k] for k in ("ids", "group_ids", "steps", "lengths", "matrix")}
             key = json.loads(str(z["key"]))
         return key, arrays
-    except (OSError, KeyError, ValueError):
-        return None
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None  # absent, or half-written by a process that died: read from the database
 
 
 def _cache_write(run_id: int, key: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     path = _cache_path(run_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
     np.savez(tmp, key=np.array(json.dumps(key)), **arrays)
     os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
@@ -225,7 +230,8 @@ def _full_arrays(run: Run, component_ids: list[int]) -> dict[str, np.ndarray]:
                 and key["rollouts"] > old_key["rollouts"] and old["ids"].size == old_key["rollouts"])
         if grew:
             after = int(old["ids"].max()) if old["ids"].size else 0
-            new = _assemble(_read(run.id, after_id=after, expected=key["rollouts"] - old_key["rollouts"]), component_ids)
+            delta = _read(run.id, after_id=after, expected=key["rollouts"] - old_key["rollouts"])
+            new = _assemble(delta, component_ids)
             arrays = {k: np.concatenate([old[k], new[k]]) for k in old}
             if arrays["ids"].size != key["rollouts"]:
                 arrays = None  # rows committed out of id order, or deletions: start over
@@ -239,6 +245,13 @@ def _full_arrays(run: Run, component_ids: list[int]) -> dict[str, np.ndarray]:
 def component_infos(run: Run, comps: list[RewardComponent]) -> list[dg.ComponentInfo]:
     weights = run_weights(run, comps)
     return [dg.ComponentInfo(c.name, float(w), c.kind, c.min_value, c.max_value) for c, w in zip(comps, weights)]
+
+
+def warm_run_cache(run_id: int) -> int:
+    """Bring the run's array cache up to date (a worker can call this when a run finishes, so the first
+    ablation of a large run does not pay the full database read). Returns the number of rollouts."""
+    run = Run.objects.filter(id=run_id).first()
+    return 0 if run is None else load_run_arrays(run).n
 
 
 def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
@@ -278,9 +291,9 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
 # ------------------------------------------------------------------------------------------ diagnostics
 
 
-def run_settings(run: Run) -> dg.Baseline:
+def run_settings(run: Run) -> abl.Baseline:
     cfg = run.config or {}
-    return dg.Baseline(scale_rewards=cfg.get("scale_rewards", "group"),
+    return abl.Baseline(scale_rewards=cfg.get("scale_rewards", "group"),
                        aggregation=cfg.get("multi_objective_aggregation", "sum_then_normalize"))
 
 
@@ -343,7 +356,7 @@ def slot_summary(run: Run) -> dict[str, Any]:
     if hit is not None:
         return hit
     try:
-        d = diagnose_run(run, DEFAULT_WINDOW, SLOT_MAX_ROLLOUTS)
+        d = diagnose_run(run, SLOT_WINDOW, SLOT_MAX_ROLLOUTS)
     except Exception:  # the dashboard must render even if a diagnosis fails; the full page shows the error
         log.exception("diagnostics summary failed for run %s", run.id)
         return {"error": "The diagnosis failed; open the diagnostics page for details."}
@@ -364,7 +377,17 @@ def slot_summary(run: Run) -> dict[str, Any]:
 
 def step_aggregates(run: Run) -> dict[str, Any]:
     """Per step and component, from the stored GroupComponentStat rows (one SQL aggregate, whole run):
-    mean, mean within-group std, fraction of zero-std groups; and the aggregate reward per step."""
+    mean, mean within-group std, fraction of zero-std groups; and the aggregate reward per step.
+    Cached until the run gains groups."""
+    key = f"diag-steps:{_fingerprint(run)}"
+    hit = cache.get(key)
+    if hit is None:
+        hit = _step_aggregates(run)
+        cache.set(key, hit, CACHE_SECONDS)
+    return hit
+
+
+def _step_aggregates(run: Run) -> dict[str, Any]:
     rows = (GroupComponentStat.objects.filter(run=run).values("step", "component_id")
             .annotate(groups=Count("id"), zero=Count("id", filter=Q(zero_std=True)), mean=Avg("mean"),
                       std=Avg("std")).order_by("step"))
@@ -398,7 +421,7 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
 
 
-def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -> dg.AblationSpec:
+def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -> abl.AblationSpec:
     """Validate an ablation spec (API JSON or the page's form, turned into the same dict). Raises
     SpecError naming the field."""
     comps = run_components(run) if comps is None else comps
@@ -433,22 +456,22 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
     agg = raw.get("aggregation") or base.aggregation
     if agg not in AGGREGATIONS:
         raise SpecError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
-    return dg.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
+    return abl.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
 
 
-def run_ablation(run: Run, spec: dg.AblationSpec, data: dg.RunArrays | None = None) -> dict[str, Any]:
+def run_ablation(run: Run, spec: abl.AblationSpec, data: dg.RunArrays | None = None) -> dict[str, Any]:
     """Recompute every group's advantages under `spec` over the stored rollouts, end to end (read + math)."""
     t0 = time.perf_counter()
     data = load_run_arrays(run) if data is None else data
     t1 = time.perf_counter()
-    out = dg.ablate(data, spec, run_settings(run))
+    out = abl.ablate(data, spec, run_settings(run))
     out["spec"] = spec.as_dict()
     out["baseline"] = {"weights": {c.name: c.weight for c in data.components}, **vars(run_settings(run))}
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
     return out
 
 
-def default_name(spec: dg.AblationSpec, run: Run) -> str:
+def default_name(spec: abl.AblationSpec, run: Run) -> str:
     base = run_settings(run)
     parts = [f"drop {', '.join(spec.drop)}"] if spec.drop else []
     parts += [f"{k}={v:g}" for k, v in spec.weights.items()]
@@ -472,7 +495,7 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
     from webapp.rollouts.services import create_run
 
     run: Run = ablation.run
-    spec = dg.AblationSpec(drop=tuple(ablation.spec.get("drop", [])), weights=ablation.spec.get("weights", {}),
+    spec = abl.AblationSpec(drop=tuple(ablation.spec.get("drop", [])), weights=ablation.spec.get("weights", {}),
                            scale_rewards=ablation.spec["scale_rewards"], aggregation=ablation.spec["aggregation"])
     comps = run_components(run)
     weights = {c.name: 0.0 if c.name in spec.drop else float(spec.weights.get(c.name, w))

@@ -24,6 +24,7 @@ from webapp.runs.models import Run
 ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
 MAX_KEY = 300
 MAX_ERRORS = 50  # enough to fix a batch; more only floods the client
+MAX_INT = 2**31 - 1  # steps, indexes and lengths are 32-bit integer columns: larger ones would be a 500
 
 
 class IngestError(ValueError):
@@ -80,7 +81,38 @@ class _Errors:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
+
+
+def unstorable_text(value: Any, path: str) -> tuple[str, str] | None:
+    """(field, error) for the first string (or key) in `value` that no database can store: a NUL
+    character (Postgres text and jsonb refuse it) or a lone surrogate (not encodable as UTF-8).
+    Iterative, so a deeply nested value cannot exhaust the stack."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            if _bad_text(v):
+                return p or "body", "must not contain NUL characters or lone surrogates"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                kp = f"{p}.{k}" if p else str(k)
+                if _bad_text(k):
+                    return p or "body", "keys must not contain NUL characters or lone surrogates"
+                stack.append((item, kp))
+        elif isinstance(v, list):
+            stack.extend((item, f"{p}[{i}]") for i, item in enumerate(v))
+    return None
+
+
+def _bad_text(s: str) -> bool:
+    if "\x00" in s:
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _finite_number(v: Any) -> bool:
@@ -165,7 +197,7 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> _R
     n0 = len(errs.items)
     index = r.get("index")
     if not _is_int(index) or index < 0:
-        errs.add(f"{path}.index", "must be a non-negative integer")
+        errs.add(f"{path}.index", f"must be a non-negative integer (at most {MAX_INT})")
     has_c, has_t = "completion" in r, "transcript" in r
     transcript: list[dict[str, Any]] = []
     completion = ""
@@ -189,7 +221,7 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> _R
         numbers[name] = float(v) if _finite_number(v) else None
     length = r.get("length")
     if length is not None and (not _is_int(length) or length < 0):
-        errs.add(f"{path}.length", "must be a non-negative integer")
+        errs.add(f"{path}.length", f"must be a non-negative integer (at most {MAX_INT})")
     truncated = r.get("truncated", False)
     if not isinstance(truncated, bool):
         errs.add(f"{path}.truncated", "must be true or false")
@@ -234,9 +266,13 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
         if not isinstance(g, dict):
             errs.add(gp, "must be an object")
             continue
+        bad = unstorable_text(g, gp)
+        if bad is not None:
+            errs.add(*bad)
+            continue
         step, key, prompt = g.get("step"), g.get("key"), g.get("prompt")
         if not _is_int(step) or step < 0:
-            errs.add(f"{gp}.step", "must be a non-negative integer")
+            errs.add(f"{gp}.step", f"must be a non-negative integer (at most {MAX_INT})")
         if not isinstance(key, str) or not key or len(key) > MAX_KEY:
             errs.add(f"{gp}.key", f"must be a non-empty string of at most {MAX_KEY} characters")
         elif _is_int(step):
@@ -351,6 +387,7 @@ def _store(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> Inge
     c = _compute(run, new, comps)
     writer = _CopyWriter() if connection.vendor == "postgresql" else _OrmWriter()
     writer.write(run, new, comps, c)
+    upsert_step_stats(run.id, step_stat_rows(np.array([g.step for g in new]), comps, c))
     return IngestResult(groups=len(new), rollouts=int(c["gid"].size), skipped_groups=len(groups) - len(new))
 
 
@@ -502,3 +539,48 @@ class _CopyWriter:
             with cur.copy(f"COPY rollouts_groupcomponentstat ({', '.join(s_cols)}) FROM STDIN") as cp:
                 for row in _stat_rows(run, groups, comps, c, group_ids):
                     cp.write_row([row[k] for k in s_cols])
+
+
+STEP_STAT_COLUMNS = ("n_groups", "n_zero_std", "n_group_std", "sum_group_std", "n_rollouts", "n_values",
+                     "sum_values", "sum_squares")
+
+
+def _column_step_stats(gmask: np.ndarray, rmask: np.ndarray, values: np.ndarray, count: np.ndarray,
+                       std: np.ndarray, zero: np.ndarray, all_groups: bool) -> tuple:
+    has = np.ones(int(gmask.sum()), dtype=bool) if all_groups else count[gmask] > 0
+    stdv = std[gmask]
+    defined = ~np.isnan(stdv)
+    vals = values[rmask]
+    vals = vals[~np.isnan(vals)]
+    return (int(has.sum()), int((zero[gmask] & has).sum()), int(defined.sum()), float(stdv[defined].sum()),
+            int(rmask.sum()), int(vals.size), float(vals.sum()), float((vals * vals).sum()))
+
+
+def step_stat_rows(group_steps: np.ndarray, comps: list[RewardComponent], c: dict[str, Any]) -> list[tuple]:
+    """(step, component_id, *STEP_STAT_COLUMNS) for a batch: one row per step and column, where
+    component_id 0 is the aggregate reward. A loop over steps x columns, never over rollouts."""
+    rollout_steps = group_steps[c["gid"]]
+    agg, cs = c["agg"], c["comp"]
+    group_zero = agg.zero_std | (agg.count == 0)  # as Group.zero_std: no signal, or nothing to score
+    rows = []
+    for step in np.unique(group_steps).tolist():
+        gmask, rmask = group_steps == step, rollout_steps == step
+        rows.append((step, 0, *_column_step_stats(gmask, rmask, c["reward"], agg.count, agg.std, group_zero, True)))
+        for j, comp in enumerate(comps):
+            count, std = cs.count[:, j], cs.std[:, j]
+            zero = ~(np.nan_to_num(std, nan=0.0) > stats.ZERO_STD_ATOL)
+            rows.append((step, comp.id, *_column_step_stats(gmask, rmask, c["matrix"][:, j], count, std, zero, False)))
+    return rows
+
+
+def upsert_step_stats(run_id: int, rows: list[tuple]) -> None:
+    """Add a batch's sufficient statistics to StepStat (INSERT ... ON CONFLICT DO UPDATE: Postgres, SQLite)."""
+    if not rows:
+        return
+    cols = ", ".join(STEP_STAT_COLUMNS)
+    marks = ", ".join(["%s"] * (3 + len(STEP_STAT_COLUMNS)))
+    updates = ", ".join(f"{k} = rollouts_stepstat.{k} + excluded.{k}" for k in STEP_STAT_COLUMNS)
+    sql = (f"INSERT INTO rollouts_stepstat (run_id, step, component_id, {cols}) VALUES ({marks}) "
+           f"ON CONFLICT (run_id, step, component_id) DO UPDATE SET {updates}")
+    with connection.cursor() as cur:
+        cur.executemany(sql, [(run_id, *row) for row in rows])

@@ -143,22 +143,42 @@ def decode_cursor(cursor: str) -> tuple[float | None, int]:
         raise QueryError("cursor", "is not a cursor this server issued") from None
 
 
-def _keyset(qs: QuerySet, value_field: str, id_field: str, order: str, cursor: str | None) -> QuerySet:
-    if order == "asc":
-        qs = qs.order_by(F(value_field).asc(nulls_last=True), F(id_field).asc())
-    else:
-        qs = qs.order_by(F(value_field).desc(nulls_first=True), F(id_field).desc())
-    if not cursor:
-        return qs
-    v, last_id = decode_cursor(cursor)
+def keyset_fetch(
+    qs: QuerySet, value_field: str, id_field: str, order: str, cursor: str | None, limit: int
+) -> list[tuple[int, Any]]:
+    """Up to `limit` (id, value) rows after `cursor` in keyset order.
+
+    NULLs form their own segment (last ascending, first descending), fetched by a separate query:
+    one `value > v OR (value = v AND id > last)` predicate mixed with `IS NULL` would make Postgres
+    scan the index from its start, so every page would cost as much as OFFSET. Each segment's
+    predicate carries the redundant bound `value >= v` (or `<=`) that lets the scan start at the cursor.
+    """
+    asc = order == "asc"
     vf, idf = value_field, id_field
-    if order == "asc":
-        if v is None:
-            return qs.filter(**{f"{vf}__isnull": True, f"{idf}__gt": last_id})
-        return qs.filter(Q(**{f"{vf}__gt": v}) | Q(**{vf: v, f"{idf}__gt": last_id}) | Q(**{f"{vf}__isnull": True}))
-    if v is None:
-        return qs.filter(Q(**{f"{vf}__isnull": True, f"{idf}__lt": last_id}) | Q(**{f"{vf}__isnull": False}))
-    return qs.filter(Q(**{f"{vf}__lt": v}) | Q(**{vf: v, f"{idf}__lt": last_id}))
+    segments = ["value", "null"] if asc else ["null", "value"]
+    start_segment, v, last = segments[0], None, None
+    if cursor:
+        v, last = decode_cursor(cursor)
+        start_segment = "null" if v is None else "value"
+    rows: list[tuple[int, Any]] = []
+    for seg in segments[segments.index(start_segment):]:
+        at_cursor = cursor is not None and seg == start_segment
+        if seg == "null":
+            part = qs.filter(**{f"{vf}__isnull": True})
+            if at_cursor:
+                part = part.filter(**{f"{idf}__gt" if asc else f"{idf}__lt": last})
+            part = part.order_by(idf if asc else f"-{idf}")
+        else:
+            part = qs.filter(**{f"{vf}__isnull": False})
+            if at_cursor and asc:
+                part = part.filter(**{f"{vf}__gte": v}).filter(Q(**{f"{vf}__gt": v}) | Q(**{f"{idf}__gt": last}))
+            elif at_cursor:
+                part = part.filter(**{f"{vf}__lte": v}).filter(Q(**{f"{vf}__lt": v}) | Q(**{f"{idf}__lt": last}))
+            part = part.order_by(vf, idf) if asc else part.order_by(f"-{vf}", f"-{idf}")
+        rows += list(part.values_list(idf, vf)[: limit - len(rows)])
+        if len(rows) >= limit:
+            break
+    return rows
 
 
 @dataclass
@@ -218,16 +238,14 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
             qs = qs.filter(ex)
         for hook in ANNOTATION_FILTER_HOOK:
             qs = hook(qs, q, "rollout_id")
-        qs = _keyset(qs, "value", "rollout_id", q.order, q.cursor)
-        hits = list(qs.values_list("rollout_id", "value")[: q.limit + 1])
+        hits = keyset_fetch(qs, "value", "rollout_id", q.order, q.cursor, q.limit + 1)
     else:
         qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, ""))
         for ex in _range_exists(q, comps, "id"):
             qs = qs.filter(ex)
         for hook in ANNOTATION_FILTER_HOOK:
             qs = hook(qs, q, "id")
-        qs = _keyset(qs, q.sort, "id", q.order, q.cursor)
-        hits = list(qs.values_list("id", q.sort)[: q.limit + 1])
+        hits = keyset_fetch(qs, q.sort, "id", q.order, q.cursor, q.limit + 1)
     more = len(hits) > q.limit
     hits = hits[: q.limit]
     rows = _hydrate(hits, comps_list, comps.get(q.sort))

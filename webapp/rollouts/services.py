@@ -151,6 +151,10 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
     uniq, inv = np.unique(gids, return_inverse=True)
     rewards = np.nansum(matrix * run_weights(run, comps)[None, :], axis=1)
     rewards[np.isnan(matrix).all(axis=1)] = np.nan
+    # A reward the trainer sent (stored on the rollout) wins over the recomputed weighted sum.
+    stored = dict(Rollout.objects.filter(run=run).values_list("id", "reward"))
+    sent = np.array([np.nan if stored.get(i) is None else stored[i] for i in data["ids"].tolist()])
+    rewards = np.where(np.isnan(sent), rewards, sent)
     agg = stats.group_stats(rewards, inv, len(uniq))
     cs = stats.group_stats(matrix, inv, len(uniq))
     steps = dict(Group.objects.filter(run=run).values_list("id", "step"))
@@ -172,4 +176,11 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
         if cs.count[gi, j] > 0
     ]
     GroupComponentStat.objects.bulk_create(new_stats, batch_size=1000)
+    from webapp.rollouts.ingest import step_stat_rows, upsert_step_stats
+    from webapp.rollouts.models import StepStat
+
+    StepStat.objects.filter(run=run).delete()
+    group_steps = np.array([steps[g] for g in uniq.tolist()])
+    upsert_step_stats(run.id, step_stat_rows(group_steps, comps, {
+        "gid": inv, "reward": rewards, "matrix": matrix, "agg": agg, "comp": cs}))
     return {"groups": len(uniq), "rollouts": int(len(gids))}

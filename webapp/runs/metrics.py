@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from webapp.rollouts.ingest import IngestError
+from webapp.rollouts.ingest import MAX_INT, IngestError
 from webapp.runs.models import Run, StepMetric
 
 MAX_NAME = 200
@@ -24,8 +24,8 @@ def validate_metrics(body: Any) -> list[tuple[int, str, float | None]]:
             errors.append({"field": p, "error": "must be an object with step and values"})
             continue
         step, values = m.get("step"), m.get("values")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            errors.append({"field": f"{p}.step", "error": "must be a non-negative integer"})
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT:
+            errors.append({"field": f"{p}.step", "error": f"must be a non-negative integer (at most {MAX_INT})"})
         if not isinstance(values, dict):
             errors.append({"field": f"{p}.values", "error": "must be an object of name -> number"})
             continue

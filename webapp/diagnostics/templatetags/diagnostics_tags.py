@@ -51,3 +51,9 @@ def group_url(group_id: int) -> str:
 def diagnostics_summary(run: Any) -> dict[str, Any] | None:
     """The dashboard slot's summary: cached, over a bounded window, never an error on the dashboard."""
     return services.slot_summary(run)
+
+
+@register.simple_tag
+def explorer_link(run_id: int, sort: str | None = None, order: str = "desc") -> str:
+    """The explorer of a run, sorted by `sort` (escaped by the template like any other string)."""
+    return links.explorer_url(run_id, sort, order)

@@ -1,0 +1,388 @@
+"""The recorder's HTTP path end to end: a real TRL GRPO job on the tiny model, its HttpSink posting to a
+real server process (`manage.py runserver` on the test database), compared with the same job recorded
+through the workers' DatabaseSink, and the spool + `python -m training.sinks upload` resume after the
+server went down mid-run.
+
+The diagram environment scores a random tiny model 0 on every component, so every advantage would be 0
+and the comparisons vacuous. These jobs train on `VaryingEnv`, registered for the test, whose
+components vary inside every group (and one is sometimes unscorable: None must survive JSON and the
+database alike).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.integration.conftest import ROOT
+from training.environments.base import Component, Prompt, Score
+from training.environments.diagram import completion_text
+from training.sinks import HttpSink, MemorySink, Sink
+
+TOY_ENV = "recorder-toy"
+ATOL = 1e-6
+
+
+# --------------------------------------------------------------------------------------------------
+# A toy environment whose rewards vary on a random model's output
+
+
+def distinct_chars(prompt: Prompt, completion: Any) -> Score:
+    n = len(set(completion_text(completion)))
+    return Score(n / 40.0, f"{n} distinct chars")
+
+
+def has_digit(prompt: Prompt, completion: Any) -> Score:
+    text = completion_text(completion)
+    if len(text) % 5 == 0:  # unscorable now and then: TRL's None, the API's null, the database's NULL
+        return Score(math.nan, "length divisible by 5: not applicable")
+    return Score(float(any(ch.isdigit() for ch in text)), "digit" if any(ch.isdigit() for ch in text) else "none")
+
+
+class VaryingEnv:
+    name = TOY_ENV
+    description = "test-only: rewards that vary inside a group of a random model's completions"
+    components = [
+        Component("distinct_chars", 1.0, distinct_chars, kind="outcome"),
+        Component("has_digit", 0.5, has_digit, kind="behavioural"),
+    ]
+
+    def prompts(self, split: str, n: int, seed: int = 0) -> list[Prompt]:
+        return [Prompt(key=f"toy-{split}-{i}", text=f"Draw diagram number {i}:", split=split) for i in range(n)]
+
+    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
+        return {c.name: c.fn(prompt, completion) for c in self.components}
+
+    def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
+        return {}
+
+
+@pytest.fixture
+def toy_env(monkeypatch) -> VaryingEnv:
+    from training import environments
+
+    monkeypatch.setitem(environments._REGISTRY, TOY_ENV, f"{__name__}:VaryingEnv")
+    return VaryingEnv()
+
+
+def grpo_config(tiny_model: str, output_dir: Path):
+    from training.grpo import GRPOJobConfig
+
+    return GRPOJobConfig(
+        base_model=tiny_model,
+        env=TOY_ENV,
+        output_dir=str(output_dir),
+        device="cpu",  # the same numbers on any machine that runs the suite
+        seed=0,
+        max_steps=2,  # two generations: the server goes down between them in the resume test
+        num_prompts=4,  # each step samples 2 of them
+        num_generations=4,  # smallest group that still shows within-group variance
+        per_device_batch_size=8,  # 2 prompts x 4 completions per step
+        max_completion_length=24,  # short rollouts: generation dominates CPU time
+        learning_rate=1e-3,  # large, so step 1's update reaches step 2's samples (the comparison is not vacuous)
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Sinks for the test: the recorder's output, kept beside where it went
+
+
+class Tee:
+    """Hands every record to each sink in turn; `after_groups(sinks)` runs after each groups write."""
+
+    def __init__(self, *sinks: Sink, after_groups: Callable[[], None] | None = None) -> None:
+        self.sinks = sinks
+        self.after_groups = after_groups
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        for s in self.sinks:
+            s.write_groups(groups)
+        if self.after_groups is not None:
+            self.after_groups()
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        for s in self.sinks:
+            s.write_metrics(step, values)
+
+    def log(self, line: str) -> None:
+        for s in self.sinks:
+            s.log(line)
+
+    def progress(self, step: int, total: int) -> None:
+        for s in self.sinks:
+            s.progress(step, total)
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            getattr(s, "flush", lambda: None)()
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading rollouts back: what the recorder captured and what the database holds, in one shape
+
+
+Rows = dict[tuple[int, str, int], dict[str, Any]]  # (step, group key, index) -> rollout facts
+
+
+def captured(sink: MemorySink) -> Rows:
+    return {
+        (g["step"], g["key"], r["index"]): {
+            "transcript": r["transcript"],
+            "advantage": r["advantage"],
+            "reward": r["reward"],
+            "length": r["length"],
+            "rewards": {name: (s["value"], s["reason"]) for name, s in r["rewards"].items()},
+        }
+        for g in sink.groups
+        for r in g["rollouts"]
+    }
+
+
+def stored(run_id: int) -> Rows:
+    from webapp.rollouts.models import RewardScore, Rollout
+
+    rows: Rows = {}
+    by_id: dict[int, dict[str, Any]] = {}
+    for rid, step, key, index, transcript, advantage, reward, length in Rollout.objects.filter(
+            run_id=run_id).values_list("id", "step", "group__key", "index", "transcript", "advantage", "reward",
+                                      "length"):
+        row = {"transcript": transcript, "advantage": advantage, "reward": reward, "length": length, "rewards": {}}
+        rows[(step, key, index)] = by_id[rid] = row
+    for rid, name, value, reason in RewardScore.objects.filter(run_id=run_id).values_list(
+            "rollout_id", "component__name", "value", "reason"):
+        by_id[rid]["rewards"][name] = (value, reason)
+    return rows
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and abs(a - b) <= ATOL)
+
+
+def assert_same_rollouts(actual: Rows, expected: Rows) -> None:
+    assert sorted(actual) == sorted(expected)
+    for k, exp in expected.items():
+        got = actual[k]
+        assert got["transcript"] == exp["transcript"], k
+        assert got["length"] == exp["length"], k
+        assert _close(got["advantage"], exp["advantage"]) and _close(got["reward"], exp["reward"]), (k, got, exp)
+        assert set(got["rewards"]) == set(exp["rewards"]), k
+        for name, (value, reason) in exp["rewards"].items():
+            assert _close(got["rewards"][name][0], value) and got["rewards"][name][1] == reason, (k, name)
+
+
+def stored_metrics(run_id: int) -> dict[tuple[int, str], float | None]:
+    from webapp.runs.models import StepMetric
+
+    return {(s, n): v for s, n, v in StepMetric.objects.filter(run_id=run_id).values_list("step", "name", "value")}
+
+
+def captured_metrics(sink: MemorySink) -> dict[tuple[int, str], float | None]:
+    return {(m["step"], name): v for m in sink.metrics for name, v in m["values"].items()}
+
+
+def create_api_run(url: str, token: str, name: str) -> int:
+    """Create the run the way a remote training script does: through the API, environment included."""
+    from training.client import Client
+
+    comps = [{"name": c.name, "weight": c.weight, "kind": c.kind, "min_value": c.min_value,
+              "max_value": c.max_value} for c in VaryingEnv.components]
+    return Client(url, token, retries=0).create_run(name, environment=TOY_ENV, components=comps, kind="grpo",
+                                                    config={"source": "integration test"})
+
+
+# --------------------------------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.slow
+def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
+        app_server, trainer_token, tiny_model, toy_env, tmp_path):
+    from training.grpo import main
+    from webapp.rollouts.models import Group
+    from webapp.rollouts.services import create_run, environment_from_training
+    from webapp.runs.models import Run
+    from workers.sinks import DatabaseSink
+
+    # Run 1: the recorder's HTTP sink, posting to the server process.
+    http_run = create_api_run(app_server.url, trainer_token, "grpo-over-http")
+    spool = tmp_path / "spool.jsonl"
+    http_sink = HttpSink(app_server.url, trainer_token, http_run, spool_path=spool)
+    via_http = MemorySink()
+    t0 = time.monotonic()
+    summary = main(grpo_config(tiny_model, tmp_path / "http"), sink=Tee(http_sink, via_http))
+    http_sink.close()  # the caller owns the sink: close() posts whatever is still buffered
+    http_seconds = time.monotonic() - t0
+
+    # Run 2: the same job, same seed, through the database sink a worker uses.
+    db_run = create_run(name="grpo-in-worker", kind="grpo", environment=environment_from_training(toy_env),
+                        config={}, owner=Run.objects.get(name="grpo-over-http").owner, status="running")
+    via_db = MemorySink()
+    main(grpo_config(tiny_model, tmp_path / "db"), sink=Tee(DatabaseSink(db_run.id), via_db))
+
+    assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
+    assert http_sink.spooled == {"groups": 0, "metrics": 0} and not spool.exists()
+    assert http_sink.sent["groups"] == 4 and http_sink.sent["metrics"] == len(via_http.metrics)
+
+    # Each run stores exactly what its own recorder captured (TRL's advantages, every component).
+    over_http, in_db = stored(http_run), stored(db_run.id)
+    assert_same_rollouts(over_http, captured(via_http))
+    assert_same_rollouts(in_db, captured(via_db))
+    assert Group.objects.filter(run_id=http_run).count() == Group.objects.filter(run=db_run).count() == 4
+    assert len(over_http) == len(in_db) == 16
+
+    # And CPU sampling with one seed is deterministic, so the two runs hold the same rollouts.
+    assert_same_rollouts(over_http, in_db)
+    advantages = [r["advantage"] for r in in_db.values()]
+    assert any(abs(a) > 0.1 for a in advantages)  # not a vacuous all-zero comparison
+    assert any(v is None for r in in_db.values() for v, _ in [r["rewards"]["has_digit"]])  # None survived
+
+    # The metrics TRL logged arrive the same way too (wall-clock ones differ between runs, by nature).
+    m_http, m_db = stored_metrics(http_run), stored_metrics(db_run.id)
+    assert m_http.keys() == m_db.keys() == captured_metrics(via_http).keys()
+    for key in ("loss", "reward", "reward_std", "rewards/distinct_chars/mean", "entropy"):
+        for step in (1, 2):
+            assert _close(m_http[(step, key)], m_db[(step, key)]), (step, key)
+    print(f"\nGRPO over HTTP: {http_seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the_gap(
+        app_server, trainer_token, tiny_model, toy_env, tmp_path, caplog):
+    from training.grpo import main
+    from webapp.rollouts.models import Group, Rollout
+
+    run_id = create_api_run(app_server.url, trainer_token, "grpo-server-dies")
+    spool = tmp_path / "spool.jsonl"
+    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=spool,
+                         batch_size=1,  # post every write at once, so the first step reaches the server alone
+                         retries=2, backoff=0.2)  # a dead server costs ~0.6 s of retries, then the cooldown
+    killed_at: list[int] = []
+
+    def stop_server_after_first_groups() -> None:
+        # Runs on the recorder's writer thread after each groups write; training goes on meanwhile.
+        if killed_at or not http_sink.sent["groups"]:
+            return
+        from django.db import connection
+
+        try:
+            wait_for(lambda: Group.objects.filter(run_id=run_id).count() == http_sink.sent["groups"], timeout=30)
+        finally:
+            connection.close()  # this thread's own connection: never leave it open past the test
+        app_server.stop()
+        killed_at.append(http_sink.sent["groups"])
+
+    tee = MemorySink()
+    t0 = time.monotonic()
+    summary = main(grpo_config(tiny_model, tmp_path / "out"),
+                   sink=Tee(http_sink, tee, after_groups=stop_server_after_first_groups))
+    http_sink.close()
+    elapsed = time.monotonic() - t0
+
+    # Training finished normally, with the server gone for its second half.
+    assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
+    assert killed_at == [2] and app_server.proc.poll() is not None
+    assert elapsed < 180  # a hang guard; the cost of the outage itself is bounded just below
+    assert http_sink.sent == {"groups": 2, "metrics": 0}
+    assert http_sink.spooled == {"groups": 2, "metrics": len(tee.metrics)}
+    entries = [json.loads(line) for line in spool.read_text().splitlines()]
+    assert [e["kind"] for e in entries].count("groups") == 1 and len(entries) > 2  # step 2's groups + metrics
+    # The dead server cost one round of retries; the cooldown sent every later batch straight to the spool.
+    assert caplog.text.count("not delivered after 3 tries") == 1
+
+    # The server comes back at the same address; the resume command sends the spool.
+    app_server.start()
+    backup = tmp_path / "spool-copy.jsonl"
+    shutil.copy(spool, backup)
+    upload = _upload(spool, app_server.url, trainer_token, run_id)
+    assert upload == {"sent": len(entries), "left": 0}
+    assert spool.read_text() == ""  # emptied in place: a second upload of it sends nothing
+
+    # Every rollout the recorder captured is stored, exactly as captured, and every metric too.
+    assert_same_rollouts(stored(run_id), captured(tee))
+    assert stored_metrics(run_id).keys() == captured_metrics(tee).keys()
+
+    # Uploading the same batches again stores nothing twice: groups are keyed on (run, step, key).
+    assert _upload(backup, app_server.url, trainer_token, run_id) == {"sent": len(entries), "left": 0}
+    assert Group.objects.filter(run_id=run_id).count() == 4
+    assert Rollout.objects.filter(run_id=run_id).count() == len(captured(tee)) == 16
+    assert stored_metrics(run_id).keys() == captured_metrics(tee).keys()
+    print(f"\nGRPO with the server killed mid-run: {elapsed:.1f} s")
+
+
+def _upload(spool: Path, url: str, token: str, run_id: int) -> dict[str, int]:
+    """`python -m training.sinks upload` in its own process, as a user runs it after the outage."""
+    done = subprocess.run(
+        [sys.executable, "-m", "training.sinks", "upload", str(spool), "--url", url, "--token", token,
+         "--run", str(run_id)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # a server process: a few seconds to start
+def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
+        app_server, trainer_token, tmp_path, caplog):
+    """A 4xx would fail the same way every time: no retry, the batch is kept in the spool, the log says
+    what the server objected to, and it does not hold back the batches spooled after it."""
+    from training.sinks import upload_spool
+    from webapp.rollouts.models import Group
+
+    run_id = create_api_run(app_server.url, trainer_token, "strict")
+    spool = tmp_path / "spool.jsonl"
+    sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=spool, batch_size=1, retries=3, backoff=5)
+    bad = {"step": 1, "key": "bad", "prompt": "p",
+           "rollouts": [{"index": 0, "completion": "c", "rewards": {"not_a_component": {"value": 1.0, "reason": ""}}}]}
+    t0 = time.monotonic()
+    sink.write_groups([bad])
+    assert time.monotonic() - t0 < 5  # no backoff sleep: a 4xx is not retried
+    assert sink.spooled["groups"] == 1 and sink.sent["groups"] == 0
+    assert "groups[0].rollouts[0].rewards.not_a_component" in caplog.text
+    assert json.loads(spool.read_text())["payload"]["groups"] == [bad]
+
+    # The server is fine: the next good batch goes straight through (a 4xx starts no cooldown).
+    good = {**bad, "key": "good", "rollouts": [{**bad["rollouts"][0], "rewards": {"distinct_chars": 0.5}}]}
+    sink.write_groups([good])
+    assert sink.sent["groups"] == 1
+
+    # A spool holding the rejected batch, then one spooled during an outage: the upload sends the
+    # second and keeps only the first, for a human to fix.
+    later = {**good, "key": "later"}
+    with open(spool, "a") as f:
+        f.write(json.dumps({"kind": "groups", "payload": {"groups": [later]}}) + "\n")
+    assert upload_spool(spool, app_server.url, trainer_token, run_id) == {"sent": 1, "left": 1}
+    assert json.loads(spool.read_text())["payload"]["groups"] == [bad]
+    assert sorted(Group.objects.filter(run_id=run_id).values_list("key", flat=True)) == ["good", "later"]
+
+
+@pytest.mark.slow  # a server process: a few seconds to start
+def test_it_stores_a_completion_with_a_nul_character_instead_of_losing_its_batch(
+        app_server, trainer_token, tmp_path):
+    """Byte-level tokenizers decode a NUL from a model's output now and then (the tiny model does);
+    Postgres cannot store one, so ingestion refuses it, and with it the whole batch. The sink replaces
+    it with U+FFFD and the rest of the record is stored as sent."""
+    from webapp.rollouts.models import Rollout
+
+    run_id = create_api_run(app_server.url, trainer_token, "nul")
+    sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl", batch_size=1)
+    sink.write_groups([{"step": 1, "key": "k", "prompt": [{"role": "user", "content": "draw\x00"}],
+                        "rollouts": [{"index": 0, "transcript": [{"role": "assistant", "content": "a\x00b"}],
+                                      "rewards": {"distinct_chars": {"value": 0.5, "reason": "odd \x00"}}}]}])
+    assert sink.sent["groups"] == 1 and sink.spooled["groups"] == 0
+    rollout = Rollout.objects.get(run_id=run_id)
+    assert rollout.completion == "a\ufffdb" and rollout.transcript[0]["content"] == "a\ufffdb"
+    assert rollout.group.prompt[0]["content"] == "draw\ufffd"
+    assert rollout.scores.get().reason == "odd \ufffd"
