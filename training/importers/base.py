@@ -301,6 +301,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise RecordError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise RecordError(f"malformed JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise RecordError("malformed JSON: nested too deeply") from None
+    except ValueError as e:  # an integer literal past Python's 4300-digit conversion limit
+        raise RecordError(f"malformed JSON: {e}") from None
     if not isinstance(obj, dict):
         raise RecordError(f"must be a JSON object, got {type(obj).__name__}")
     return obj

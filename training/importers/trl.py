@@ -48,6 +48,7 @@ from training.importers.base import (
     component_name,
     finite_or_none,
     int_field,
+    is_number,
     prompt_value,
     stable_hash,
 )
@@ -187,6 +188,8 @@ class TRLReader(Reader):
         rollout["rewards"] = rewards
         adv = rec.get("advantage")
         if adv is not None:
+            if not is_number(adv):
+                raise RecordError(f"advantage: must be a number, got {type(adv).__name__}")
             rollout["advantage"] = finite_or_none(adv)
         extra = {c: rec.get(c) for c in extras if rec.get(c) is not None}
         if extra:

@@ -13,8 +13,11 @@ from webapp.rollouts.models import RewardComponent
 from webapp.runs import charts
 from webapp.runs.models import Run
 from webapp.runs.queries import dashboard_data, run_summaries
+from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
+LAUNCH_KINDS = [("teacher", "Teacher"), ("sft", "SFT"), ("grpo", "GRPO"), ("dpo", "DPO"), ("eval", "Eval"),
+                ("probe", "Probe")]
 
 
 def _choice(request: HttpRequest, name: str, choices: list[tuple[str, str]]) -> tuple[str, str | None]:
@@ -28,6 +31,7 @@ def _choice(request: HttpRequest, name: str, choices: list[tuple[str, str]]) -> 
 @require_safe
 def runs_list(request: HttpRequest) -> HttpResponse:
     require_role(request, "viewer")
+    reap_stale_runs()  # a run whose worker died shows as failed, not running forever (one UPDATE)
     kind, kind_error = _choice(request, "kind", Run.Kind.choices)
     status, status_error = _choice(request, "status", Run.Status.choices)
     runs = Run.objects.select_related("environment").order_by("-created_at")
@@ -40,7 +44,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
     ctx = {"rows": rows, "kinds": Run.Kind.choices, "statuses": Run.Status.choices, "kind": kind,
-           "status": status, "errors": errors}
+           "status": status, "errors": errors, "launch_kinds": LAUNCH_KINDS}
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
 
 
