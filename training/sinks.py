@@ -256,7 +256,7 @@ class HttpSink:
         """`post`, telling apart a batch the server refused ("rejected": it would be refused again as is)
         from a server that could not be reached or failed ("down": the same batch may go later)."""
         send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics}.get(kind)
-        if send is None or not isinstance(payload.get(kind), list):
+        if send is None or not isinstance(payload, dict) or not isinstance(payload.get(kind), list):
             logger.error("HttpSink: not a %r batch; kept unsent", kind)
             return "rejected"
         try:
@@ -308,7 +308,7 @@ def upload_spool(
             logger.error("upload: line %d of %s is not a spooled batch; kept", i + 1, path)
             left.append(line)
             continue
-        outcome = sink.send(kind, payload)
+        outcome = sink.send(kind, storable(payload))  # spools written by older code may hold a NUL
         if outcome == "sent":
             sent += 1
         elif outcome == "rejected":

@@ -115,6 +115,7 @@ def test_it_runs_the_quality_hook_when_the_annotations_app_provides_bad_cases(cl
 
     top = list(Rollout.objects.filter(run=run).order_by("-reward", "id").values_list("id", flat=True)[:20])
     monkeypatch.setattr(services, "BAD_CASE_PROVIDERS", [lambda r: top])
+    monkeypatch.setattr(services, "ANNOTATED_PROVIDERS", [])  # no denominator: every rollout counts
     html = client_as("viewer").get(diag_url(run)).content.decode()
     assert 'data-code="reward_vs_quality"' in html
 
@@ -406,3 +407,16 @@ def test_it_falls_back_to_the_database_when_the_cache_file_is_corrupt(run, setti
     assert services.warm_run_cache(run.id) == 24
     assert services.load_run_arrays(run).n == 24 and services._cache_read(run.id) is not None
     assert services.warm_run_cache(10**9) == 0
+
+
+def test_it_reads_bad_cases_from_real_annotations(client_as, run, personas):
+    from webapp.annotations import services as ann
+    from webapp.annotations.models import Label
+    from webapp.rollouts.models import Rollout
+
+    seed(run)
+    hack = Label.objects.get(slug="reward-hacking")
+    for rollout in Rollout.objects.filter(run=run).order_by("-reward", "id")[:20]:
+        ann.save_annotation(rollout, personas["annotator"], label=hack, note="looks right, is wrong")
+    html = client_as("viewer").get(diag_url(run)).content.decode()
+    assert 'data-code="reward_vs_quality"' in html

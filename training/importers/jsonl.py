@@ -69,7 +69,8 @@ class JsonlReader(Reader):
         seen = 0
         for item in self.read():
             if isinstance(item, GroupItem):
-                for r in item.record.get("rollouts") or []:
+                rollouts = item.record.get("rollouts")
+                for r in rollouts if isinstance(rollouts, list) else []:
                     if isinstance(r, dict) and isinstance(r.get("rewards"), dict):
                         # Names are kept as written: a name the web app refuses must fail loudly at its
                         # line rather than be silently renamed in an exact-format file.

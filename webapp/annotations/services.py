@@ -85,6 +85,12 @@ def delete_annotation(ann: Annotation, actor: AbstractBaseUser) -> None:
         ann.delete()
 
 
+def annotated_rollout_ids(run: Run | int) -> set[int]:
+    """Ids of the run's rollouts that anyone annotated (the denominator of the bad-case share)."""
+    run_id = run if isinstance(run, int) else run.id
+    return set(Annotation.objects.filter(rollout__run_id=run_id).values_list("rollout_id", flat=True))
+
+
 def bad_case_rollout_ids(run: Run | int) -> set[int]:
     """Ids of the run's rollouts that at least one person annotated with a bad label."""
     run_id = run if isinstance(run, int) else run.id

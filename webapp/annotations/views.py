@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, Streami
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from webapp.accounts.roles import require_role
 from webapp.annotations import export, services
@@ -40,6 +40,7 @@ def _slot_next(request: HttpRequest, rollout: Rollout) -> str:
     return _safe_next(request, reverse("annotations-rollout", args=[rollout.id]))
 
 
+@require_safe
 def rollout_slot(request: HttpRequest, rollout_id: int) -> HttpResponse:
     rollout = get_object_or_404(Rollout, id=rollout_id)
     return render(request, "annotations/_rollout_slot.html", {"rollout": rollout,
@@ -75,6 +76,7 @@ def delete(request: HttpRequest, annotation_id: int) -> HttpResponse:
 # --- review queues ------------------------------------------------------------------------------------------
 
 
+@require_safe
 def home(request: HttpRequest) -> HttpResponse:
     queues = ReviewQueue.objects.select_related("run", "created_by").annotate(n_items=Count("items"))[:200]
     return render(request, "annotations/home.html", {"queues": queues, "labels": Label.objects.all()})
@@ -96,6 +98,7 @@ def queue_new(request: HttpRequest) -> HttpResponse:
     return render(request, "annotations/queue_new.html", {"form": form}, status=400 if form.errors else 200)
 
 
+@require_safe
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id)
     items = queue.items.select_related("rollout").prefetch_related("assignments__user", "rollout__annotations__label",
@@ -122,6 +125,7 @@ def queue_assign(request: HttpRequest, queue_id: int) -> HttpResponse:
     return redirect("annotations-queue", queue.id)
 
 
+@require_safe
 def focus_next(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id, "annotator")
     after = request.GET.get("after")
@@ -132,6 +136,7 @@ def focus_next(request: HttpRequest, queue_id: int) -> HttpResponse:
     return redirect("annotations-focus", queue.id, item.position)
 
 
+@require_safe
 def focus(request: HttpRequest, queue_id: int, position: int) -> HttpResponse:
     queue = _queue_for(request, queue_id, "annotator")
     item = get_object_or_404(QueueItem.objects.select_related("rollout__group"), queue=queue, position=position)
@@ -169,6 +174,7 @@ def focus_skip(request: HttpRequest, queue_id: int, position: int) -> HttpRespon
     return HttpResponseRedirect(f"{reverse('annotations-focus-next', args=[queue.id])}?after={position}")
 
 
+@require_safe
 def queue_agreement(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id)
     return render(request, "annotations/agreement.html", {"queue": queue, **services.queue_agreement(queue)})
@@ -177,6 +183,7 @@ def queue_agreement(request: HttpRequest, queue_id: int) -> HttpResponse:
 # --- taxonomy and activity -------------------------------------------------------------------------------------
 
 
+@require_safe
 def labels(request: HttpRequest) -> HttpResponse:
     return render(request, "annotations/labels.html", {"labels": Label.objects.all(), "form": LabelForm()})
 
@@ -193,6 +200,7 @@ def label_edit(request: HttpRequest, label_id: int | None = None) -> HttpRespons
                   status=400 if form.errors else 200)
 
 
+@require_safe
 def activity(request: HttpRequest) -> HttpResponse:
     require_role(request, "admin")
     events = ActivityEvent.objects.select_related("actor")
@@ -204,6 +212,7 @@ def activity(request: HttpRequest) -> HttpResponse:
 # --- datasets ----------------------------------------------------------------------------------------------------
 
 
+@require_safe
 def datasets(request: HttpRequest) -> HttpResponse:
     rows = Dataset.objects.select_related("created_by")[:500]
     return render(request, "annotations/datasets.html", {"datasets": rows, "form": ExportForm()})
@@ -227,6 +236,7 @@ def export_view(request: HttpRequest) -> HttpResponse:
     return render(request, "annotations/export.html", {"form": form}, status=400)
 
 
+@require_safe
 def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = get_object_or_404(Dataset.objects.select_related("created_by"), id=dataset_id)
     records = ds.records.select_related("label", "annotator")[:50]
@@ -236,6 +246,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
         "default_base_model": export.default_base_model(source_run)})
 
 
+@require_safe
 def dataset_download(request: HttpRequest, dataset_id: int) -> StreamingHttpResponse:
     ds = get_object_or_404(Dataset, id=dataset_id)
     response = StreamingHttpResponse(export.jsonl_lines(ds), content_type="application/jsonl; charset=utf-8")
@@ -260,6 +271,7 @@ def dataset_launch(request: HttpRequest, dataset_id: int) -> HttpResponse:
     return redirect("annotations-dataset", ds.id)
 
 
+@require_safe
 def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
     """A minimal page for one rollout's annotations (the pages engineer's transcript view embeds the slot)."""
     rollout = get_object_or_404(Rollout.objects.select_related("group", "run"), id=rollout_id)

@@ -2,6 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
 
 from webapp.api import views
+from webapp.diagnostics import api as diagnostics_api
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
@@ -10,4 +11,6 @@ urlpatterns = [
     path("runs/<int:run_id>/metrics/", views.run_metrics, name="api-run-metrics"),
     path("runs/<int:run_id>/rollouts/", views.run_rollouts, name="api-run-rollouts"),
     path("runs/<int:run_id>/finish/", views.run_finish, name="api-run-finish"),
+    path("runs/<int:run_id>/ablations/", diagnostics_api.run_ablations, name="api-run-ablations"),
+    path("ablations/<int:ablation_id>/", diagnostics_api.ablation_detail, name="api-ablation"),
 ]

@@ -8,7 +8,7 @@ from django.contrib import messages
 from django.db.models import Avg
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from training.environments import get_environment
 from webapp.accounts.roles import require_role
@@ -54,11 +54,13 @@ def start_job(kind: str, data: dict, owner) -> Run:
     return run
 
 
+@require_safe
 def detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
     return render(request, "jobs/detail.html", {"run": run, "children": run.children.all()})
 
 
+@require_safe
 def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, id=run_id)
     return render(request, "jobs/_progress.html", {"run": run})
@@ -76,6 +78,7 @@ def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("jobs-detail", run_id=run.id)
 
 
+@require_safe
 def workers(request: HttpRequest) -> HttpResponse:
     from django.conf import settings
 
@@ -84,6 +87,7 @@ def workers(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/_workers.html", {"workers": [(w, w.is_alive(max_age)) for w in beats]})
 
 
+@require_safe
 def compare(request: HttpRequest) -> HttpResponse:
     try:
         ids = [int(x) for x in request.GET.getlist("run") if x]

@@ -155,7 +155,8 @@ class Importer:
             return
         new: dict[str, None] = {}
         for item in batch:
-            for r in item.record.get("rollouts") or []:
+            rollouts = item.record.get("rollouts")
+            for r in rollouts if isinstance(rollouts, list) else []:  # a malformed one fails at its line
                 rewards = r.get("rewards") if isinstance(r, dict) else None
                 if isinstance(rewards, dict):
                     new.update((str(k), None) for k in rewards if k not in self._known)
