@@ -2,7 +2,7 @@
 
 Sized to show learning on two CPU cores in a few minutes: before SFT the held-out reward is near zero
 (the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage rises.
-What keeps it that small: requests of at most `MAX_NODES` nodes, compact reference answers (~60-130
+What keeps it that small: requests of at most `MAX_NODES` nodes, compact reference answers (~60-120
 tokens with the tiny model's tokenizer), full fine-tuning of the ~0.5M-parameter model.
 
 `demo_chain_stages()` / `demo_chain_configs()` give the job configs the web app's worker queues (without
@@ -43,7 +43,7 @@ def _eval_config(env: str, step: int) -> dict[str, Any]:
         "num_prompts": 12,  # 12 held-out requests x 4 samples: a stable mean in seconds
         "num_generations": 4,
         "temperature": 0.5,  # the policy's typical answer; GRPO itself samples at 1.0 for diversity
-        "max_completion_length": 160,  # the longest reference answer is ~135 tokens
+        "max_completion_length": 144,  # the longest reference answer is ~120 tokens
         "batch_size": 12,
         "step": step,
     }
@@ -53,15 +53,15 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
     teacher = {
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "teacher": "scripted", "scripted_skill": 1.0,
-        "num_prompts": 128,
+        "num_prompts": 1024,  # the scripted teacher is instant; many distinct requests teach copying, not recall
     }
     sft = {
         "env": env, "seed": SEED,
         "full_finetune": True,  # the from-scratch tiny model learns only with every weight trainable
-        "max_steps": 150,
+        "max_steps": 200,
         "per_device_batch_size": 8,
-        "learning_rate": 2e-3,
-        "max_length": 320,  # prompt ~130 + answer <= ~135 tokens
+        "learning_rate": 3e-3,
+        "max_length": 256,  # prompt ~100 + answer <= ~120 tokens
         "num_train_epochs": 100.0,  # max_steps stops first
         "logging_steps": 10,
     }
@@ -69,11 +69,11 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "use_lora": False,
         "max_steps": 30,
-        "learning_rate": 1e-4,
+        "learning_rate": 3e-4,
         "num_prompts": 64,
         "num_generations": 8,
         "per_device_batch_size": 16,  # 2 prompts x 8 completions per step
-        "max_completion_length": 160,
+        "max_completion_length": 144,
         "temperature": 1.0,
         "beta": 0.0,
         "logging_steps": 1,

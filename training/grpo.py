@@ -4,6 +4,8 @@
 
 The components become TRL reward functions (training/rewards.py) weighted by the environment's weights;
 the RolloutRecorder stores each completion's component values, reasons and TRL's own advantage.
+Multi-turn environments (ask_to_code: a simulated user) play whole episodes through TRL's rollout_func
+(training/multiturn.py); the components then score, and the recorder stores, each episode's transcript.
 `init_from` starts from an SFT run (its adapter is merged first), so "SFT buys syntax, RL optimises".
 Outputs: `output_dir/model` (final adapter or weights + tokenizer), `output_dir/config.json` (this
 resolved config), TRL checkpoints under `output_dir/checkpoint-N` when save_steps > 0.
@@ -62,6 +64,13 @@ class GRPOJobConfig(TrainJobConfig):
     log_completions: bool = help_field(
         False, "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to output_dir"
     )
+    multi_turn: bool | None = help_field(
+        None, "play episodes turn by turn against the environment's simulated user; None = when the env has them"
+    )
+    max_turns: int = help_field(4, "multi-turn: agent turns per episode; a question in the last one ends it without code")
+    max_turn_tokens: int = help_field(
+        64, "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, replies included"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -87,6 +96,10 @@ class GRPOJobConfig(TrainJobConfig):
             raise ValueError(f"loss_type: unknown loss {self.loss_type!r}")
         if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
             raise ValueError("multi_objective_aggregation: must be 'sum_then_normalize' or 'normalize_then_sum'")
+        if self.max_turns < 1:
+            raise ValueError("max_turns: must be >= 1")
+        if self.max_turn_tokens < 1:
+            raise ValueError("max_turn_tokens: must be >= 1")
 
 
 def resolve_model_dir(path: str) -> str:
@@ -101,6 +114,7 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from training.multiturn import is_multi_turn, make_rollout_func, transcript_reward_funcs
     from training.recorder import RolloutRecorder
     from training.rewards import environment_reward_funcs
 
@@ -112,7 +126,17 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
     env = get_env(config.env)
     prompts = env_prompts(env, "train", config.num_prompts, config.seed, config.max_nodes)
     dataset = Dataset.from_list([{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts])
-    reward_funcs, weights = environment_reward_funcs(env, prompts)
+    multi_turn = is_multi_turn(env) if config.multi_turn is None else config.multi_turn
+    rollout_func = None
+    if multi_turn:
+        if not is_multi_turn(env):
+            raise ValueError(f"multi_turn: environment {config.env!r} has no episodes (no reset method)")
+        if hasattr(env, "max_turns"):
+            env.max_turns = config.max_turns
+        rollout_func = make_rollout_func(env, prompts, max_turn_tokens=config.max_turn_tokens)
+        reward_funcs, weights = transcript_reward_funcs(env, prompts)
+    else:
+        reward_funcs, weights = environment_reward_funcs(env, prompts)
     if config.reward_weights is not None:
         if len(config.reward_weights) != len(reward_funcs):
             raise ValueError(f"reward_weights: expected {len(reward_funcs)} weights (one per component)")
@@ -153,6 +177,7 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         if config.use_lora
         else None,
         callbacks=[make_reporting_callback(writer, progress, metrics=not recording)],
+        rollout_func=rollout_func,
     )
     recorder = None
     if recording:

@@ -23,6 +23,12 @@ functions, which pass it through TRL's own `log_extra` hook, so TRL gathers it a
 `Score(value, reason)` objects or `(value, reason)` tuples: the wrapper hands TRL the values and
 records the reasons.
 
+Multi-turn runs (a `rollout_func` such as training/multiturn.py's): TRL's own "completion" is then the
+decoded token stream, user replies included. When the rollout_func returns a per-row `transcript` (chat
+messages, prompt included) and `policy_tokens` (tokens the policy sampled), TRL forwards them to the
+reward functions; the recorder stores the transcript instead of the completion, counts only the
+policy's tokens as the length, and hands the transcript to `state_fn`.
+
 Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
 (background thread) unless you pass `background=False`.
 """
@@ -44,6 +50,7 @@ from training.sinks import BatchingSink, HttpSink, JsonlSink, Sink
 KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"
 TRUNCATED_COLUMN = "recorder/truncated"
+TRANSCRIPT_COLUMN = "recorder/transcript"  # JSON text: TRL may write extra columns to parquet tables
 
 StateFn = Callable[[str, Any, Any], dict[str, Any] | None]  # (key, prompt, completion) -> env state
 
@@ -182,10 +189,15 @@ class RolloutRecorder(TrainerCallback):
         prompts = kwargs.get("prompts") or []
         keys = kwargs.get("key") or [prompt_key(p) for p in prompts]
         log_extra(KEY_COLUMN, [str(k) for k in keys])
+        transcripts = kwargs.get("transcript")
+        if transcripts is not None:
+            log_extra(TRANSCRIPT_COLUMN, [json.dumps(_jsonable(t)) for t in transcripts])
         ids = kwargs.get("completion_ids")
         if ids is not None and trainer is not None:
             stop = {*getattr(trainer, "eos_token_ids", []), getattr(trainer._tokenizer, "pad_token_id", None)}
-            log_extra(LENGTH_COLUMN, [len(x) for x in ids])
+            policy_tokens = kwargs.get("policy_tokens")  # multi-turn: env replies are not the policy's
+            log_extra(LENGTH_COLUMN, [int(n) for n in policy_tokens] if policy_tokens is not None else
+                      [len(x) for x in ids])
             # TRL's own definition (completions/clipped_ratio): the last token is neither eos nor pad
             log_extra(TRUNCATED_COLUMN, [bool(len(x)) and x[-1] not in stop for x in ids])
         if trainer is not None and trainer.model.training:
@@ -260,6 +272,7 @@ class RolloutRecorder(TrainerCallback):
         keys = extra.get(KEY_COLUMN) or [prompt_key(p) for p in prompts]
         lengths = extra.get(LENGTH_COLUMN)
         truncated = extra.get(TRUNCATED_COLUMN)
+        transcripts = extra.get(TRANSCRIPT_COLUMN)
         weights = [float(w) for w in t.reward_weights.tolist()]
         seen: dict[str, int] = {}
         groups = []
@@ -272,6 +285,8 @@ class RolloutRecorder(TrainerCallback):
             for j in range(g):
                 row = start + j
                 completion = completions[row]
+                if transcripts and transcripts[row] is not None:
+                    completion = json.loads(transcripts[row])  # multi-turn: the episode, not the token stream
                 rollout: dict[str, Any] = {"index": j}
                 if isinstance(completion, str):
                     rollout["completion"] = completion

@@ -88,7 +88,8 @@ def group_stats(values: np.ndarray, group_ids: np.ndarray, n_groups: int | None 
     size = m * k
     count = np.bincount(flat_ids, weights=finite.ravel().astype(np.float64), minlength=size).reshape(m, k)
     total = np.bincount(flat_ids, weights=vz.ravel(), minlength=size).reshape(m, k)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    # over: a hostile 1e308 squares to inf; the std is then inf, which is the honest answer.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         mean = total / count
         dev = np.where(finite, v - mean[ids], 0.0)
         ss = np.bincount(flat_ids, weights=(dev * dev).ravel(), minlength=size).reshape(m, k)

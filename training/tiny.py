@@ -37,8 +37,10 @@ CHAT_TEMPLATE = (
 BUILD_VERSION = "2"  # bump when the recipe changes, so ensure_tiny_model's cache is rebuilt
 
 # Pre-tokens: runs of punctuation with the lowercase identifiers between them (JSON keys and enum
-# values), capitalised or other words, digit runs, and single whitespace characters.
-PRE_TOKEN_PATTERN = r"(?:[^\s\p{L}\p{N}]+[a-z_]*)+|\p{L}+|\p{N}+|\s"
+# values), lowercase words with the space before them (prose), other words without it (names start
+# with a capital, so "Build" is one pre-token after a space or a quote alike), digit runs, and single
+# whitespace characters.
+PRE_TOKEN_PATTERN = r"(?:[^\s\p{L}\p{N}]+[a-z_]*)+| ?\p{Ll}\p{L}*|\p{L}+|\p{N}+|\s"
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int):
@@ -46,8 +48,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    # Words never carry the space before them, so a name is the same token(s) in the prose request
-    # ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is one lookup.
+    # A capitalised word never carries the space before it, so a name is the same token(s) in the prose
+    # request ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is one lookup.
     # Punctuation glues to the lowercase identifiers next to it, so JSON boilerplate such as
     # '{"action":"create_shape","id":"' can merge into a single token: answers stay short.
     tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -136,6 +136,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Ingest and query rollouts, groups and per-component rewards.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # every page needs a login, the schema too
 }
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

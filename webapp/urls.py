@@ -1,9 +1,10 @@
 from django.contrib import admin
 from django.http import HttpResponse
 from django.urls import include, path
+from django.views.decorators.http import require_safe
 
 urlpatterns = [
-    path("healthz", lambda request: HttpResponse("ok", content_type="text/plain"), name="healthz"),
+    path("healthz", require_safe(lambda request: HttpResponse("ok", content_type="text/plain")), name="healthz"),
     path("admin/", admin.site.urls),
     path("accounts/", include("webapp.accounts.urls")),
     path("api/v1/", include("webapp.api.urls")),

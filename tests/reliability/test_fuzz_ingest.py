@@ -86,7 +86,8 @@ def valid_rollout(draw: Any, index: int) -> dict[str, Any]:
     if draw(st.booleans()):
         r["completion"] = draw(st.text(max_size=30))
     else:
-        r["transcript"] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": draw(st.text(max_size=20))}]
+        reply = draw(st.text(max_size=20))
+        r["transcript"] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]
     if draw(st.booleans()):
         r["length"] = draw(st.integers(0, 4096))
     return r
