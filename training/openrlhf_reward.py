@@ -49,6 +49,7 @@ from typing import Any
 
 from training.client import ApiError, Client
 from training.importers.base import component_name, fill_advantages, finite_or_none, stable_hash
+from training.sinks import storable  # NUL and lone surrogates would be refused by Postgres
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class RewardRecorder:
             run_id = self._resolve_run(groups)
             if self.components is not None:
                 _unknown_to_state(groups, self.components)
-            self.client.post_groups(run_id, groups)
+            self.client.post_groups(run_id, storable(groups))
             self.sent += len(groups)
         except ApiError as e:
             logger.error("openrlhf recorder: upload failed (%s); spooled to %s", e, self.spool_path)
@@ -209,7 +210,7 @@ class RewardRecorder:
         return self.run_id
 
     def _spool(self, groups: list[dict[str, Any]]) -> None:
-        line = json.dumps({"kind": "groups", "payload": {"groups": groups}}) + "\n"
+        line = json.dumps({"kind": "groups", "payload": {"groups": storable(groups)}}) + "\n"
         try:
             with self._lock:
                 self.spool_path.parent.mkdir(parents=True, exist_ok=True)

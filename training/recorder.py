@@ -265,7 +265,8 @@ class RolloutRecorder(TrainerCallback):
         prompts, completions = list(logs["prompt"]), list(logs["completion"])
         names = list(t.reward_func_names)
         rewards = {name: list(logs["rewards"][name]) for name in names}
-        extra = {col: list(vals) for col, vals in logs["extra"].items() if len(vals) == n}
+        # TRL releases before log_extra (as some Unsloth pins) have no "extra": record without reasons.
+        extra = {col: list(vals) for col, vals in logs.get("extra", {}).items() if len(vals) == n}
         g = t.num_generations if t.model.training else t.num_generations_eval
         if n == 0 or n % g or len(prompts) != n:
             return []
