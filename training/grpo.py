@@ -67,7 +67,9 @@ class GRPOJobConfig(TrainJobConfig):
     multi_turn: bool | None = help_field(
         None, "play episodes turn by turn against the environment's simulated user; None = when the env has them"
     )
-    max_turns: int = help_field(4, "multi-turn: agent turns per episode; a question in the last one ends it without code")
+    max_turns: int = help_field(
+        4, "multi-turn: agent turns per episode; a question in the last one ends it without code"
+    )
     max_turn_tokens: int = help_field(
         64, "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, replies included"
     )

@@ -146,7 +146,7 @@ def run_episodes(
             results = list(pool.map(lambda pair: pair[0].step(pair[1]),
                                     [(episodes[i], m) for i, m in zip(active, messages, strict=True)]))
             still = []
-            for i, (reply, done) in zip(active, results, strict=True):
+            for i, (_reply, done) in zip(active, results, strict=True):
                 row = rows[i]
                 if done:
                     row.done = True
@@ -194,10 +194,7 @@ def trainer_generate(trainer: Any) -> GenerateFn:
         attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = max_new_tokens
-        # transformers' Trainer sets model.config.use_cache = args.use_cache (False by default), which
-        # turns the KV cache off in generate: every new token would re-read the whole, long, context.
-        config.use_cache = True
-        kwargs = {**trainer.generation_kwargs, "max_new_tokens": max_new_tokens, "use_cache": True}
+        kwargs = {**trainer.generation_kwargs, "max_new_tokens": max_new_tokens}
         with (
             unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, generation_kwargs=kwargs) as model,
             torch.no_grad(),
@@ -221,8 +218,9 @@ def make_rollout_func(
     generate: GenerateFactory | None = None,
 ) -> Callable[[list[Any], Any], dict[str, Any]]:
     """A TRL `rollout_func` playing `env`'s episodes on the dataset rows built from `prompts` (each row's
-    "prompt" column is `chat_prompt(prompt.text, prompt.messages)`, as in training/grpo.py). TRL passes the rows already repeated num_generations times,
-    and wants one completion back per row. `generate` replaces the policy's sampler (tests)."""
+    "prompt" column is `chat_prompt(prompt.text, prompt.messages)`, as in training/grpo.py). TRL passes
+    the rows already repeated num_generations times, and wants one completion back per row. `generate`
+    replaces the policy's sampler (tests)."""
     by_messages = {_messages_key(chat_prompt(p.text, p.messages)): p for p in prompts}
 
     def rollout_func(batch_prompts: list[Any], trainer: Any) -> dict[str, Any]:

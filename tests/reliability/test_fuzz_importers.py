@@ -122,25 +122,25 @@ def _fuzz_format(fmt: str, case: tuple[list[bytes], int]) -> None:
     _record(f"importer_{fmt}", n_bad)
 
 
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(case=dump_file("jsonl"))
 def test_it_survives_adversarial_jsonl(db, case):
     _fuzz_format("jsonl", case)
 
 
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(case=dump_file("verl"))
 def test_it_survives_adversarial_verl_dumps(db, case):
     _fuzz_format("verl", case)
 
 
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(case=dump_file("prime-rl"))
 def test_it_survives_adversarial_prime_rl_records(db, case):
     _fuzz_format("prime-rl", case)
 
 
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(case=dump_file("byoo"))
 def test_it_survives_adversarial_byoo_episodes(db, case):
     _fuzz_format("byoo", case)
@@ -156,7 +156,7 @@ trl_bad_columns = st.sampled_from([
 ])
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=30)
 @given(column=st.sampled_from(TRL_COLUMNS), values=trl_bad_columns, drop=st.booleans())
 def test_it_survives_adversarial_trl_parquet(db, column, values, drop):
     cols = trl_rows(1, ["A", "B"], 4)

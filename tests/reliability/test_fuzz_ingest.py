@@ -248,7 +248,7 @@ def trainer_api(api, personas):
     return api(personas["trainer"])
 
 
-@settings(FUZZ, max_examples=550)
+@settings(FUZZ, max_examples=400)
 @given(case=mutated_batch())
 def test_it_refuses_every_mutated_batch_whole_and_names_the_field(trainer_api, run, case):
     body, raw, kind = case
@@ -262,9 +262,9 @@ def test_it_generated_enough_malformed_batches():
     # Runs after the property test above (file order); guards against a strategy that quietly went valid.
     if TALLY["groups_mutated"] == 0:
         pytest.skip("the mutated-batch property test did not run in this session")
-    assert TALLY["groups_mutated"] >= 400, dict(TALLY)
+    assert TALLY["groups_mutated"] >= 250, dict(TALLY)
     refused_kinds = {k.split(":")[1] for k in TALLY if k.startswith("groups:") and k.endswith(":refused")}
-    assert len(refused_kinds) >= len(MUTATIONS) - 1, refused_kinds
+    assert len(refused_kinds) >= 10, refused_kinds  # hypothesis need not draw every kind each session
 
 
 raw_bodies = st.one_of(
@@ -276,7 +276,7 @@ raw_bodies = st.one_of(
 )
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=150)
 @given(data=raw_bodies)
 def test_it_answers_random_bodies_with_a_field_error(trainer_api, run, data):
     _record("groups_random", check_case(trainer_api, f"/api/v1/runs/{run.id}/groups/", data, "random"))
@@ -294,7 +294,7 @@ metric_bodies = st.one_of(
 )
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(data=metric_bodies)
 def test_it_refuses_malformed_metrics_naming_the_field(trainer_api, run, data):
     _record("metrics", check_case(trainer_api, f"/api/v1/runs/{run.id}/metrics/", data, "metrics"))
@@ -317,7 +317,7 @@ def run_bodies(draw: Any) -> bytes:
     return text.encode()
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(data=run_bodies())
 def test_it_refuses_malformed_run_specs_naming_the_field(trainer_api, db, data):
     _record("runs", check_case(trainer_api, "/api/v1/runs/", data, "runs"))

@@ -44,7 +44,7 @@ from training.sandbox import SandboxResult, run_tests
 
 MAX_TURNS = 4  # agent turns per episode; a question on the last turn ends it without code
 LOOP_SIMILARITY = 0.8  # difflib ratio above which the last two agent turns count as a loop
-TEST_TIMEOUT_S = 5.0
+TEST_TIMEOUT_S = 2.0
 CACHE_SIZE = 4096  # (task, code) -> SandboxResult; a GRPO step re-scores the same codes per component
 
 SYSTEM_PROMPT = (
