@@ -352,13 +352,17 @@ def _compute(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> di
     reward = np.where(has_reward, given_reward, result.rewards)
     given_adv = np.array([np.nan if r.advantage is None else r.advantage for r in rows])
     advantage = np.where(np.isnan(given_adv), result.advantages, given_adv)
+    # Sums of huge finite values can overflow float64: store "unknown" (NULL), never an infinity that
+    # no JSON response can carry.
+    reward = np.where(np.isfinite(reward), reward, np.nan)
+    advantage = np.where(np.isfinite(advantage), advantage, np.nan)
     agg = stats.group_stats(reward, gid, len(groups))
     comp = stats.group_stats(matrix, gid, len(groups)) if k else None
     return {"matrix": matrix, "reward": reward, "advantage": advantage, "gid": gid, "agg": agg, "comp": comp}
 
 
 def _f(x: float) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)  # NaN, overflow
 
 
 def ingest_groups(run: Run, body: Any) -> IngestResult:

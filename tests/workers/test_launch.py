@@ -1,0 +1,46 @@
+"""Queueing: routing by kind, chains that wait for their parent, the demo chain queued once."""
+
+from webapp.runs.models import Run
+
+
+def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, make_user):
+    from workers import launch
+
+    make_user("demo", "admin")
+    sent: list[int] = []
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
+    lines = launch.queue_demo_chain()
+    runs = {r.name: r for r in Run.objects.all()}
+    assert len(runs) == len(lines) == 5
+    teacher, sft, grpo = runs["demo · teacher"], runs["demo · sft"], runs["demo · grpo"]
+    before, after = runs["demo · eval before sft"], runs["demo · eval after grpo"]
+    assert sorted(sent) == sorted([teacher.id, before.id])  # the others wait for their parent
+    assert sft.parent == teacher and sft.base_model == "tiny:diagram" and sft.config["start_after_parent"]
+    assert grpo.parent == sft and grpo.base_model == f"run:{sft.id}"
+    assert after.parent == grpo and after.base_model == f"run:{grpo.id}"
+    assert launch.queue_demo_chain()[0].startswith("demo training chain already queued")
+    assert Run.objects.count() == 5
+
+
+def test_it_feeds_sft_the_teachers_dataset_and_grpo_the_sft_model(db, tmp_path, settings):
+    from training.environments import get_environment
+    from webapp.rollouts.services import create_run, environment_from_training
+    from workers.jobs import job_config
+
+    settings.RUNS_DIR = tmp_path
+    env = environment_from_training(get_environment("diagram"))
+    teacher = create_run(name="t", kind="teacher", environment=env, config={"teacher": "scripted"})
+    teacher.summary = {"dataset": str(tmp_path / "sft.jsonl")}
+    teacher.save()
+    sft = create_run(name="s", kind="sft", environment=env, config={"full_finetune": True, "ablation_of": 3},
+                     parent=teacher, base_model="/models/x")
+    cfg = job_config(sft)
+    assert cfg.data == str(tmp_path / "sft.jsonl") and cfg.base_model == "/models/x"
+    assert cfg.output_dir == str(tmp_path / str(sft.id))
+    (tmp_path / str(sft.id) / "model").mkdir(parents=True)
+    grpo = create_run(name="g", kind="grpo", environment=env, config={"reward_weights": {"json_valid": 0.0}},
+                      parent=sft, base_model=f"run:{sft.id}")
+    cfg = job_config(grpo)
+    assert cfg.base_model == str(tmp_path / str(sft.id) / "model")
+    names = [c.name for c in env.components.order_by("position", "id")]
+    assert cfg.reward_weights[names.index("json_valid")] == 0.0 and len(cfg.reward_weights) == 4
