@@ -12,7 +12,26 @@ import sys
 import traceback
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the worker that started it dies (a killed worker must not
+    leave a job training on, unobserved). The parent may already be gone: then stop now. Under
+    `accelerate launch` the parent is the launcher, not the worker: nothing to check there."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the reaper still fails the run
+        return
+    expected = os.environ.get("RD_WORKER_PID")
+    if expected and os.getppid() != int(expected):
+        sys.exit(3)
+
+
 def main(run_id: int) -> int:
+    _die_with_parent()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")  # nothing may download at run time on these machines

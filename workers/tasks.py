@@ -84,7 +84,8 @@ def run_job(self, run_id: int) -> str:
     child_log = out / "job.log"
     with open(child_log, "ab") as fh:
         proc = subprocess.Popen(_child_command(run), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                cwd=Path(__file__).resolve().parents[1],
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", RD_WORKER_PID=str(os.getpid())))
     Run.objects.filter(id=run_id).update(pid=proc.pid, output_dir=str(out))
     _set_current(run_id)
     rc = _watch(run_id, proc)

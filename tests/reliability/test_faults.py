@@ -68,8 +68,22 @@ def _enqueue(broker: str, run_id: int) -> None:
         run_job.apply_async(args=[run_id], queue="default", connection=conn)
 
 
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by its parent) counts as gone
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
 def _kill_orphan_child(run) -> None:
-    """The job child runs in its own session: killing the worker does not kill it (see the report)."""
+    """Clean-up only: the job child runs in its own session, so a test kills it if it is still there."""
     run.refresh_from_db()
     if run.pid:
         try:
@@ -95,7 +109,9 @@ def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(transacti
         os.killpg(worker.pid, signal.SIGKILL)  # the worker and anything in its process group
         worker.wait(timeout=10)
         killed_at = time.monotonic()
-        _kill_orphan_child(run)  # the recorder would otherwise keep writing: we want a fixed count
+        run.refresh_from_db()
+        # The job child dies with its worker (PR_SET_PDEATHSIG): nothing keeps training unobserved.
+        wait_for(lambda: not _alive(run.pid), timeout=20, interval=0.2)
         kept = Rollout.objects.filter(run=run).count()
         # Before the heartbeat is stale, the reaper must leave the run alone.
         assert reap_stale_runs() == 0 and Run.objects.get(id=run.id).status == "running"

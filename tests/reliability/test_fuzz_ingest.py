@@ -334,3 +334,16 @@ def test_it_reports_fuzz_counts(capsys):
         for k, v in groups.items():
             print(f"    {k:<40} {v:>5}")
     assert math.isfinite(sum(totals.values()))
+
+
+def test_it_stores_an_overflowing_aggregate_as_unknown_and_still_serves_it(trainer_api, run):
+    # Found by the fuzzer: 1e308 is finite, but a weighted sum or a std of such values overflows to inf,
+    # which was stored and then made every explorer page a 500 (inf is not JSON).
+    group = {"step": 0, "key": "overflow", "prompt": "p", "rollouts": [
+        {"index": 0, "completion": "a", "rewards": {"correct": 1.5e308, "format": 1e308}},  # sum: 2e308
+        {"index": 1, "completion": "b", "rewards": {"correct": -1e308}, "reward": 1e308}]}
+    res = trainer_api.post(f"/api/v1/runs/{run.id}/groups/", {"groups": [group]}, format="json")
+    assert res.status_code == 201
+    page = trainer_api.get(f"/api/v1/runs/{run.id}/rollouts/?sort=correct")
+    assert page.status_code == 200
+    assert {r["index"]: r["reward"] for r in page.json()["rollouts"]} == {0: None, 1: 1e308}
