@@ -42,7 +42,7 @@ def _eval_config(env: str, step: int) -> dict[str, Any]:
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "num_prompts": 12,  # 12 held-out requests x 4 samples: a stable mean in seconds
         "num_generations": 4,
-        "temperature": 0.5,  # the policy's typical answer; GRPO itself samples at 1.0 for diversity
+        "temperature": 0.5,  # the policy's typical answer; GRPO samples hotter (0.7) for diversity
         "max_completion_length": 144,  # the longest reference answer is ~120 tokens
         "batch_size": 12,
         "step": step,
@@ -74,7 +74,7 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "num_generations": 8,
         "per_device_batch_size": 16,  # 2 prompts x 8 completions per step
         "max_completion_length": 144,
-        "temperature": 1.0,
+        "temperature": 0.7,  # measured: 0.7 hurt held-out coverage less than 1.0 in 30 steps (see README)
         "beta": 0.0,
         "logging_steps": 1,
     }

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _prod_env(tmp_path: Path) -> dict[str, str]:
     alphabet = string.ascii_letters + string.digits + "!@#%^&*(-_=+)"
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests' conftest (Playwright runs an event loop);
+    # a production process never has it, and check --deploy rightly refuses it.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")}
     env.update(DEBUG="0", SECRET_KEY="".join(secrets.choice(alphabet) for _ in range(50)),
                ALLOWED_HOSTS="example.com", RD_VAR_DIR=str(tmp_path / "var"), DJANGO_SETTINGS_MODULE="webapp.settings")
     return env

@@ -137,3 +137,16 @@ def test_it_keeps_per_step_sufficient_statistics_across_batches_and_recompute(ru
     assert [r[:3] for r in after] == [r[:3] for r in before]
     assert [r[3] for r in after] == pytest.approx([r[3] for r in before])
     check()
+
+
+def test_it_stores_absurdly_large_rewards_without_breaking_the_step_statistics(run):
+    from webapp.runs.queries import dashboard_data
+
+    big = [{"correct": 1e308, "format": 1.0}, {"correct": -1e308, "format": 0.0}]
+    ingest_groups(run, {"groups": [make_group(0, "a", big)]})
+    ingest_groups(run, {"groups": [make_group(0, "b", big)]})  # adding two huge sums must not overflow
+    data = dashboard_data(run)
+    correct = next(c for c in data.components if c.name == "correct")
+    assert correct.mean == [None] and correct.batch_std == [None]  # meaningless at this size: missing
+    fmt = next(c for c in data.components if c.name == "format")
+    assert fmt.mean == [0.5]

@@ -545,6 +545,7 @@ class _CopyWriter:
                     cp.write_row([row[k] for k in s_cols])
 
 
+HUGE = 1e150  # per-batch sums past this could overflow float8 when added up in SQL
 STEP_STAT_COLUMNS = ("n_groups", "n_zero_std", "n_group_std", "sum_group_std", "n_rollouts", "n_values",
                      "sum_values", "sum_squares")
 
@@ -556,8 +557,17 @@ def _column_step_stats(gmask: np.ndarray, rmask: np.ndarray, values: np.ndarray,
     defined = ~np.isnan(stdv)
     vals = values[rmask]
     vals = vals[~np.isnan(vals)]
-    return (int(has.sum()), int((zero[gmask] & has).sum()), int(defined.sum()), float(stdv[defined].sum()),
-            int(rmask.sum()), int(vals.size), float(vals.sum()), float((vals * vals).sum()))
+    with np.errstate(over="ignore", invalid="ignore"):
+        total, squares = float(vals.sum()), float((vals * vals).sum())
+        std_sum = float(stdv[defined].sum())
+    if not abs(std_sum) < HUGE:
+        std_sum = float("nan")
+    if not (abs(total) < HUGE and squares < HUGE):
+        # Postgres raises on a float8 sum that overflows; NaN propagates quietly. Statistics of values
+        # this large are meaningless anyway (the dashboard shows them as missing).
+        total = squares = float("nan")
+    return (int(has.sum()), int((zero[gmask] & has).sum()), int(defined.sum()), std_sum,
+            int(rmask.sum()), int(vals.size), total, squares)
 
 
 def step_stat_rows(group_steps: np.ndarray, comps: list[RewardComponent], c: dict[str, Any]) -> list[tuple]:

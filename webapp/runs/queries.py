@@ -56,7 +56,7 @@ class DashboardData:
 
 def _pooled(n: float | None, s1: float | None, s2: float | None) -> tuple[float | None, float | None]:
     """(mean, Bessel std) from the count, sum and sum of squares."""
-    if not n:
+    if not n or not (math.isfinite(s1) and math.isfinite(s2)):
         return None, None
     mean = s1 / n
     if n < 2:
