@@ -41,7 +41,13 @@ class Command(BaseCommand):
             )
         self.stdout.write(f"worker started (pid {worker.pid}), log: {log}")
         self.stdout.write(self.style.SUCCESS(f"open http://{addr}/  (log in as demo / demo-password)"))
+        # SIGTERM (a supervisor, `timeout`) must also stop the worker: turn it into SystemExit so the
+        # finally clause runs, as it does for Ctrl-C.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             call_command("runserver", addr, use_reloader=False)
         finally:
-            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                os.killpg(worker.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
