@@ -68,8 +68,8 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
     grpo = {
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "use_lora": False,
-        "max_steps": 30,
-        "learning_rate": 3e-4,
+        "max_steps": 20,  # measured: 30 steps at 3e-4 lowered held-out coverage; 20 at 1e-4 keeps it
+        "learning_rate": 1e-4,
         "num_prompts": 64,
         "num_generations": 8,
         "per_device_batch_size": 16,  # 2 prompts x 8 completions per step
