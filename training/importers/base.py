@@ -179,7 +179,8 @@ def stable_hash(obj: Any, n: int = 16) -> str:
     """Short content hash used in group keys: the same prompt always gives the same key, so a
     re-import of the same file is recognised by ingestion's (step, key) idempotency."""
     text = obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:n]
+    # surrogatepass: a hostile lone surrogate must still hash (the record is refused later, by field).
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
 def group_key(prefix: str, raw: Any) -> str:
