@@ -12,6 +12,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# CI runs the property-based tests on a fixed seed: a submission must not pass or fail by luck. Locally
+# they explore new examples on every run (and save failures to .hypothesis/ to replay).
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    _hypothesis_settings.load_profile("ci")
+
 PASSWORD = "correct-horse-battery"
 
 
