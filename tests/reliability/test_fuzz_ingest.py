@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ("correct", "format", "penalty")  # the env3 fixture's components
-FUZZ = settings(deadline=None, database=None, derandomize=False, print_blob=True,
+FUZZ = settings(deadline=None, database=None, print_blob=True,  # derandomize: the CI profile
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large, HealthCheck.filter_too_much])
 TALLY: Counter = Counter()  # test name -> malformed (4xx) cases, accumulated over the examples
