@@ -44,3 +44,21 @@ def test_it_feeds_sft_the_teachers_dataset_and_grpo_the_sft_model(db, tmp_path, 
     assert cfg.base_model == str(tmp_path / str(sft.id) / "model")
     names = [c.name for c in env.components.order_by("position", "id")]
     assert cfg.reward_weights[names.index("json_valid")] == 0.0 and len(cfg.reward_weights) == 4
+
+
+def test_it_overlays_runs_on_the_compare_page_as_a_list_of_figures(client_as, run):
+    import json
+    import re
+
+    from tests.conftest import make_group
+    from webapp.rollouts.ingest import ingest_groups
+
+    ingest_groups(run, {"groups": [make_group(s, "k", [{"correct": 1.0}, {"correct": float(s % 2)}])
+                                   for s in range(3)]})
+    html = client_as("viewer").get(f"/jobs/compare/?run={run.id}").content.decode()
+    raw = re.search(r'<script id="compare-figures" type="application/json">(.*?)</script>', html, re.S).group(1)
+    figures = json.loads(raw)
+    assert isinstance(figures, list) and figures[0]["data"][0]["x"] == [0, 1, 2]
+    assert {f["layout"]["title"]["text"] for f in figures[1:]} >= {"correct mean"}
+    bad = client_as("viewer").get("/jobs/compare/?run=x")
+    assert bad.status_code == 400

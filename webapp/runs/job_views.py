@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from django.contrib import messages
 from django.db.models import Avg
 from django.http import Http404, HttpRequest, HttpResponse
@@ -12,8 +10,8 @@ from django.views.decorators.http import require_POST, require_safe
 
 from training.environments import get_environment
 from webapp.accounts.roles import require_role
-from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.models import Group as RolloutGroup
+from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import create_run, environment_from_training
 from webapp.runs.forms import LaunchForm
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
@@ -97,7 +95,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     figures = compare_figures(runs) if runs else []
     return render(request, "jobs/compare.html", {
         "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
-        "figures_json": json.dumps(figures),
+        "figures": figures,
     })
 
 
@@ -116,7 +114,7 @@ def compare_figures(runs: list[Run]) -> list[dict]:
             fig = per_comp.setdefault(s["component__name"], {
                 "data": {}, "layout": {"title": {"text": f"{s['component__name']} mean"}, "height": 260,
                                        "margin": {"t": 40, "r": 10}}})
-            trace = fig["data"].setdefault(run.id, {"type": "scatter", "mode": "lines", "name": f"{run.id}",
+            trace = fig["data"].setdefault(run.id, {"type": "scatter", "mode": "lines+markers", "name": f"{run.id}",
                                                     "x": [], "y": []})
             trace["x"].append(s["step"])
             trace["y"].append(s["m"])
