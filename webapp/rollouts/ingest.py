@@ -560,12 +560,12 @@ def _column_step_stats(gmask: np.ndarray, rmask: np.ndarray, values: np.ndarray,
     with np.errstate(over="ignore", invalid="ignore"):
         total, squares = float(vals.sum()), float((vals * vals).sum())
         std_sum = float(stdv[defined].sum())
-    if not abs(std_sum) < HUGE:
-        std_sum = float("nan")
+    # Postgres raises on a float8 sum that overflows. NULL instead: NULL + x stays NULL in SQL (both
+    # databases; SQLite would turn a NaN into NULL anyway), and the dashboard shows the step as missing.
+    # Statistics of values this large are meaningless.
+    std_sum: float | None = std_sum if abs(std_sum) < HUGE else None
     if not (abs(total) < HUGE and squares < HUGE):
-        # Postgres raises on a float8 sum that overflows; NaN propagates quietly. Statistics of values
-        # this large are meaningless anyway (the dashboard shows them as missing).
-        total = squares = float("nan")
+        total = squares = None
     return (int(has.sum()), int((zero[gmask] & has).sum()), int(defined.sum()), std_sum,
             int(rmask.sum()), int(vals.size), total, squares)
 

@@ -167,11 +167,11 @@ class StepStat(models.Model):
     n_groups = models.IntegerField(default=0)  # groups where this column has at least one value
     n_zero_std = models.IntegerField(default=0)  # of those, groups with zero within-group std
     n_group_std = models.IntegerField(default=0)  # groups with a defined std (2+ values)
-    sum_group_std = models.FloatField(default=0.0)
+    sum_group_std = models.FloatField(default=0.0, null=True)  # NULL: overflowed, stays missing
     n_rollouts = models.IntegerField(default=0)  # rollouts in the step's groups
     n_values = models.IntegerField(default=0)  # non-null values among them
-    sum_values = models.FloatField(default=0.0)
-    sum_squares = models.FloatField(default=0.0)
+    sum_values = models.FloatField(default=0.0, null=True)  # NULL: overflowed, stays missing
+    sum_squares = models.FloatField(default=0.0, null=True)  # NULL: overflowed, stays missing
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step", "component_id"], name="stepstat_unique")]

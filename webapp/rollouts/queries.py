@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.runs.models import Run

@@ -56,7 +56,7 @@ class DashboardData:
 
 def _pooled(n: float | None, s1: float | None, s2: float | None) -> tuple[float | None, float | None]:
     """(mean, Bessel std) from the count, sum and sum of squares."""
-    if not n or not (math.isfinite(s1) and math.isfinite(s2)):
+    if not n or s1 is None or s2 is None or not (math.isfinite(s1) and math.isfinite(s2)):
         return None, None
     mean = s1 / n
     if n < 2:
@@ -107,7 +107,8 @@ def component_series(run: Run, components: list[RewardComponent],
             cs.steps.append(r["step"])
             cs.mean.append(mean)
             cs.batch_std.append(std)
-            cs.within_std.append(r["sum_group_std"] / r["n_group_std"] if r["n_group_std"] else None)
+            within = r["sum_group_std"]
+            cs.within_std.append(within / r["n_group_std"] if r["n_group_std"] and within is not None else None)
             cs.zero_std_frac.append(r["n_zero_std"] / r["n_groups"])
         out.append(cs)
     return out
@@ -160,7 +161,7 @@ def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
         s = out[run_id]
         s.steps += 1
         s.rollouts += n_rollouts
-        mean = sum_values / n_values if n_values else None
+        mean = sum_values / n_values if n_values and sum_values is not None else None
         curves[run_id].append(mean)
         if mean is not None:
             s.last_reward = mean
