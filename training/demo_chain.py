@@ -58,7 +58,7 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
     sft = {
         "env": env, "seed": SEED,
         "full_finetune": True,  # the from-scratch tiny model learns only with every weight trainable
-        "max_steps": 200,
+        "max_steps": 350,  # measured: held-out coverage 0.198 after 200 steps, 0.437 after 350
         "per_device_batch_size": 8,
         "learning_rate": 3e-3,
         "max_length": 256,  # prompt ~100 + answer <= ~120 tokens
@@ -74,7 +74,7 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "num_generations": 8,
         "per_device_batch_size": 16,  # 2 prompts x 8 completions per step
         "max_completion_length": 144,
-        "temperature": 0.7,  # measured: 0.7 hurt held-out coverage less than 1.0 in 30 steps (see README)
+        "temperature": 0.5,  # measured: at 0.7-1.0 few samples earned coverage and held-out coverage fell
         "beta": 0.0,
         "logging_steps": 1,
     }
