@@ -171,3 +171,15 @@ def cli(config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str
             sink.close()
     print(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def require_at_least(config: Any, minimum: float, *names: str) -> None:
+    """Raise "<field>: must be >= minimum" for the first named field below `minimum`."""
+    for name in names:
+        if getattr(config, name) < minimum:
+            raise ValueError(f"{name}: must be >= {minimum}")
+
+
+def require_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(config, name) not in choices:
+        raise ValueError(f"{name}: must be " + " or ".join(repr(c) for c in choices))

@@ -21,7 +21,7 @@ from training.common import (
     resolve_device,
     sample_completions,
 )
-from training.config import JobConfig, cli, help_field
+from training.config import JobConfig, cli, help_field, require_at_least, require_choice
 from training.rewards import score_value
 from training.sinks import Sink
 
@@ -47,20 +47,14 @@ class EvalJobConfig(JobConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.split not in ("train", "holdout"):
-            raise ValueError("split: must be 'train' or 'holdout'")
-        if self.num_prompts < 1:
-            raise ValueError("num_prompts: must be >= 1")
+        require_choice(self, "split", ("train", "holdout"))
+        require_at_least(self, 1, "num_prompts", "max_completion_length", "batch_size")
         if self.max_nodes < 0:
             raise ValueError("max_nodes: must be >= 0 (0 keeps every request)")
         if self.num_generations < 1:
             raise ValueError("num_generations: must be >= 1")
-        if self.max_completion_length < 1:
-            raise ValueError("max_completion_length: must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature: must be > 0")
-        if self.batch_size < 1:
-            raise ValueError("batch_size: must be >= 1")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError("scale_rewards: must be 'group', 'batch' or 'none'")
         if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):

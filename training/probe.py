@@ -25,7 +25,7 @@ from training.common import (
     resolve_device,
     sample_completions,
 )
-from training.config import JobConfig, cli, help_field
+from training.config import JobConfig, cli, help_field, require_at_least, require_choice
 from training.eval import score_groups
 from training.sinks import Sink
 
@@ -46,18 +46,12 @@ class ProbeJobConfig(JobConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.split not in ("train", "holdout"):
-            raise ValueError("split: must be 'train' or 'holdout'")
-        if self.num_prompts < 1:
-            raise ValueError("num_prompts: must be >= 1")
+        require_choice(self, "split", ("train", "holdout"))
+        require_at_least(self, 1, "num_prompts", "max_completion_length", "batch_size")
         if self.num_generations < 2:
             raise ValueError("num_generations: need >= 2 to measure within-group variance")
-        if self.max_completion_length < 1:
-            raise ValueError("max_completion_length: must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature: must be > 0")
-        if self.batch_size < 1:
-            raise ValueError("batch_size: must be >= 1")
         if not 0.0 <= self.min_pass_at_k <= 1.0:
             raise ValueError("min_pass_at_k: must be in [0, 1]")
 
