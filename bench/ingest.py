@@ -30,6 +30,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from webapp.rollouts import packed  # noqa: E402
 from webapp.rollouts.ingest import ingest_groups  # noqa: E402
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout  # noqa: E402
 from webapp.rollouts.services import create_run, ensure_environment  # noqa: E402
@@ -73,7 +74,8 @@ def bench_service(groups: list[dict]) -> float:
 
 
 def bench_raw_copy(groups: list[dict]) -> float:
-    """The floor: the same rows, prebuilt as tuples (stats included), COPY'd in batches of the same size."""
+    """The floor: the same rows, prebuilt as tuples (stats and packed scores included), COPY'd in batches
+    of the same size."""
     run = new_run(f"bench-copy-{time.time()}")
     comps = {c.name: c.id for c in run.environment.components.all()}
     prepared = []
@@ -89,11 +91,14 @@ def bench_raw_copy(groups: list[dict]) -> float:
             rids = [r[0] for r in cur.fetchall()]
         g_rows, r_rows, s_rows, st_rows = [], [], [], []
         k = 0
-        for gid, g in zip(gids, batch):
+        header = packed.header([comps[n] for n in NAMES])
+        for gi, (gid, g) in enumerate(zip(gids, batch)):
             m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
             tot = m.sum(axis=1)
+            lengths = np.array([r["length"] for r in g["rollouts"]], dtype=np.float64)
+            blob = packed.pack_groups(np.array(rids[gi * G:(gi + 1) * G]), lengths, m, [G])[0]
             g_rows.append((gid, run.id, g["step"], g["key"], json.dumps(g["prompt"]), g["prompt"], "train", G,
-                           float(tot.mean()), float(tot.std(ddof=1)), False, False))
+                           float(tot.mean()), float(tot.std(ddof=1)), False, False, blob, header))
             for r in g["rollouts"]:
                 rid = rids[k]
                 k += 1
@@ -108,7 +113,7 @@ def bench_raw_copy(groups: list[dict]) -> float:
         prepared.append((g_rows, r_rows, s_rows, st_rows))
     sqls = (
         "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
-        "reward_std, zero_std, all_unscorable) FROM STDIN",
+        "reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM STDIN",
         "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, reward, "
         "advantage, length, truncated, finish_reason, parse_error, state) FROM STDIN",
         "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM STDIN",

@@ -11,6 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Before torch loads: idle OpenMP threads sleep instead of spinning (Postgres and the worker share the
+# two cores; see workers.tasks.child_env for the measurement).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # CI runs the property-based tests on a fixed seed: a submission must not pass or fail by luck. Locally
 # they explore new examples on every run (and save failures to .hypothesis/ to replay).

@@ -16,9 +16,18 @@ from webapp.annotations.models import Annotation, Label
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
 
-# serialized_rollback: the flush after each transactional test would also wipe the default labels
-# (a data migration) for every test that runs after this file.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# No serialized_rollback: restoring the serialized database collides (UNIQUE on django_content_type) with
+# the content types that post_migrate re-creates after an earlier transactional test's flush. The flush
+# wipes the default labels (a data migration), as every transactional test's does; code that needs them
+# calls taxonomy.ensure_default_labels.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def default_labels(transactional_db):
+    from webapp.annotations.taxonomy import ensure_default_labels
+
+    ensure_default_labels()  # gone if an earlier transactional test flushed the database
 
 
 def in_threads(*fns: Callable[[], None]) -> list[BaseException]:

@@ -349,6 +349,117 @@ def test_it_reads_the_same_arrays_as_the_orm_reader(run):
     assert np.isfinite(fast.lengths).all()
 
 
+def _by_id(arrays: dict) -> dict:
+    order = np.argsort(arrays["ids"], kind="stable")
+    return {k: v[order] for k, v in arrays.items()}
+
+
+def assert_same_arrays(got: dict, want: dict) -> None:
+    got, want = _by_id(got), _by_id(want)
+    assert set(got) == set(want) == {"ids", "group_ids", "steps", "lengths", "matrix"}
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert np.array_equal(got[k], want[k], equal_nan=True), k
+
+
+def mixed_run(run):
+    """Several components, a null score, unscored components, a component added to the environment
+    after the first groups, a group stored without a blob, and null lengths."""
+    from webapp.rollouts.models import Group, Rollout
+    from webapp.rollouts.services import ensure_environment
+
+    seed(run, steps=4)
+    ingest_groups(run, {"groups": [make_group(4, "partial", [{"correct": 1}, {"correct": None, "format": 0}])]})
+    ensure_environment("toy", [{"name": "late", "weight": 0.3}])  # existing groups never scored it
+    ingest_groups(run, {"groups": [
+        make_group(5, "late", [{"correct": 1, "late": 0.25}, {"late": None}, {"format": 1}]),
+        make_group(6, "legacy", [{"correct": 0, "late": 1.0}, {"penalty": -0.5}]),
+    ]})
+    Group.objects.filter(run=run, key="legacy").update(packed_scores=None, packed_components="")
+    Rollout.objects.filter(run=run, group__key="legacy", index=1).update(length=None)
+    return [c.id for c in services.run_components(run)]
+
+
+def row_read(run, ids, **kw):
+    return services._assemble(services._read_rows(run.id, **kw), ids)
+
+
+def test_it_reads_the_packed_scores_as_the_rows_read_them(run):
+    ids = mixed_run(run)
+    assert len(ids) == 4
+    got = services._read(run.id, ids)
+    assert_same_arrays(got, row_read(run, ids))
+    got = _by_id(got)
+    late = got["matrix"][:, 3]
+    assert np.isnan(late[got["steps"] < 5]).all() and np.nanmax(late) == 1.0  # added later: NaN before
+    assert np.isnan(got["lengths"]).sum() == 1
+    reordered = [ids[3], ids[0]]  # columns follow the requested order, whatever each group's header says
+    assert_same_arrays(services._read(run.id, reordered), row_read(run, reordered))
+
+
+@pytest.mark.parametrize("kw", [{"step_min": 4}, {"step_min": 6}, {"step_min": 99}, {"after_id": "mid"},
+                                {"after_id": "mid", "step_min": 5}])
+def test_it_reads_windows_and_appends_from_the_packed_scores_as_from_the_rows(run, kw):
+    ids = mixed_run(run)
+    if kw.get("after_id") == "mid":
+        from webapp.rollouts.models import Rollout
+
+        # Inside a group: only that group's rollouts above the id are read.
+        kw = {**kw, "after_id": Rollout.objects.get(run=run, group__key="partial", index=0).id}
+    assert_same_arrays(services._read(run.id, ids, **kw), row_read(run, ids, **kw))
+
+
+def test_it_reads_every_chunk_of_a_large_run(run, monkeypatch):
+    ids = mixed_run(run)
+    want = row_read(run, ids)
+    monkeypatch.setattr(services, "CHUNK_ROLLOUTS", 5)  # many chunks of a few groups (Postgres's 1 GB cap)
+    assert_same_arrays(services._read(run.id, ids, expected=want["ids"].size), want)
+    assert_same_arrays(row_read(run, ids, expected=want["ids"].size), want)
+
+
+def test_it_reads_the_rows_of_groups_whose_blob_does_not_match(run, caplog):
+    from webapp.rollouts.models import Group
+
+    ids = mixed_run(run)
+    g = Group.objects.filter(run=run, key="p1", step=2).get()
+    Group.objects.filter(id=g.id).update(packed_scores=bytes(g.packed_scores)[:-8])
+    assert_same_arrays(services._read(run.id, ids), row_read(run, ids))
+    assert "do not match their sizes" in caplog.text
+
+
+def test_it_reads_a_run_stored_before_the_blobs(run):
+    from webapp.rollouts.models import Group
+
+    ids = mixed_run(run)
+    want = row_read(run, ids)
+    Group.objects.filter(run=run).update(packed_scores=None)
+    assert_same_arrays(services._read(run.id, ids), want)
+
+
+def test_it_backfills_the_same_blobs_ingestion_writes(run):
+    import importlib
+
+    from django.apps import apps
+    from django.db.models import Q
+
+    from webapp.rollouts.models import Group
+
+    ids = mixed_run(run)
+    late = Group.objects.get(run=run, key="late")
+    written = (bytes(late.packed_scores), late.packed_components)
+    assert written[1] == ",".join(map(str, ids))
+    assert Group.objects.get(run=run, key="partial").packed_components == ",".join(map(str, ids[:3]))
+    Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(packed_scores=None, packed_components="")
+    migration = importlib.import_module("webapp.rollouts.migrations.0006_group_packed_scores")
+    migration.backfill(apps, None)
+    assert not Group.objects.filter(packed_scores=None).exists()
+    late.refresh_from_db()
+    assert (bytes(late.packed_scores), late.packed_components) == written  # byte for byte
+    # The backfill heads every group with the environment's current components.
+    assert set(Group.objects.filter(step__lt=3).values_list("packed_components", flat=True)) == {written[1]}
+    assert_same_arrays(services._read(run.id, ids), row_read(run, ids))
+
+
 def test_it_reads_a_window_of_steps(run):
     seed(run, steps=6)
     data = services.load_run_arrays(run, step_min=services.window_start(run, 2))

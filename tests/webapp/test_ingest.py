@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from tests.conftest import make_group
@@ -27,6 +28,29 @@ def test_it_stores_groups_rollouts_scores_and_stats(run):
     cor = GroupComponentStat.objects.get(component__name="correct")
     assert cor.std == pytest.approx(math.sqrt(1 / 3))
     assert not GroupComponentStat.objects.filter(component__name="penalty").exists()  # never scored
+
+
+def test_it_packs_each_groups_scores_in_the_documented_layout(run):
+    ingest_groups(run, {"groups": [make_group(3, "p", [{"correct": 1, "format": None}, {"penalty": -0.5}])]})
+    g = Group.objects.get()
+    comps = {c.name: c.id for c in run.environment.components.all()}
+    assert g.packed_components == f"{comps['correct']},{comps['format']},{comps['penalty']}"
+    rec = np.frombuffer(bytes(g.packed_scores), dtype=[("id", "<i8"), ("length", "<f8"), ("values", "<f8", (3,))])
+    assert rec["id"].tolist() == list(Rollout.objects.order_by("index").values_list("id", flat=True))
+    assert rec["length"].tolist() == [10.0, 11.0]
+    assert np.array_equal(rec["values"], [[1, np.nan, np.nan], [np.nan, np.nan, -0.5]], equal_nan=True)
+
+
+def test_it_stores_no_blob_of_a_batch_that_fails(run, monkeypatch):
+    from webapp.rollouts import ingest
+
+    def boom(*args):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(ingest, "upsert_step_stats", boom)  # the last write of the transaction
+    with pytest.raises(RuntimeError):
+        ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 1}])]})
+    assert _counts() == (0, 0, 0, 0)
 
 
 def test_it_computes_advantages_with_the_trl_formula_when_absent(run):

@@ -62,3 +62,14 @@ def test_it_overlays_runs_on_the_compare_page_as_a_list_of_figures(client_as, ru
     assert {f["layout"]["title"]["text"] for f in figures[1:]} >= {"correct mean"}
     bad = client_as("viewer").get("/jobs/compare/?run=x")
     assert bad.status_code == 400
+
+
+def test_job_children_let_idle_openmp_threads_sleep_unless_told_otherwise(monkeypatch):
+    from workers.tasks import child_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    env = child_env()
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["RD_WORKER_PID"].isdigit()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # an operator's explicit choice wins
+    assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"

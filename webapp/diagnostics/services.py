@@ -1,16 +1,21 @@
 """Reading a run into arrays fast, and the diagnostics and ablations built on them.
 
-The reader is the hot path of an ablation at a million rollouts (4M score rows). Measured on this
-project's 2-core box: the ORM builds a Python tuple per row (tens of seconds); a binary COPY is cheap
-for Postgres but psycopg hands COPY data back one row per call (~20 s of Python for 4M rows). So
-Postgres packs the rows itself: `string_agg(int8send(..) || float8send(..))` returns one bytea of
-fixed-width big-endian records that numpy reads in place (np.frombuffer, no per-row Python): ~2 s
-idle, ~5 s under load for 4M rows. That is still over the 2 s budget, so the assembled arrays of a
-large run are also cached on disk (VAR_DIR/cache/diagnostics, one .npz per run), keyed by the run's
-(groups, last group id, rollouts, component ids). Ingestion only ever appends whole groups, so when
-the key has grown the cache reads just the new rollouts (id above the cached maximum) and appends;
-a count mismatch (e.g. batches committed out of id order) falls back to a full read.
-SQLite (the embedded default, small runs) uses plain cursors.
+The reader is the hot path of an ablation at a million rollouts (125k groups, 4M score rows), and the
+target (< 2 s end to end) includes the database read. Reading the rows is too slow on this project's
+2-core box: the ORM builds a Python tuple per row (tens of seconds); psycopg hands COPY data back one
+row per call (~20 s); even with Postgres packing the rows itself (`string_agg` of `int8send`/
+`float8send`, which numpy reads in place) 1M rollout + 4M score rows take 4-10 s. So ingestion also
+stores each group's score matrix as one blob (`Group.packed_scores`, layout in its docstring), and the
+reader scans one row per group: Postgres concatenates the blobs of the selected groups (one bytea per
+component header, `string_agg`, no sort) and numpy views them in place: ~0.4 s of query and 0.05 s of
+decoding at 1M rollouts, 0.5-0.6 s read and ~1 s cold end to end (bench/ablation.py). Groups without
+a blob (stored by something other than the ingestion service) are read from their rows, so results
+never depend on which path served them (tests compare the two).
+The assembled arrays of a large run are also cached on disk (VAR_DIR/cache/diagnostics, one .npz per
+run; a warm read is ~0.08 s), keyed by the run's (groups, last group id, rollouts, component ids).
+Ingestion only ever appends whole groups, so when the key has grown the cache reads just the new
+rollouts (id above the cached maximum) and appends; a count mismatch (e.g. batches committed out of
+id order) falls back to a full read. SQLite (the embedded default, small runs) uses plain cursors.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from django.db.models import Avg, Count, Max, Q, Sum
 
 from training import ablation as abl
 from training import diagnostics as dg
+from webapp.rollouts import packed
 from webapp.rollouts.ingest import run_components, run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
 from webapp.runs.models import Run, StepMetric
@@ -59,7 +65,7 @@ ANNOTATED_PROVIDERS: list[Callable[[Run], Iterable[int]]] = []
 # ------------------------------------------------------------------------------------------ reader
 
 CACHE_MIN_ROLLOUTS = 50_000  # smaller runs read from the database in well under a second: no file
-CHUNK_ROLLOUTS = 2_000_000  # rollout ids per query: each packed bytea stays far below Postgres's 1 GB cap
+CHUNK_ROLLOUTS = 2_000_000  # rollouts per query: each aggregated bytea stays far below Postgres's 1 GB cap
 _ROLLOUT_DT = np.dtype([("id", ">i8"), ("group_id", ">i8"), ("step", ">i4"), ("length", ">i4")])
 _SCORE_DT = np.dtype([("rollout_id", ">i8"), ("component_id", ">i4"), ("value", ">f8")])
 _ROLLOUT_PACK = ("string_agg(int8send(id) || int8send(group_id) || int4send(step) || "
@@ -98,25 +104,30 @@ def _unpack(buf: bytes, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)
 
 
-def _read_postgres(run_id: int, step_min: int | None, after_id: int | None, expected: int) -> _Raw:
+def _read_rows_postgres(run_id: int, step_min: int | None, after_id: int | None, expected: int,
+                        groups: np.ndarray | None) -> _Raw:
     where = f"run_id = {int(run_id)}"
     if step_min is not None:
         where += f" AND step >= {int(step_min)}"
     ranges: list[tuple[int | None, int | None]] = [(after_id, None)]
-    if expected > CHUNK_ROLLOUTS:
+    if expected > CHUNK_ROLLOUTS and groups is None:
         with connection.cursor() as cur:
             cur.execute(f"SELECT min(id), max(id) FROM rollouts_rollout WHERE {where}"
                         + (f" AND id > {int(after_id)}" if after_id is not None else ""))
             lo, hi = cur.fetchone()
         ranges = [(a - 1, min(a + CHUNK_ROLLOUTS - 1, hi)) for a in range(lo, hi + 1, CHUNK_ROLLOUTS)] if lo else []
+    only = "" if groups is None else f" AND group_id = ANY('{_int_array(groups)}'::bigint[])"
     rs, ss = [], []
     for above, upto in ranges:
         bound = (f" AND id > {int(above)}" if above is not None else "") + (f" AND id <= {int(upto)}" if upto else "")
-        r = _unpack(_fetch_packed(f"SELECT {_ROLLOUT_PACK} FROM rollouts_rollout WHERE {where}{bound}"), _ROLLOUT_DT)
+        r = _unpack(_fetch_packed(f"SELECT {_ROLLOUT_PACK} FROM rollouts_rollout WHERE {where}{bound}{only}"),
+                    _ROLLOUT_DT)
         if not r.size:
             continue
         score_bound = bound.replace(" id ", " rollout_id ")
-        if step_min is not None or above is not None:
+        if groups is not None:
+            score_bound = f" AND rollout_id = ANY('{_int_array(r['id'])}'::bigint[])"
+        elif step_min is not None or above is not None:
             # A window's (or an append's) rollouts were ingested together, so their ids form a narrow range:
             # bounding rollout_id lets Postgres range-scan the (rollout, component) index instead of the table.
             score_bound = f" AND rollout_id BETWEEN {int(r['id'].min())} AND {int(r['id'].max())}"
@@ -130,7 +141,12 @@ def _read_postgres(run_id: int, step_min: int | None, after_id: int | None, expe
                 s["component_id"].astype(np.int64), s["value"].astype(np.float64))
 
 
-def _read_generic(run_id: int, step_min: int | None, after_id: int | None, expected: int) -> _Raw:
+def _int_array(values: np.ndarray) -> str:
+    return "{" + ",".join(map(str, values.astype(np.int64).tolist())) + "}"
+
+
+def _read_rows_generic(run_id: int, step_min: int | None, after_id: int | None, expected: int,
+                       groups: np.ndarray | None) -> _Raw:
     where = f"run_id = {int(run_id)}"
     if step_min is not None:
         where += f" AND step >= {int(step_min)}"
@@ -142,13 +158,118 @@ def _read_generic(run_id: int, step_min: int | None, after_id: int | None, expec
                     + (f" AND rollout_id > {int(after_id)}" if after_id is not None else ""))
         s = np.array([(a, b, math.nan if v is None else v) for a, b, v in cur.fetchall()],
                      dtype=np.float64).reshape(-1, 3)
+    if groups is not None:  # small runs (SQLite): filter here rather than bind thousands of ids
+        r = r[np.isin(r[:, 1].astype(np.int64), groups)]
     return _Raw(r[:, 0].astype(np.int64), r[:, 1].astype(np.int64), r[:, 2].astype(np.int64), r[:, 3],
                 s[:, 0].astype(np.int64), s[:, 1].astype(np.int64), s[:, 2])
 
 
-def _read(run_id: int, step_min: int | None = None, after_id: int | None = None, expected: int = 0) -> _Raw:
-    reader = _read_postgres if connection.vendor == "postgresql" else _read_generic
-    return reader(run_id, step_min, after_id, expected)
+def _read_rows(run_id: int, step_min: int | None = None, after_id: int | None = None, expected: int = 0,
+               groups: np.ndarray | None = None) -> _Raw:
+    """The rollout and score rows (all of the selection, or only those of `groups`): the reader for
+    groups stored without a packed blob, and the reference the packed reader is tested against."""
+    reader = _read_rows_postgres if connection.vendor == "postgresql" else _read_rows_generic
+    return reader(run_id, step_min, after_id, expected, groups)
+
+
+# One row per distinct (header, packed or not): the groups' (id, step, size) and their blobs concatenated
+# in the same row order (both aggregates consume the same input rows), so no ORDER BY (a sort) is needed.
+_GROUP_META_DT = np.dtype([("id", ">i8"), ("step", ">i4"), ("size", ">i4")])
+_GROUP_PACK = ("SELECT packed_components, packed_scores IS NULL, "
+               "string_agg(int8send(id) || int4send(step) || int4send(size), ''::bytea), "
+               "string_agg(packed_scores, ''::bytea) FROM rollouts_group WHERE {where} "
+               "GROUP BY packed_components, packed_scores IS NULL")
+_Pack = tuple[str | None, np.ndarray, bytes]  # (header, or None: not packed; group meta; concatenated blobs)
+
+
+def _group_where(run_id: int, step_min: int | None, after_id: int | None) -> str:
+    where = f"run_id = {int(run_id)}"
+    if step_min is not None:
+        where += f" AND step >= {int(step_min)}"
+    if after_id is not None:  # the groups of the rollouts above after_id (their records are filtered below)
+        where += (f" AND id IN (SELECT group_id FROM rollouts_rollout WHERE run_id = {int(run_id)} "
+                  f"AND id > {int(after_id)})")
+    return where
+
+
+def _packs_postgres(run_id: int, step_min: int | None, after_id: int | None, expected: int) -> list[_Pack]:
+    import psycopg
+
+    where = _group_where(run_id, step_min, after_id)
+    bounds = [""]
+    if expected > CHUNK_ROLLOUTS:  # keep each aggregated bytea far below Postgres's 1 GB cap
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT min(id), max(id) FROM rollouts_group WHERE {where}")
+            lo, hi = cur.fetchone()
+        width = max(1, (hi - lo + 1) * CHUNK_ROLLOUTS // expected) if lo is not None else 1
+        bounds = [f" AND id BETWEEN {a} AND {a + width - 1}" for a in range(lo, hi + 1, width)] if lo else []
+    out: list[_Pack] = []
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cur:
+        for bound in bounds:
+            cur.execute(_GROUP_PACK.format(where=where + bound), binary=True)
+            for header, unpacked, meta, blob in cur.fetchall():
+                out.append((None if unpacked else header, _unpack(bytes(meta), _GROUP_META_DT),
+                            b"" if blob is None else bytes(blob)))
+    return out
+
+
+def _packs_generic(run_id: int, step_min: int | None, after_id: int | None, expected: int) -> list[_Pack]:
+    classes: dict[tuple[str, bool], tuple[list[tuple[int, int, int]], list[bytes]]] = {}
+    with connection.cursor() as cur:
+        cur.execute("SELECT id, step, size, packed_components, packed_scores FROM rollouts_group "
+                    f"WHERE {_group_where(run_id, step_min, after_id)}")
+        for gid, step, size, header, blob in cur.fetchall():
+            meta, blobs = classes.setdefault((header or "", blob is None), ([], []))
+            meta.append((gid, step, size))
+            blobs.append(b"" if blob is None else bytes(blob))
+    return [(None if unpacked else header, np.array(meta, dtype=_GROUP_META_DT), b"".join(blobs))
+            for (header, unpacked), (meta, blobs) in classes.items()]
+
+
+def _unpack_groups(pack: _Pack, component_ids: list[int], after_id: int | None) -> dict[str, np.ndarray] | None:
+    """The arrays of one header's groups (as _assemble builds them); None if the blobs do not match the
+    groups' sizes (then the caller reads those groups' rows)."""
+    header, meta, blob = pack
+    cols = packed.parse_header(header or "")
+    sizes = meta["size"].astype(np.int64)
+    try:
+        rec = packed.unpack(blob, len(cols))
+    except ValueError:
+        rec = None
+    if rec is None or rec.size != int(sizes.sum()):
+        log.warning("packed scores of %d groups do not match their sizes; reading their rows", meta.size)
+        return None
+    matrix = np.full((rec.size, len(component_ids)), np.nan)
+    where = {c: j for j, c in enumerate(cols)}
+    for j, cid in enumerate(component_ids):
+        if cid in where:  # else: added to the environment after these groups were stored, NaN
+            matrix[:, j] = rec["values"][:, where[cid]]
+    out = {"ids": rec["id"].astype(np.int64), "group_ids": np.repeat(meta["id"].astype(np.int64), sizes),
+           "steps": np.repeat(meta["step"].astype(np.int64), sizes), "lengths": rec["length"].astype(np.float64),
+           "matrix": matrix}
+    if after_id is not None:
+        keep = out["ids"] > after_id
+        out = {k: v[keep] for k, v in out.items()}
+    return out
+
+
+def _read(run_id: int, component_ids: list[int], step_min: int | None = None, after_id: int | None = None,
+          expected: int = 0) -> dict[str, np.ndarray]:
+    """The selected rollouts as aligned arrays (see _assemble), from the groups' packed blobs; groups
+    without one (or with a damaged one) are read from their rows."""
+    reader = _packs_postgres if connection.vendor == "postgresql" else _packs_generic
+    parts, unpacked = [], []
+    for pack in reader(run_id, step_min, after_id, expected):
+        part = None if pack[0] is None else _unpack_groups(pack, component_ids, after_id)
+        if part is None:
+            unpacked.append(pack[1]["id"].astype(np.int64))
+        else:
+            parts.append(part)
+    if unpacked or not parts:
+        only = np.concatenate(unpacked) if parts else None  # nothing packed: every row of the selection
+        parts.append(_assemble(_read_rows(run_id, step_min, after_id, expected, only), component_ids))
+    return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -219,7 +340,7 @@ def _full_arrays(run: Run, component_ids: list[int]) -> dict[str, np.ndarray]:
     """Every rollout of the run, through the on-disk cache for large runs."""
     key = _shape_key(run, component_ids)
     if key["rollouts"] < CACHE_MIN_ROLLOUTS:
-        return _assemble(_read(run.id, expected=key["rollouts"]), component_ids)
+        return _read(run.id, component_ids, expected=key["rollouts"])
     hit = _cache_read(run.id)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -230,13 +351,12 @@ def _full_arrays(run: Run, component_ids: list[int]) -> dict[str, np.ndarray]:
                 and key["rollouts"] > old_key["rollouts"] and old["ids"].size == old_key["rollouts"])
         if grew:
             after = int(old["ids"].max()) if old["ids"].size else 0
-            delta = _read(run.id, after_id=after, expected=key["rollouts"] - old_key["rollouts"])
-            new = _assemble(delta, component_ids)
+            new = _read(run.id, component_ids, after_id=after, expected=key["rollouts"] - old_key["rollouts"])
             arrays = {k: np.concatenate([old[k], new[k]]) for k in old}
             if arrays["ids"].size != key["rollouts"]:
                 arrays = None  # rows committed out of id order, or deletions: start over
     if arrays is None:
-        arrays = _assemble(_read(run.id, expected=key["rollouts"]), component_ids)
+        arrays = _read(run.id, component_ids, expected=key["rollouts"])
     if arrays["ids"].size == key["rollouts"]:  # a batch committed while we read: do not cache a mismatch
         _cache_write(run.id, key, arrays)
     return arrays
@@ -266,7 +386,7 @@ def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
             keep = hit[1]["steps"] >= step_min
             a = {k: v[keep] for k, v in hit[1].items()}
         else:
-            a = _assemble(_read(run.id, step_min=step_min), ids)
+            a = _read(run.id, ids, step_min=step_min)
     return dg.RunArrays(components=component_infos(run, comps), matrix=a["matrix"], group_ids=a["group_ids"],
                         steps=a["steps"], lengths=a["lengths"], rollout_ids=a["ids"])
 

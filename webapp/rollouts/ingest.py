@@ -3,7 +3,10 @@
 A batch is validated whole before anything is written; then it is written in one transaction, so a
 batch is stored completely or not at all. Idempotent on (run, step, group key): a group that is
 already stored is skipped, so a retried batch stores nothing twice. Bulk rows go through Postgres
-COPY (psycopg 3) with ids drawn from the sequences up front; SQLite uses bulk_create.
+COPY (psycopg 3) with ids drawn from the sequences up front; SQLite uses bulk_create. Each group's
+packed score matrix (Group.packed_scores, the run reader's fast path) is written in the same
+transaction. Nothing changes rollouts or scores after ingestion (a run's deletion cascades to its
+groups), so the blob never goes stale.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from training import stats
+from webapp.rollouts import packed
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.runs.models import Run
 
@@ -419,6 +423,13 @@ def _group_rows(run: Run, groups: list[_Group], c: dict[str, np.ndarray]) -> lis
     return rows
 
 
+def _packed_scores(groups: list[_Group], c: dict[str, np.ndarray], rollout_ids: list[int]) -> list[bytes]:
+    """Each group's Group.packed_scores blob; `rollout_ids` in the batch's rollout order."""
+    lengths = np.array([np.nan if r.length is None else r.length for g in groups for r in g.rollouts], dtype=np.float64)
+    return packed.pack_groups(np.asarray(rollout_ids, dtype=np.int64), lengths, c["matrix"],
+                              [len(g.rollouts) for g in groups])
+
+
 class _OrmWriter:
     """SQLite (and any non-Postgres) path: bulk_create, which returns primary keys there."""
 
@@ -448,6 +459,12 @@ class _OrmWriter:
                     )
                 )
         Rollout.objects.bulk_create(rollouts, batch_size=500)
+        # The blob needs the rollout ids, which exist only now: one UPDATE per group, same transaction.
+        header = packed.header([comp.id for comp in comps])
+        blobs = _packed_scores(groups, c, [ro.id for ro in rollouts])
+        with connection.cursor() as cur:
+            cur.executemany("UPDATE rollouts_group SET packed_scores = %s, packed_components = %s WHERE id = %s",
+                            [(blob, header, g.id) for blob, g in zip(blobs, group_objs)])
         scores = [
             RewardScore(
                 rollout_id=ro.id, component_id=comp.id, run_id=run.id, step=ro.step, value=_f(c["matrix"][i, j]),
@@ -503,10 +520,13 @@ class _CopyWriter:
             n = int(c["gid"].size)
             rollout_ids = _next_ids(cur, "rollouts_rollout", n)
             g_cols = ("id", "run_id", "step", "key", "prompt", "prompt_text", "split", "size", "reward_mean",
-                      "reward_std", "zero_std", "all_unscorable")
+                      "reward_std", "zero_std", "all_unscorable", "packed_scores", "packed_components")
+            header = packed.header([comp.id for comp in comps])
+            blobs = _packed_scores(groups, c, rollout_ids)
             with cur.copy(f"COPY rollouts_group ({', '.join(g_cols)}) FROM STDIN") as cp:
-                for gid, row in zip(group_ids, _group_rows(run, groups, c)):
+                for gid, blob, row in zip(group_ids, blobs, _group_rows(run, groups, c)):
                     row["id"], row["prompt"] = gid, dumps(row["prompt"])
+                    row["packed_scores"], row["packed_components"] = blob, header
                     cp.write_row([row[k] for k in g_cols])
             reward, advantage, matrix = c["reward"].tolist(), c["advantage"].tolist(), c["matrix"].tolist()
             r_cols = ("id", "group_id", "run_id", "step", "split", "index", "transcript", "completion", "reward",

@@ -44,7 +44,23 @@ class RewardComponent(models.Model):
 
 
 class Group(models.Model):
-    """The G rollouts of one prompt at one step of one run."""
+    """The G rollouts of one prompt at one step of one run.
+
+    `packed_scores` holds the group's score matrix, written at ingest in the same transaction as its
+    rows, so that reading a whole run into arrays scans one row per group instead of every rollout and
+    score row (webapp/diagnostics/services.py). Layout, little-endian, one fixed-width record per
+    rollout in ingestion order (= rollout id order), `size` records in all:
+
+        rollout id  int64
+        length      float64   NaN: NULL
+        values      K x float64, columns in `packed_components` order; NaN: not scored, or NULL
+
+    `packed_components` is the comma-separated RewardComponent ids of the K columns (the run's
+    environment components at ingest; "" when K = 0). A component added to the environment later is
+    absent from older groups' headers: it reads as NaN there, as it would from the rows.
+    NULL `packed_scores`: not packed (written by something other than the ingestion service); readers
+    fall back to the rows for such groups. See webapp/rollouts/packed.py.
+    """
 
     class Split(models.TextChoices):
         TRAIN = "train"
@@ -63,6 +79,10 @@ class Group(models.Model):
     reward_std = models.FloatField(null=True)
     zero_std = models.BooleanField(default=False)  # the aggregate reward is constant: no advantage anywhere
     all_unscorable = models.BooleanField(default=False)
+    packed_scores = models.BinaryField(null=True, editable=False)  # layout in the docstring
+    # "12,13,14": the column ids. A database default too, so that a raw INSERT or COPY without the
+    # packed columns (a bench's floor, a restore) stores an unpacked group rather than failing.
+    packed_components = models.TextField(blank=True, default="", db_default="", editable=False)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "step", "key"], name="group_unique_key")]
