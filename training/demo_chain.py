@@ -1,14 +1,15 @@
-"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT and after GRPO.
+"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT and after GRPO.
 
-Sized to show learning on two CPU cores in a few minutes: before SFT the held-out reward is near zero
-(the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage rises.
+Sized to show learning on two CPU cores in about two minutes: before SFT the held-out reward is near
+zero (the random model never writes JSON), after SFT the JSON is valid. The issue also asks that
+coverage rise after GRPO; on this model and budget it does not (measurements in the README).
 What keeps it that small: requests of at most `MAX_NODES` nodes, compact reference answers (~60-120
 tokens with the tiny model's tokenizer), full fine-tuning of the ~0.5M-parameter model.
 
 `demo_chain_stages()` / `demo_chain_configs()` give the job configs the web app's worker queues (without
 base_model / output_dir / data / init_from: the worker fills those from the parent runs).
 `python -m training.demo_chain --out DIR` runs the same chain in-process, chaining the outputs exactly
-as the worker does, adds an eval after SFT, and prints held-out rewards and wall time per stage.
+as the worker does, and prints held-out rewards and wall time per stage.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Stage:
 def _eval_config(env: str, step: int) -> dict[str, Any]:
     return {
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
-        "num_prompts": 12,  # 12 held-out requests x 4 samples: a stable mean in seconds
+        "num_prompts": 40,  # 40 held-out requests x 4 samples: the mean's noise ~0.015 (12 prompts: ~0.03)
         "num_generations": 4,
         "temperature": 0.5,  # the policy's typical answer; GRPO samples hotter (0.7) for diversity
         "max_completion_length": 144,  # the longest reference answer is ~120 tokens
@@ -68,7 +69,10 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
     grpo = {
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "use_lora": False,
-        "max_steps": 20,  # measured: 30 steps at 3e-4 lowered held-out coverage; 20 at 1e-4 keeps it
+        # Measured (README, demo chain): no GRPO variant tried (up to 120 steps x 32 completions, lr 5e-5 to
+        # 5e-4, sampling 0.5 or 1.0, KL, G=16) raised held-out coverage beyond noise; higher lr lowered it.
+        # The stage stays cheap: it exercises the recorded path, not a gain.
+        "max_steps": 20,
         "learning_rate": 1e-4,
         "num_prompts": 64,
         "num_generations": 8,
@@ -82,6 +86,7 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         Stage("teacher", "teacher", teacher),
         Stage("eval_before_sft", "eval", _eval_config(env, step=0), model_from="tiny"),
         Stage("sft", "sft", sft, model_from="tiny", data_from="teacher"),
+        Stage("eval_after_sft", "eval", _eval_config(env, step=0), model_from="sft"),
         Stage("grpo", "grpo", grpo, model_from="sft"),
         Stage("eval_after_grpo", "eval", _eval_config(env, step=grpo["max_steps"]), model_from="grpo"),
     ]
@@ -89,7 +94,7 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
 
 def demo_chain_configs(env: str = "diagram") -> list[tuple[str, dict[str, Any]]]:
     """(kind, config) per job, in queue order: teacher, eval (before SFT, on the untrained tiny model),
-    sft, grpo, eval (after GRPO). Stage names and model sources: `demo_chain_stages`."""
+    sft, eval (after SFT), grpo, eval (after GRPO). Stage names and model sources: `demo_chain_stages`."""
     return [(s.kind, dict(s.config)) for s in demo_chain_stages(env)]
 
 
@@ -107,7 +112,7 @@ def _job(kind: str):
     return config_cls, module.main
 
 
-def run_chain(out: str | Path, env: str = "diagram", *, eval_after_sft: bool = True,
+def run_chain(out: str | Path, env: str = "diagram", *,
               overrides: dict[str, dict[str, Any]] | None = None, log=print) -> list[dict[str, Any]]:
     """Run every stage in-process under `out`; returns one row per stage (name, seconds, summary)."""
     from training.tiny import ensure_tiny_model
@@ -118,9 +123,6 @@ def run_chain(out: str | Path, env: str = "diagram", *, eval_after_sft: bool = T
     rows: list[dict[str, Any]] = [{"name": "tiny_model", "seconds": time.perf_counter() - t0,
                                    "cpu_seconds": time.process_time(), "summary": {}}]
     stages = demo_chain_stages(env)
-    if eval_after_sft:  # not queued by the app; here it shows what SFT alone buys
-        at = next(i for i, s in enumerate(stages) if s.name == "grpo")
-        stages.insert(at, Stage("eval_after_sft", "eval", _eval_config(env, step=0), model_from="sft"))
     summaries: dict[str, dict[str, Any]] = {}
     for stage in stages:
         config = {**stage.config, **(overrides or {}).get(stage.name, {}),
@@ -163,7 +165,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines += ["", "| stage | wall s | cpu s |", "|---|---|---|"]
     chain = chain_cpu = 0.0
     for r in rows:
-        queued = r["name"] not in ("tiny_model", "eval_after_sft")
+        queued = r["name"] != "tiny_model"
         if queued:
             chain, chain_cpu = chain + r["seconds"], chain_cpu + r["cpu_seconds"]
         name = r["name"] + ("" if queued else " (not queued by the app)")
@@ -192,12 +194,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for every stage's output (and the tiny model cache)")
     parser.add_argument("--env", default="diagram", help="environment (the chain is tuned for diagram)")
-    parser.add_argument("--no-eval-after-sft", action="store_true", help="skip the extra eval between SFT and GRPO")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
                         help="override a config field for one stage name or kind (experiments)")
     args = parser.parse_args(argv)
-    rows = run_chain(args.out, args.env, eval_after_sft=not args.no_eval_after_sft,
-                     overrides=_parse_overrides(args.set))
+    rows = run_chain(args.out, args.env, overrides=_parse_overrides(args.set))
     table = format_table(rows)
     print(table)
     Path(args.out, "demo_chain.md").write_text(table + "\n")

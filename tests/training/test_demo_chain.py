@@ -28,16 +28,18 @@ def _job_config(kind: str, config: dict, tmp_path):
 
 def test_it_lists_valid_job_configs_in_queue_order(tmp_path):
     chain = demo_chain_configs("diagram")
-    assert [kind for kind, _ in chain] == ["teacher", "eval", "sft", "grpo", "eval"]
+    assert [kind for kind, _ in chain] == ["teacher", "eval", "sft", "eval", "grpo", "eval"]
     stages = demo_chain_stages("diagram")
-    assert [s.name for s in stages] == ["teacher", "eval_before_sft", "sft", "grpo", "eval_after_grpo"]
-    assert [s.model_from for s in stages] == [None, "tiny", "tiny", "sft", "grpo"]
+    assert [s.name for s in stages] == ["teacher", "eval_before_sft", "sft", "eval_after_sft", "grpo",
+                                        "eval_after_grpo"]
+    assert [s.model_from for s in stages] == [None, "tiny", "tiny", "sft", "sft", "grpo"]
     assert stages[2].data_from == "teacher"
     for kind, config in chain:
         assert not FILLED_BY_THE_WORKER & set(config), kind
         _job_config(kind, config, tmp_path)  # raises on an unknown field or a bad value
-    before, after = chain[1][1], chain[4][1]
-    assert {k: v for k, v in before.items() if k != "step"} == {k: v for k, v in after.items() if k != "step"}
+    evals = [config for kind, config in chain if kind == "eval"]  # the same held-out sample each time
+    assert all({k: v for k, v in e.items() if k != "step"} == {k: v for k, v in evals[0].items() if k != "step"}
+               for e in evals)
     assert chain[1][1] is not demo_chain_configs("diagram")[1][1]  # callers may mutate their copy
 
 

@@ -11,15 +11,17 @@ def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, 
     monkeypatch.setattr(launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
     lines = launch.queue_demo_chain()
     runs = {r.name: r for r in Run.objects.all()}
-    assert len(runs) == len(lines) == 5
+    assert len(runs) == len(lines) == 6
     teacher, sft, grpo = runs["demo · teacher"], runs["demo · sft"], runs["demo · grpo"]
     before, after = runs["demo · eval before sft"], runs["demo · eval after grpo"]
+    middle = runs["demo · eval after sft"]
+    assert middle.parent == sft and middle.base_model == f"run:{sft.id}"
     assert sorted(sent) == sorted([teacher.id, before.id])  # the others wait for their parent
     assert sft.parent == teacher and sft.base_model == "tiny:diagram" and sft.config["start_after_parent"]
     assert grpo.parent == sft and grpo.base_model == f"run:{sft.id}"
     assert after.parent == grpo and after.base_model == f"run:{grpo.id}"
     assert launch.queue_demo_chain()[0].startswith("demo training chain already queued")
-    assert Run.objects.count() == 5
+    assert Run.objects.count() == 6
 
 
 def test_it_feeds_sft_the_teachers_dataset_and_grpo_the_sft_model(db, tmp_path, settings):
