@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser.conftest import login
 from tests.conftest import PASSWORD, make_group
@@ -67,7 +68,8 @@ def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, 
     page.keyboard.press("n")
     page.wait_for_url(_focus_url(live_server, queue, 1))
     page.keyboard.press("n")  # no label chosen: the server says so and stores nothing
-    assert "label: choose a label" in page.locator(".ann-panel").inner_text()
+    # The refusal arrives as a new page: wait for it (reading at once raced the response under load).
+    expect(page.locator(".ann-panel")).to_contain_text("label: choose a label")
     page.keyboard.press("5")  # loop / repetition
     page.keyboard.press("n")
     page.wait_for_url(f"{live_server.url}/annotations/queues/{queue.id}/")
