@@ -43,7 +43,7 @@ def _eval_config(env: str, step: int) -> dict[str, Any]:
         "env": env, "seed": SEED, "max_nodes": MAX_NODES,
         "num_prompts": 40,  # 40 held-out requests x 4 samples: the mean's noise ~0.015 (12 prompts: ~0.03)
         "num_generations": 4,
-        "temperature": 0.5,  # the policy's typical answer; GRPO samples hotter (0.7) for diversity
+        "temperature": 0.5,  # the policy's typical answer, and what the GRPO stage samples at
         "max_completion_length": 144,  # the longest reference answer is ~120 tokens
         "batch_size": 12,
         "step": step,

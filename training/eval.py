@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from training import stats
 from training.common import (
     ProgressFn,
     chat_prompt,
@@ -55,10 +56,8 @@ class EvalJobConfig(JobConfig):
             raise ValueError("num_generations: must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature: must be > 0")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError("scale_rewards: must be 'group', 'batch' or 'none'")
-        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
-            raise ValueError("multi_objective_aggregation: must be 'sum_then_normalize' or 'normalize_then_sum'")
+        require_choice(self, "scale_rewards", stats.SCALES)
+        require_choice(self, "multi_objective_aggregation", stats.AGGREGATIONS)
 
 
 def score_groups(
@@ -73,8 +72,6 @@ def score_groups(
 ) -> tuple[list[dict[str, Any]], np.ndarray]:
     """Score every sample, compute advantages with training.stats (TRL's formulas) and build ingestion
     groups. Returns (groups, matrix) where matrix is (N, K) component values, NaN where unscorable."""
-    from training.stats import compute_advantages
-
     names = [c.name for c in env.components]
     weights = [c.weight for c in env.components]
     rows: list[dict[str, Any]] = []
@@ -89,7 +86,7 @@ def score_groups(
             values.append([np.nan if rewards[n]["value"] is None else rewards[n]["value"] for n in names])
             group_ids.append(gi)
     matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(names))
-    adv = compute_advantages(matrix, weights, np.array(group_ids), scale_rewards=scale_rewards,
+    adv = stats.compute_advantages(matrix, weights, np.array(group_ids), scale_rewards=scale_rewards,
                              aggregation=aggregation)
     for row, reward, advantage in zip(rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True):
         row["reward"] = None if np.isnan(reward) else float(reward)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training import stats
 from training.common import (
     ProgressFn,
     chat_prompt,
@@ -29,7 +30,7 @@ from training.common import (
     resolve_device,
     save_final,
 )
-from training.config import TrainJobConfig, cli, help_field
+from training.config import TrainJobConfig, cli, help_field, require_choice
 from training.sinks import BatchingSink, Sink
 
 GRPO_DEFAULT_LR = 1e-6  # TRL's GRPOConfig default for full fine-tuning
@@ -92,12 +93,10 @@ class GRPOJobConfig(TrainJobConfig):
             raise ValueError("beta: must be >= 0")
         if self.num_iterations < 1:
             raise ValueError("num_iterations: must be >= 1")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError("scale_rewards: must be 'group', 'batch' or 'none'")
+        require_choice(self, "scale_rewards", stats.SCALES)
         if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"):
             raise ValueError(f"loss_type: unknown loss {self.loss_type!r}")
-        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
-            raise ValueError("multi_objective_aggregation: must be 'sum_then_normalize' or 'normalize_then_sum'")
+        require_choice(self, "multi_objective_aggregation", stats.AGGREGATIONS)
         if self.max_turns < 1:
             raise ValueError("max_turns: must be >= 1")
         if self.max_turn_tokens < 1:

@@ -25,6 +25,8 @@ import numpy as np
 EPS = 1e-4  # TRL's constant in the advantage denominator
 ScaleRewards = Literal["group", "batch", "none"]
 Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+SCALES = ("group", "batch", "none")  # scale_rewards: TRL's advantage scalings
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # multi_objective_aggregation
 ZERO_STD_ATOL = 1e-8  # torch.isclose(std, 0) uses atol=1e-8, rtol irrelevant at 0
 
 
@@ -160,7 +162,7 @@ def compute_advantages(
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (k,):
         raise ValueError(f"weights: expected {k} values, got {w.shape}")
-    if scale_rewards not in ("group", "batch", "none"):
+    if scale_rewards not in SCALES:
         raise ValueError(f"scale_rewards: must be group, batch or none, got {scale_rewards!r}")
     ids = _as_group_ids(group_ids, n, group_size)
     m = int(ids.max()) + 1 if n else 0

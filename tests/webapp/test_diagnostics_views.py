@@ -472,11 +472,13 @@ def test_it_reads_a_window_of_steps(run):
 def test_it_unpacks_the_packed_rows_postgres_returns():
     rows = np.zeros(2, dtype=services._SCORE_DT)
     rows["rollout_id"], rows["component_id"], rows["value"] = [5, 6], [1, 2], [0.5, np.nan]
-    got = services._unpack(rows.tobytes(), services._SCORE_DT)
+    from webapp.rollouts.packed import records
+
+    got = records(rows.tobytes(), services._SCORE_DT)
     assert got["rollout_id"].tolist() == [5, 6] and got["component_id"].tolist() == [1, 2]
     assert got["value"][0] == 0.5 and np.isnan(got["value"][1])
     with pytest.raises(ValueError):
-        services._unpack(rows.tobytes()[:-3], services._SCORE_DT)
+        records(rows.tobytes()[:-3], services._SCORE_DT)
 
 
 def test_it_ignores_scores_of_rollouts_it_did_not_read():

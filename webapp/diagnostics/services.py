@@ -41,6 +41,7 @@ from django.db.models import Avg, Count, Max, Q, Sum
 
 from training import ablation as abl
 from training import diagnostics as dg
+from training import stats
 from webapp.rollouts import packed
 from webapp.rollouts.ingest import run_components, run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
@@ -54,8 +55,7 @@ SLOT_WINDOW = 20  # steps the dashboard slot summarises: "now", and a bounded co
 SLOT_MAX_ROLLOUTS = 50_000  # the slot reads at most this many rollouts (its first view stays well under 1 s)
 CACHE_SECONDS = 120  # annotations (the quality detector) may change without the rollout count changing
 SLOT_SECONDS = 60  # the slot may lag a live run by this much instead of recomputing on every poll
-SCALES = ("group", "batch", "none")
-AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+SCALES, AGGREGATIONS = stats.SCALES, stats.AGGREGATIONS  # the ablation form offers the trainer's choices
 
 # The annotations app appends callables fn(run) -> iterable of rollout ids annotated as bad cases (and
 # optionally sets ANNOTATED_PROVIDERS the same way for the denominator). Empty: the detector is skipped.
@@ -98,17 +98,16 @@ def _fetch_packed(sql: str) -> bytes:
     return bytes(row[0]) if row and row[0] is not None else b""
 
 
-def _unpack(buf: bytes, dtype: np.dtype) -> np.ndarray:
-    if len(buf) % dtype.itemsize:
-        raise ValueError(f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record")
-    return np.frombuffer(buf, dtype=dtype)
+
+
+def _run_where(run_id: int, step_min: int | None) -> str:
+    """The SQL filter shared by the rollout, score and group tables (each has run_id and step)."""
+    return f"run_id = {int(run_id)}" + ("" if step_min is None else f" AND step >= {int(step_min)}")
 
 
 def _read_rows_postgres(run_id: int, step_min: int | None, after_id: int | None, expected: int,
                         groups: np.ndarray | None) -> _Raw:
-    where = f"run_id = {int(run_id)}"
-    if step_min is not None:
-        where += f" AND step >= {int(step_min)}"
+    where = _run_where(run_id, step_min)
     ranges: list[tuple[int | None, int | None]] = [(after_id, None)]
     if expected > CHUNK_ROLLOUTS and groups is None:
         with connection.cursor() as cur:
@@ -120,8 +119,8 @@ def _read_rows_postgres(run_id: int, step_min: int | None, after_id: int | None,
     rs, ss = [], []
     for above, upto in ranges:
         bound = (f" AND id > {int(above)}" if above is not None else "") + (f" AND id <= {int(upto)}" if upto else "")
-        r = _unpack(_fetch_packed(f"SELECT {_ROLLOUT_PACK} FROM rollouts_rollout WHERE {where}{bound}{only}"),
-                    _ROLLOUT_DT)
+        rollout_sql = f"SELECT {_ROLLOUT_PACK} FROM rollouts_rollout WHERE {where}{bound}{only}"
+        r = packed.records(_fetch_packed(rollout_sql), _ROLLOUT_DT)
         if not r.size:
             continue
         score_bound = bound.replace(" id ", " rollout_id ")
@@ -131,8 +130,8 @@ def _read_rows_postgres(run_id: int, step_min: int | None, after_id: int | None,
             # A window's (or an append's) rollouts were ingested together, so their ids form a narrow range:
             # bounding rollout_id lets Postgres range-scan the (rollout, component) index instead of the table.
             score_bound = f" AND rollout_id BETWEEN {int(r['id'].min())} AND {int(r['id'].max())}"
-        ss.append(_unpack(_fetch_packed(f"SELECT {_SCORE_PACK} FROM rollouts_rewardscore WHERE {where}{score_bound}"),
-                          _SCORE_DT))
+        score_sql = f"SELECT {_SCORE_PACK} FROM rollouts_rewardscore WHERE {where}{score_bound}"
+        ss.append(packed.records(_fetch_packed(score_sql), _SCORE_DT))
         rs.append(r)
     r = np.concatenate(rs) if rs else np.zeros(0, _ROLLOUT_DT)
     s = np.concatenate(ss) if ss else np.zeros(0, _SCORE_DT)
@@ -147,9 +146,7 @@ def _int_array(values: np.ndarray) -> str:
 
 def _read_rows_generic(run_id: int, step_min: int | None, after_id: int | None, expected: int,
                        groups: np.ndarray | None) -> _Raw:
-    where = f"run_id = {int(run_id)}"
-    if step_min is not None:
-        where += f" AND step >= {int(step_min)}"
+    where = _run_where(run_id, step_min)
     with connection.cursor() as cur:
         cur.execute(f"SELECT id, group_id, step, COALESCE(length, -1) FROM rollouts_rollout WHERE {where}"
                     + (f" AND id > {int(after_id)}" if after_id is not None else ""))
@@ -183,9 +180,7 @@ _Pack = tuple[str | None, np.ndarray, bytes]  # (header, or None: not packed; gr
 
 
 def _group_where(run_id: int, step_min: int | None, after_id: int | None) -> str:
-    where = f"run_id = {int(run_id)}"
-    if step_min is not None:
-        where += f" AND step >= {int(step_min)}"
+    where = _run_where(run_id, step_min)
     if after_id is not None:  # the groups of the rollouts above after_id (their records are filtered below)
         where += (f" AND id IN (SELECT group_id FROM rollouts_rollout WHERE run_id = {int(run_id)} "
                   f"AND id > {int(after_id)})")
@@ -209,7 +204,7 @@ def _packs_postgres(run_id: int, step_min: int | None, after_id: int | None, exp
         for bound in bounds:
             cur.execute(_GROUP_PACK.format(where=where + bound), binary=True)
             for header, unpacked, meta, blob in cur.fetchall():
-                out.append((None if unpacked else header, _unpack(bytes(meta), _GROUP_META_DT),
+                out.append((None if unpacked else header, packed.records(bytes(meta), _GROUP_META_DT),
                             b"" if blob is None else bytes(blob)))
     return out
 

@@ -32,9 +32,13 @@ def pack_groups(ids: np.ndarray, lengths: np.ndarray, matrix: np.ndarray, sizes:
     return [buf[(end - n) * width:end * width] for n, end in zip(sizes, ends)]
 
 
+def records(buf: bytes, dtype: np.dtype) -> np.ndarray:
+    """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is not whole records."""
+    if len(buf) % dtype.itemsize:
+        raise ValueError(f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record")
+    return np.frombuffer(buf, dtype=dtype)
+
+
 def unpack(buf: bytes, k: int) -> np.ndarray:
     """The records of one or more concatenated blobs with the same K (a view, not a copy)."""
-    dt = record_dtype(k)
-    if len(buf) % dt.itemsize:
-        raise ValueError(f"packed scores: {len(buf)} bytes is not a multiple of the {dt.itemsize}-byte record")
-    return np.frombuffer(buf, dtype=dt)
+    return records(buf, record_dtype(k))
