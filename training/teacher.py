@@ -41,6 +41,9 @@ class TeacherJobConfig(JobConfig):
     teacher_model: str = help_field("", "model name sent to an endpoint teacher")
     api_key_env: str = help_field("OPENAI_API_KEY", "name of the env var holding the endpoint's API key")
     scripted_skill: float = help_field(1.0, "scripted teacher quality in [0, 1]; 1 is the reference solution")
+    scripted_faults: dict[str, float] = help_field(
+        {}, "fixed fault probabilities of the scripted diagram teacher, e.g. {'omit_edges': 0.5}: "
+            "a teacher habit that SFT copies and RL has to undo")
     split: str = help_field("train", "prompts to answer ('train'; never train on 'holdout')")
     num_prompts: int = help_field(128, "prompts to answer")
     samples_per_prompt: int = help_field(1, "teacher answers per prompt")
@@ -57,6 +60,12 @@ class TeacherJobConfig(JobConfig):
             raise ValueError("teacher: required ('scripted', a model path or an endpoint URL)")
         if not 0.0 <= self.scripted_skill <= 1.0:
             raise ValueError("scripted_skill: must be in [0, 1]")
+        if self.scripted_faults:
+            if self.teacher != "scripted":
+                raise ValueError("scripted_faults: only for teacher 'scripted'")
+            from training.environments.diagram import ScriptedDiagramPolicy
+
+            self.scripted_faults = ScriptedDiagramPolicy.check_faults(self.scripted_faults, "scripted_faults")
         if self.split not in ("train", "holdout"):
             raise ValueError("split: must be 'train' or 'holdout'")
         if self.num_prompts < 1:
@@ -79,12 +88,13 @@ def scripted_teacher(env, config: TeacherJobConfig) -> Answerer:
     policy = None
     if not hasattr(env, "solve"):
         raise ValueError(f"teacher: environment {env.name!r} has no scripted solver; use a model or endpoint")
-    if config.scripted_skill < 1.0:
+    if config.scripted_skill < 1.0 or config.scripted_faults:
         if env.name != "diagram":
-            raise ValueError("scripted_skill: a noisy scripted teacher exists only for the diagram environment")
+            field = "scripted_skill" if config.scripted_skill < 1.0 else "scripted_faults"
+            raise ValueError(f"{field}: a noisy scripted teacher exists only for the diagram environment")
         from training.environments.diagram import ScriptedDiagramPolicy
 
-        policy = ScriptedDiagramPolicy(seed=config.seed, skill=config.scripted_skill)
+        policy = ScriptedDiagramPolicy(seed=config.seed, skill=config.scripted_skill, faults=config.scripted_faults)
 
     def answer(prompts):
         out = []

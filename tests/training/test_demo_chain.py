@@ -43,6 +43,21 @@ def test_it_lists_valid_job_configs_in_queue_order(tmp_path):
     assert chain[1][1] is not demo_chain_configs("diagram")[1][1]  # callers may mutate their copy
 
 
+def test_its_teacher_data_carries_the_habit_that_grpo_is_there_to_undo(tmp_path):
+    """Half the teacher's answers forget every connection; the format filter keeps them."""
+    from training.common import read_jsonl
+    from training.teacher import TeacherJobConfig, main
+
+    config = dict(demo_chain_configs())["teacher"]
+    summary = main(TeacherJobConfig.from_dict({**config, "num_prompts": 64, "output_dir": str(tmp_path)}))
+    kept = read_jsonl(summary["dataset"])
+    assert summary["rejected"] == 0 and len(kept) == 64
+    lazy = [r for r in kept if '"connect"' not in r["completion"][0]["content"]]
+    assert 20 <= len(lazy) <= 44
+    assert all(r["scores"]["json_valid"] == r["scores"]["schema_valid"] == 1.0 for r in kept)
+    assert all(r["scores"]["semantic_coverage"] == 0.5 for r in lazy)  # every node, no edge
+
+
 def test_it_keeps_to_small_diagrams_everywhere_it_samples_prompts():
     from training.environments.diagram import DiagramEnvironment
 
@@ -107,3 +122,20 @@ def test_it_runs_the_whole_chain_in_process_and_prints_the_table(tmp_path, capsy
     table = capsys.readouterr().out
     assert "| before SFT" in table and "| after GRPO" in table and "chain as queued" in table
     assert (tmp_path / "demo_chain.md").read_text().strip() == table[table.index("| held-out"):].strip()
+
+
+@pytest.mark.slow
+def test_the_full_chain_makes_json_valid_with_sft_and_raises_coverage_with_grpo(tmp_path):
+    """The demo's claims, on the real configs (about three minutes on two cores): before SFT nothing is
+    valid, after SFT the JSON is, and GRPO raises held-out coverage (measured 0.545 -> 0.68, the share
+    of answers without connections 58% -> 9%; the margin below is ~4x the eval's noise)."""
+    from training.demo_chain import run_chain
+
+    rows = {r["name"]: r["summary"] for r in run_chain(tmp_path, log=lambda *_: None)}
+    before, after_sft, after_grpo = (rows[n]["component_means"] for n in
+                                     ("eval_before_sft", "eval_after_sft", "eval_after_grpo"))
+    assert rows["eval_before_sft"]["reward_mean"] < 0.05
+    assert before["json_valid"] < 0.05
+    assert after_sft["json_valid"] > 0.95
+    assert after_grpo["semantic_coverage"] > after_sft["semantic_coverage"] + 0.06
+    assert rows["eval_after_grpo"]["reward_mean"] > rows["eval_after_sft"]["reward_mean"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -312,6 +313,36 @@ def test_it_samples_a_variety_of_faults_at_low_skill(env: DiagramEnvironment) ->
         assert fragment in reasons
     assert any(" 1 out of bounds" in s["layout_quality"].reason for s in scored)
     assert any(s["semantic_coverage"].value < 1.0 and s["json_valid"].value == 1.0 for s in scored)
+
+
+def test_it_gives_a_teacher_habit_at_a_fixed_rate(env: DiagramEnvironment) -> None:
+    """omit_edges: valid, schema-correct answers without any connection, at the asked-for rate only."""
+    policy = ScriptedDiagramPolicy(seed=0, skill=1.0, faults={"omit_edges": 0.5})
+    prompts = env.prompts("train", 200)
+    scored = [env.score(p, policy.sample(p)) for p in prompts]
+    lazy = [s for s in scored if s["semantic_coverage"].value < 1.0]
+    assert 70 <= len(lazy) <= 130
+    assert all(s["json_valid"].value == s["schema_valid"].value == s["layout_quality"].value == 1.0
+               for s in scored)
+    assert all(re.search(r", 0/\d+ edges", s["semantic_coverage"].reason) for s in lazy)
+    assert all(s["semantic_coverage"].value == 1.0 for s in scored if s not in lazy)
+    # Without the habit the fault never fires and the stream of other faults is unchanged.
+    plain, zero = ScriptedDiagramPolicy(seed=3, skill=0.4), ScriptedDiagramPolicy(seed=3, skill=0.4,
+                                                                                  faults={"omit_edges": 0.0})
+    assert [plain.sample(p) for p in prompts[:30]] == [zero.sample(p) for p in prompts[:30]]
+    # A fixed rate replaces the skill-scaled one for a skill fault too.
+    never = ScriptedDiagramPolicy(seed=1, skill=0.0, faults={"prose": 0.0, "break_json": 0.0})
+    assert all(env.score(p, never.sample(p))["json_valid"].value >= 0.6 for p in prompts[:60])
+
+
+@pytest.mark.parametrize(("faults", "message"), [
+    ({"forget": 0.5}, "faults: unknown fault 'forget'"),
+    ({"omit_edges": 1.5}, "faults: omit_edges must be a probability in [0, 1], got 1.5"),
+    ({"drop_node": "0.2"}, "faults: drop_node must be a probability"),
+])
+def test_it_rejects_unknown_faults_and_bad_rates(faults: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        ScriptedDiagramPolicy(faults=faults)
 
 
 def test_it_samples_deterministically_from_a_seeded_rng(env: DiagramEnvironment) -> None:

@@ -7,6 +7,7 @@ check mechanics (loss logged, weights move, records well-formed), not that anyth
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -222,6 +223,38 @@ def test_it_keeps_only_valid_teacher_traces_and_records_rejections(tmp_path):
     states = [r["state"] for g in sink.groups for r in g["rollouts"]]
     assert sum(not s["kept"] for s in states) == summary["rejected"]
     assert len([line for line in sink.logs if line.startswith("rejected")]) == summary["rejected"]
+
+
+def test_it_keeps_a_format_valid_teacher_habit_when_asked_to(tmp_path):
+    """A scripted teacher that forgets the connections half the time, filtered on format only: the
+    dataset SFT gets carries the habit (the demo chain's setup for GRPO to undo)."""
+    from training.common import read_jsonl
+    from training.teacher import TeacherJobConfig, main
+
+    config = TeacherJobConfig(output_dir=str(tmp_path), num_prompts=40, scripted_faults={"omit_edges": 0.5},
+                              min_reward=0.0, min_scores={"json_valid": 1.0, "schema_valid": 1.0})
+    summary = main(config)
+    kept = read_jsonl(summary["dataset"])
+    assert summary["rejected"] == 0 and len(kept) == 40
+    lazy = [r for r in kept if '"connect"' not in r["completion"][0]["content"]]
+    assert 10 <= len(lazy) <= 30 and all(r["scores"]["semantic_coverage"] < 1.0 for r in lazy)
+    # The default filter (weighted score >= 0.9) rejects exactly those answers.
+    strict = main(TeacherJobConfig(output_dir=str(tmp_path / "strict"), num_prompts=40,
+                                   scripted_faults={"omit_edges": 0.5}))
+    assert strict["rejected"] == len(lazy) and strict["kept"] == 40 - len(lazy)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"scripted_faults": {"omit_edge": 0.5}}, "scripted_faults: unknown fault 'omit_edge'"),
+    ({"scripted_faults": {"omit_edges": -0.1}}, "scripted_faults: omit_edges must be a probability"),
+    ({"scripted_faults": {"omit_edges": 0.5}, "teacher": "http://localhost:1/v1"},
+     "scripted_faults: only for teacher 'scripted'"),
+])
+def test_it_rejects_bad_scripted_faults(tmp_path, fields, message):
+    from training.teacher import TeacherJobConfig
+
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        TeacherJobConfig(output_dir=str(tmp_path), **fields)
 
 
 def test_it_uses_an_openai_compatible_endpoint_teacher(tmp_path, monkeypatch):

@@ -688,12 +688,32 @@ class ScriptedDiagramPolicy:
         "prose": 0.12, "break_json": 0.2, "drop_node": 0.35, "drop_edge": 0.4, "extra_node": 0.15,
         "duplicate": 0.15, "bad_field": 0.2, "overlap": 0.35, "out_of_bounds": 0.25,
     }
+    # Faults that only happen at a rate given in `faults` (never scaled by skill). omit_edges: a lazy
+    # teacher that draws the shapes and forgets every connection; the answer stays valid JSON and
+    # schema-correct, so a format filter keeps it and SFT learns the habit.
+    HABITS: ClassVar[tuple[str, ...]] = ("omit_edges",)
 
-    def __init__(self, seed: int = 0, skill: float = 0.5) -> None:
+    def __init__(self, seed: int = 0, skill: float = 0.5, faults: dict[str, float] | None = None) -> None:
         self.rng = random.Random(seed)
         self.skill = skill
+        self.faults = self.check_faults(faults or {})
+
+    @classmethod
+    def check_faults(cls, faults: dict[str, float], field: str = "faults") -> dict[str, float]:
+        """Fixed per-sample fault probabilities; a ValueError names the bad entry."""
+        known = (*cls.RATES, *cls.HABITS)
+        out = {}
+        for name, rate in faults.items():
+            if name not in known:
+                raise ValueError(f"{field}: unknown fault {name!r} (known: {', '.join(known)})")
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{field}: {name} must be a probability in [0, 1], got {rate!r}")
+            out[name] = float(rate)
+        return out
 
     def _hit(self, rng: random.Random, fault: str) -> bool:
+        if fault in self.faults:
+            return rng.random() < self.faults[fault]
         return rng.random() < self.RATES[fault] * (1.0 - min(max(self.skill, 0.0), 1.0))
 
     def sample(self, prompt: Prompt, rng: random.Random | None = None) -> str:
@@ -708,6 +728,8 @@ class ScriptedDiagramPolicy:
             actions.remove(victim)
             if rng.random() < 0.5:  # also drop its edges; otherwise they dangle (schema errors)
                 actions = [a for a in actions if victim["id"] not in (a.get("from"), a.get("to"))]
+        if self.faults.get("omit_edges") and self._hit(rng, "omit_edges"):  # no draw unless asked for
+            actions = [a for a in actions if a["action"] != "connect"]
         edges = [a for a in actions if a["action"] == "connect"]
         if self._hit(rng, "drop_edge") and edges:
             actions.remove(rng.choice(edges))
