@@ -75,7 +75,8 @@ def test_it_pages_rollouts_sorted_by_a_component_with_stable_ties(api, personas,
     for order in ("asc", "desc"):
         seen, cursor = [], None
         while True:
-            url = f"/api/v1/runs/{run.id}/rollouts/?sort=correct&order={order}&limit=4" + (f"&cursor={cursor}" if cursor else "")
+            url = f"/api/v1/runs/{run.id}/rollouts/?sort=correct&order={order}&limit=4"
+            url += f"&cursor={cursor}" if cursor else ""
             data = c.get(url).json()
             seen += [(r["rewards"]["correct"], r["id"]) for r in data["rollouts"]]
             cursor = data["next"]
@@ -100,7 +101,8 @@ def test_it_filters_rollouts_by_step_and_reports_group_std(api, personas, run):
 def test_it_returns_a_group_with_component_stats(api, personas, run):
     from webapp.rollouts.ingest import ingest_groups
 
-    ingest_groups(run, {"groups": [make_group(3, "g", [{"correct": 1.0, "format": 1.0}, {"correct": 0.0, "format": 1.0}])]})
+    scores = [{"correct": 1.0, "format": 1.0}, {"correct": 0.0, "format": 1.0}]
+    ingest_groups(run, {"groups": [make_group(3, "g", scores)]})
     data = api(personas["viewer"]).get(f"/api/v1/runs/{run.id}/groups/?step=3&key=g").json()
     assert data["components"]["format"]["zero_std"] is True
     assert data["components"]["correct"]["std"] == pytest.approx(0.7071, abs=1e-3)

@@ -83,7 +83,8 @@ def test_it_is_idempotent_on_step_and_key(run):
 @pytest.mark.parametrize(
     "mutate, field",
     [
-        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(unknown=1.0), "groups[1].rollouts[0].rewards.unknown"),
+        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(unknown=1.0),
+         "groups[1].rollouts[0].rewards.unknown"),
         (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct="high"),
          "groups[1].rollouts[0].rewards.correct"),
         (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct=float("inf")),

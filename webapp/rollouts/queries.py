@@ -260,13 +260,15 @@ def _hydrate(
     by_id = Rollout.objects.in_bulk(ids)
     values: dict[int, dict[str, float | None]] = {i: {} for i in ids}
     names = {c.id: c.name for c in comps}
-    for rid, cid, v in RewardScore.objects.filter(rollout_id__in=ids).values_list("rollout_id", "component_id", "value"):
+    scores = RewardScore.objects.filter(rollout_id__in=ids).values_list("rollout_id", "component_id", "value")
+    for rid, cid, v in scores:
         values[rid][names.get(cid, str(cid))] = v
     group_ids = {r.group_id for r in by_id.values()}
     stds: dict[int, float | None] = {}
     if sorted_comp is not None:
         stds = dict(
-            GroupComponentStat.objects.filter(group_id__in=group_ids, component=sorted_comp).values_list("group_id", "std")
+            GroupComponentStat.objects.filter(group_id__in=group_ids, component=sorted_comp)
+            .values_list("group_id", "std")
         )
     else:
         from webapp.rollouts.models import Group
