@@ -54,6 +54,8 @@ def queue_demo_chain(env_name: str = "diagram") -> list[str]:
             enqueue_run(run.id)
         lines.append(f"queued run {run.id}: {run.name} ({stage.kind})"
                      + (f", after run {parent.id}" if parent else ""))
+    evals = "&".join(f"run={r.id}" for r in runs.values() if r.kind == Run.Kind.EVAL)
+    lines.append(f"held-out evals side by side, once they finish: /jobs/compare/?{evals}")
     return lines
 
 

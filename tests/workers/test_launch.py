@@ -1,5 +1,7 @@
 """Queueing: routing by kind, chains that wait for their parent, the demo chain queued once."""
 
+import pytest
+
 from webapp.runs.models import Run
 
 
@@ -11,7 +13,7 @@ def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, 
     monkeypatch.setattr(launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
     lines = launch.queue_demo_chain()
     runs = {r.name: r for r in Run.objects.all()}
-    assert len(runs) == len(lines) == 6
+    assert len(runs) == len(lines) - 1 == 6
     teacher, sft, grpo = runs["demo · teacher"], runs["demo · sft"], runs["demo · grpo"]
     before, after = runs["demo · eval before sft"], runs["demo · eval after grpo"]
     middle = runs["demo · eval after sft"]
@@ -20,6 +22,7 @@ def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, 
     assert sft.parent == teacher and sft.base_model == "tiny:diagram" and sft.config["start_after_parent"]
     assert grpo.parent == sft and grpo.base_model == f"run:{sft.id}"
     assert after.parent == grpo and after.base_model == f"run:{grpo.id}"
+    assert lines[-1].endswith(f"/jobs/compare/?run={before.id}&run={middle.id}&run={after.id}")
     assert launch.queue_demo_chain()[0].startswith("demo training chain already queued")
     assert Run.objects.count() == 6
 
@@ -64,6 +67,43 @@ def test_it_overlays_runs_on_the_compare_page_as_a_list_of_figures(client_as, ru
     assert {f["layout"]["title"]["text"] for f in figures[1:]} >= {"correct mean"}
     bad = client_as("viewer").get("/jobs/compare/?run=x")
     assert bad.status_code == 400
+
+
+def test_it_sets_held_out_evals_side_by_side_on_the_compare_page(client_as, env3):
+    import json
+    import re
+
+    from tests.conftest import make_group
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.services import create_run
+
+    def eval_run(name, groups, kind="eval"):
+        run = create_run(name=name, kind=kind, environment=env3, config={}, base_model=f"model-{name}")
+        ingest_groups(run, {"groups": [{**g, "split": "holdout"} for g in groups]})
+        return run
+
+    # before: 2 groups, correct 0/2 and 1/2; after: one group of 4 with 3 correct, and format always met
+    before = eval_run("before", [make_group(0, "a", [{"correct": 0.0, "format": 1.0}] * 2),
+                                 make_group(0, "b", [{"correct": 1.0, "format": 1.0},
+                                                     {"correct": 0.0, "format": 0.0}])])
+    after = eval_run("after", [make_group(5, "a", [{"correct": 1.0, "format": 1.0}] * 3
+                                          + [{"correct": 0.0, "format": 1.0}])])
+    r = client_as("viewer").get(f"/jobs/compare/?run={after.id}&run={before.id}")
+    evals = r.context["evals"]
+    assert [row["run"].id for row in evals["rows"]] == [after.id, before.id]  # the order asked for
+    assert evals["names"] == ["correct", "format"]
+    by_name = {row["run"].name: row for row in evals["rows"]}
+    assert by_name["before"]["means"] == [pytest.approx(0.25), pytest.approx(0.75)]
+    assert by_name["after"]["means"] == [pytest.approx(0.75), pytest.approx(1.0)]
+    assert (by_name["before"]["groups"], by_name["before"]["rollouts"]) == (2, 4)
+    html = r.content.decode()
+    assert "Held-out evals" in html and "model-before" in html
+    raw = re.search(r'<script id="eval-figure" type="application/json">(.*?)</script>', html, re.S).group(1)
+    bars = json.loads(raw)["data"]
+    assert [b["type"] for b in bars] == ["bar", "bar"] and bars[1]["y"] == [pytest.approx(0.25), pytest.approx(0.75)]
+    # Training runs alone: no eval section.
+    grpo = eval_run("grpo", [make_group(0, "a", [{"correct": 1.0}, {"correct": 0.0}])], kind="grpo")
+    assert client_as("viewer").get(f"/jobs/compare/?run={grpo.id}").context["evals"] is None
 
 
 def test_job_children_let_idle_openmp_threads_sleep_unless_told_otherwise(monkeypatch):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Avg
+from django.db.models import Avg, Count, F, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST, require_safe
@@ -92,11 +92,43 @@ def compare(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return render(request, "jobs/compare.html", {"error": "run: must be run ids"}, status=400)
     runs = list(Run.objects.filter(id__in=ids).select_related("environment"))
+    runs.sort(key=lambda r: ids.index(r.id))  # the order asked for: before / after reads left to right
     figures = compare_figures(runs) if runs else []
+    evals = eval_summary([r for r in runs if r.kind == Run.Kind.EVAL])
     return render(request, "jobs/compare.html", {
         "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
-        "figures": figures,
+        "figures": figures, "evals": evals,
     })
+
+
+def eval_summary(runs: list[Run]) -> dict | None:
+    """Held-out evals side by side: one row per eval run (rollouts, reward mean, each component's mean
+    over its rollouts) and a grouped bar chart of the component means. Single-step runs read badly as
+    curves; this is what a before/after comparison of checkpoints wants."""
+    if not runs:
+        return None
+    ids = [r.id for r in runs]
+    totals = {g["run"]: g for g in RolloutGroup.objects.filter(run_id__in=ids).values("run").annotate(
+        groups=Count("id"), rollouts=Sum("size"), weighted=Sum(F("reward_mean") * F("size")))}
+    means: dict[int, dict[str, float | None]] = {i: {} for i in ids}
+    names: list[str] = []
+    stats = (GroupComponentStat.objects.filter(run_id__in=ids).values("run", "component__name")
+             .annotate(weighted=Sum(F("mean") * F("count")), n=Sum("count")).order_by("component__name"))
+    for s in stats:
+        if s["component__name"] not in names:
+            names.append(s["component__name"])
+        means[s["run"]][s["component__name"]] = s["weighted"] / s["n"] if s["n"] and s["weighted"] is not None else None
+    rows = []
+    for run in runs:
+        t = totals.get(run.id) or {}
+        reward = t["weighted"] / t["rollouts"] if t.get("rollouts") and t.get("weighted") is not None else None
+        rows.append({"run": run, "groups": t.get("groups", 0), "rollouts": t.get("rollouts") or 0,
+                     "reward": reward, "means": [means[run.id].get(n) for n in names]})
+    figure = {"data": [{"type": "bar", "name": f"{r['run'].id} {r['run'].name}"[:40], "x": names, "y": r["means"]}
+                       for r in rows],
+              "layout": {"title": {"text": "held-out component means"}, "barmode": "group", "height": 320,
+                         "margin": {"t": 40, "r": 10}}}
+    return {"names": names, "rows": rows, "figure": figure}
 
 
 def compare_figures(runs: list[Run]) -> list[dict]:
