@@ -36,9 +36,9 @@ def queue_demo_chain(env_name: str = "diagram") -> list[str]:
     from training.environments import get_environment
     from webapp.rollouts.services import create_run, environment_from_training
 
-    existing = Run.objects.filter(config__demo_chain=True).count()
+    existing = list(Run.objects.filter(config__demo_chain=True).order_by("id"))
     if existing:
-        return [f"demo training chain already queued ({existing} runs)"]
+        return [f"demo training chain already queued ({len(existing)} runs)", _compare_line(existing)]
     env = environment_from_training(get_environment(env_name))
     owner = _demo_owner()
     runs: dict[str, Run] = {}
@@ -54,9 +54,13 @@ def queue_demo_chain(env_name: str = "diagram") -> list[str]:
             enqueue_run(run.id)
         lines.append(f"queued run {run.id}: {run.name} ({stage.kind})"
                      + (f", after run {parent.id}" if parent else ""))
-    evals = "&".join(f"run={r.id}" for r in runs.values() if r.kind == Run.Kind.EVAL)
-    lines.append(f"held-out evals side by side, once they finish: /jobs/compare/?{evals}")
+    lines.append(_compare_line(list(runs.values())))
     return lines
+
+
+def _compare_line(runs: list[Run]) -> str:
+    evals = "&".join(f"run={r.id}" for r in runs if r.kind == Run.Kind.EVAL)
+    return f"held-out evals side by side, once they finish: /jobs/compare/?{evals}"
 
 
 def _demo_owner():

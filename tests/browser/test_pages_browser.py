@@ -205,3 +205,28 @@ def test_it_runs_no_script_from_hostile_transcripts(page, live_server, hostile_r
     page.wait_for_timeout(200)
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert page.dialogs == []
+
+
+def test_it_draws_held_out_evals_side_by_side_and_runs_no_script_from_run_names(page, live_server, env3, personas,
+                                                                            shot):
+    from tests.conftest import make_group
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.services import create_run
+
+    ids = []
+    for i, name in enumerate(["eval before", XSS_BITS[1] + " eval after"]):
+        run = create_run(name=name, kind="eval", environment=env3, config={}, base_model=XSS_BITS[0])
+        rollouts = [{"correct": float(j < i + 1), "format": 1.0} for j in range(4)]
+        ingest_groups(run, {"groups": [{**make_group(i * 10, "p", rollouts), "split": "holdout"}]})
+        ids.append(run.id)
+    login(page, live_server, "viewer", PASSWORD)
+    page.goto(f"{live_server.url}/jobs/compare/?run={ids[0]}&run={ids[1]}")
+    page.wait_for_selector("#eval-chart .main-svg")
+    cells = page.eval_on_selector_all("#eval-summary tbody tr", "rs => rs.map(r => r.cells[5].textContent)")
+    assert cells == ["0.250", "0.500"]  # correct: 1 of 4, then 2 of 4
+    assert page.locator("#eval-chart g.trace.bars").count() == 2
+    page.wait_for_timeout(200)
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.locator('img[src="x"]').count() == 0 and page.dialogs == [] and page.page_errors == []
+    assert "window.__pwned = 1" in page.inner_text("#eval-summary")  # the model name, shown as text
+    shot(page, "08-compare-evals")

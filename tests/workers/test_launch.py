@@ -23,7 +23,8 @@ def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, 
     assert grpo.parent == sft and grpo.base_model == f"run:{sft.id}"
     assert after.parent == grpo and after.base_model == f"run:{grpo.id}"
     assert lines[-1].endswith(f"/jobs/compare/?run={before.id}&run={middle.id}&run={after.id}")
-    assert launch.queue_demo_chain()[0].startswith("demo training chain already queued")
+    again = launch.queue_demo_chain()
+    assert again[0].startswith("demo training chain already queued") and again[1] == lines[-1]
     assert Run.objects.count() == 6
 
 
