@@ -79,6 +79,26 @@ def _storable_text(s: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+class DiscardSink:
+    """Takes everything and keeps nothing: the sink of the non-primary processes of a multi-process
+    job (TRL gathers their rollouts and metrics to process 0, which records them once)."""
+
+    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+        pass
+
+    def write_metrics(self, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def log(self, line: str) -> None:
+        pass
+
+    def progress(self, step: int, total: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MemorySink:
     def __init__(self) -> None:
         self.groups: list[dict[str, Any]] = []

@@ -38,6 +38,7 @@ def main(run_id: int) -> int:
     import django
 
     django.setup()
+    from training.sinks import DiscardSink
     from webapp.runs.models import Run
     from workers.jobs import job_config, job_module, output_dir
     from workers.sinks import DatabaseSink
@@ -47,7 +48,10 @@ def main(run_id: int) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     run = Run.objects.get(id=run_id)
-    sink = DatabaseSink(run_id)
+    # Under `accelerate launch` every process runs this; TRL gathers rollouts and metrics to process 0,
+    # which alone writes to the run. The others run the same code with a sink that keeps nothing.
+    primary = int(os.environ.get("RANK", "0") or 0) == 0
+    sink = DatabaseSink(run_id) if primary else DiscardSink()
     try:
         config = job_config(run)
     except (ValueError, TypeError) as e:
@@ -55,7 +59,8 @@ def main(run_id: int) -> int:
         print(f"invalid job config: {e}", file=sys.stderr)
         return 2
     out = output_dir(run)
-    Run.objects.filter(id=run_id).update(output_dir=str(out), config={**run.config, "resolved": config.to_dict()})
+    if primary:
+        Run.objects.filter(id=run_id).update(output_dir=str(out), config={**run.config, "resolved": config.to_dict()})
     sink.log(f"starting {run.kind} job for run {run_id} on device {getattr(config, 'device', 'auto')}")
     try:
         summary = job_module(run.kind).main(config, sink=sink)
@@ -67,7 +72,8 @@ def main(run_id: int) -> int:
         sink.log(tb)
         print(tb, file=sys.stderr)
         return 1
-    Run.objects.filter(id=run_id).update(summary=_jsonable(summary))
+    if primary:
+        Run.objects.filter(id=run_id).update(summary=_jsonable(summary))
     sink.log(f"finished: {summary}")
     return 0
 

@@ -54,12 +54,33 @@ def recompute_run_stats(run_id: int) -> str:
     return f"run {run_id}: recomputed {out['groups']} groups, {out['rollouts']} rollouts"
 
 
-def _child_command(run) -> list[str]:
+def visible_gpus() -> int:
+    """CUDA devices this worker may use: none when WORKER_DEVICE names the CPU."""
+    from django.conf import settings
+
+    if settings.WORKER_DEVICE == "cpu":
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # torch missing or a broken driver
+        return 0
+
+
+def _child_command(run, gpus_here: int | None = None) -> list[str]:
+    """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU path,
+    one process per GPU) when the run asks for several GPUs. A ValueError names what is missing:
+    accelerate on a host without enough GPUs would fall back to ONE process without a word."""
     gpus = int((run.config or {}).get("num_gpus", 1) or 1)
-    if gpus > 1:  # TRL's own multi-GPU path: one process per GPU under accelerate
-        return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpus),
-                "-m", "workers.job", str(run.id)]
-    return [sys.executable, "-m", "workers.job", str(run.id)]
+    job = ["-m", "workers.job", str(run.id)]
+    if gpus <= 1:
+        return [sys.executable, *job]
+    available = visible_gpus() if gpus_here is None else gpus_here
+    if available < gpus:
+        raise ValueError(f"num_gpus: the job asks for {gpus} GPUs, this worker has {available}")
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
+            "--num_processes", str(gpus), *job]
 
 
 def _tail(path: Path) -> str:
@@ -94,8 +115,14 @@ def run_job(self, run_id: int) -> str:
     out = output_dir(run)
     out.mkdir(parents=True, exist_ok=True)
     child_log = out / "job.log"
+    try:
+        command = _child_command(run)
+    except ValueError as e:
+        run.mark_failed(str(e))
+        _after(run)
+        return f"run {run_id} failed ({e})"
     with open(child_log, "ab") as fh:
-        proc = subprocess.Popen(_child_command(run), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=Path(__file__).resolve().parents[1],
                                 env=child_env())
     Run.objects.filter(id=run_id).update(pid=proc.pid, output_dir=str(out))

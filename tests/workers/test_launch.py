@@ -116,3 +116,35 @@ def test_job_children_let_idle_openmp_threads_sleep_unless_told_otherwise(monkey
     assert env["RD_WORKER_PID"].isdigit()
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # an operator's explicit choice wins
     assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_it_runs_a_several_gpu_job_under_accelerate_and_refuses_one_it_cannot_place(env3, settings, monkeypatch):
+    from webapp.rollouts.services import create_run
+    from workers.tasks import _child_command, run_job
+
+    one = create_run(name="one", kind="grpo", environment=env3, config={})
+    assert _child_command(one, gpus_here=0)[1:] == ["-m", "workers.job", str(one.id)]
+    four = create_run(name="four", kind="grpo", environment=env3, config={"num_gpus": 4})
+    cmd = _child_command(four, gpus_here=8)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[-3:] == ["-m", "workers.job", str(four.id)]
+    with pytest.raises(ValueError, match=r"^num_gpus: the job asks for 4 GPUs, this worker has 2$"):
+        _child_command(four, gpus_here=2)
+    # On this CPU worker the run fails with that reason instead of silently training in one process.
+    settings.WORKER_DEVICE = "cpu"
+    settings.RUNS_DIR = settings.VAR_DIR / "test-runs"
+    monkeypatch.setattr("django.db.close_old_connections", lambda: None)  # it would close the test's transaction
+    assert "failed" in run_job.apply(args=[four.id]).get()
+    four.refresh_from_db()
+    assert four.status == "failed" and four.error.startswith("num_gpus: the job asks for 4 GPUs, this worker has 0")
+
+
+def test_its_launch_form_keeps_several_gpus_for_the_trainers(db):
+    from tests.workers.test_jobs_e2e import launch_data
+    from webapp.runs.forms import LaunchForm
+
+    form = LaunchForm("eval", launch_data("eval", num_gpus=2))
+    assert not form.is_valid() and "only SFT, GRPO and DPO jobs run on several GPUs" in form.errors["num_gpus"][0]
+    assert LaunchForm("eval", launch_data("eval", num_gpus=1)).is_valid()
+    grpo = LaunchForm("grpo", launch_data("grpo", num_gpus=2))
+    assert grpo.is_valid(), grpo.errors and grpo.cleaned_data["num_gpus"] == 2
