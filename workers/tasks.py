@@ -80,7 +80,15 @@ def _child_command(run, gpus_here: int | None = None) -> list[str]:
     if available < gpus:
         raise ValueError(f"num_gpus: the job asks for {gpus} GPUs, this worker has {available}")
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
-            "--num_processes", str(gpus), *job]
+            "--num_processes", str(gpus), "--main_process_port", str(_free_port()), *job]
+
+
+def _free_port() -> int:
+    """A port for the job's process group: several multi-GPU jobs on one host (one worker per GPU set)
+    must not all rendezvous on torch's default 29500."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _tail(path: Path) -> str:

@@ -128,6 +128,7 @@ def test_it_runs_a_several_gpu_job_under_accelerate_and_refuses_one_it_cannot_pl
     cmd = _child_command(four, gpus_here=8)
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
     assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[-3:] == ["-m", "workers.job", str(four.id)]
+    assert int(cmd[cmd.index("--main_process_port") + 1]) > 0  # a free port each: jobs side by side on a host
     with pytest.raises(ValueError, match=r"^num_gpus: the job asks for 4 GPUs, this worker has 2$"):
         _child_command(four, gpus_here=2)
     # On this CPU worker the run fails with that reason instead of silently training in one process.
