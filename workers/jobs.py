@@ -32,6 +32,14 @@ def config_class(kind: str) -> type:
     return getattr(job_module(kind), JOBS[kind][1])
 
 
+def runs_on_several_gpus(kind: str) -> bool:
+    """The trainers (TrainJobConfig: SFT, GRPO, DPO) can run one process per GPU; eval, teacher and
+    probe jobs would run N identical copies."""
+    from training.config import TrainJobConfig
+
+    return issubclass(config_class(kind), TrainJobConfig)
+
+
 def output_dir(run: Run) -> Path:
     return Path(settings.RUNS_DIR) / str(run.id)
 

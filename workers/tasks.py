@@ -54,28 +54,19 @@ def recompute_run_stats(run_id: int) -> str:
     return f"run {run_id}: recomputed {out['groups']} groups, {out['rollouts']} rollouts"
 
 
-def visible_gpus() -> int:
-    """CUDA devices this worker may use: none when WORKER_DEVICE names the CPU."""
-    from django.conf import settings
-
-    if settings.WORKER_DEVICE == "cpu":
-        return 0
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # torch missing or a broken driver
-        return 0
-
-
 def _child_command(run, gpus_here: int | None = None) -> list[str]:
     """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU path,
     one process per GPU) when the run asks for several GPUs. A ValueError names what is missing:
     accelerate on a host without enough GPUs would fall back to ONE process without a word."""
+    from webapp.runs.services import visible_gpus
+    from workers.jobs import runs_on_several_gpus
+
     gpus = int((run.config or {}).get("num_gpus", 1) or 1)
     job = ["-m", "workers.job", str(run.id)]
     if gpus <= 1:
         return [sys.executable, *job]
+    if not runs_on_several_gpus(run.kind):
+        raise ValueError(f"num_gpus: only SFT, GRPO and DPO jobs run on several GPUs, not {run.kind}")
     available = visible_gpus() if gpus_here is None else gpus_here
     if available < gpus:
         raise ValueError(f"num_gpus: the job asks for {gpus} GPUs, this worker has {available}")

@@ -131,6 +131,9 @@ def test_it_runs_a_several_gpu_job_under_accelerate_and_refuses_one_it_cannot_pl
     assert int(cmd[cmd.index("--main_process_port") + 1]) > 0  # a free port each: jobs side by side on a host
     with pytest.raises(ValueError, match=r"^num_gpus: the job asks for 4 GPUs, this worker has 2$"):
         _child_command(four, gpus_here=2)
+    evals = create_run(name="eval", kind="eval", environment=env3, config={"num_gpus": 2})
+    with pytest.raises(ValueError, match=r"^num_gpus: only SFT, GRPO and DPO jobs run on several GPUs, not eval$"):
+        _child_command(evals, gpus_here=8)
     # On this CPU worker the run fails with that reason instead of silently training in one process.
     settings.WORKER_DEVICE = "cpu"
     settings.RUNS_DIR = settings.VAR_DIR / "test-runs"

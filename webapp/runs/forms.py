@@ -63,11 +63,11 @@ class LaunchForm(forms.Form):
     num_gpus = forms.IntegerField(min_value=1, max_value=64, initial=1,
                                   help_text="GPUs on one host; >1 runs under accelerate launch")
 
-    MULTI_GPU_KINDS = ("sft", "grpo", "dpo")  # trainers; eval, teacher and probe run in one process
-
     def clean_num_gpus(self) -> int:
+        from workers.jobs import runs_on_several_gpus
+
         gpus = self.cleaned_data.get("num_gpus") or 1
-        if gpus > 1 and self.kind not in self.MULTI_GPU_KINDS:
+        if gpus > 1 and not runs_on_several_gpus(self.kind):
             raise forms.ValidationError("only SFT, GRPO and DPO jobs run on several GPUs; this job uses one")
         return gpus
 

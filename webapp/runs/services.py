@@ -26,15 +26,25 @@ def reap_stale_runs() -> int:
     return n
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process's jobs may use: none when WORKER_DEVICE names the CPU."""
+    if settings.WORKER_DEVICE == "cpu":
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # torch missing or a broken driver: the worker still runs CPU jobs
+        return 0
+
+
 def device_name() -> str:
     """The device jobs run on in this process: the worker's config, else CUDA when present, else CPU."""
     if settings.WORKER_DEVICE != "auto":
         return settings.WORKER_DEVICE
-    try:
+    gpus = visible_gpus()
+    if gpus:
         import torch
 
-        if torch.cuda.is_available():
-            return f"cuda ({torch.cuda.device_count()}x {torch.cuda.get_device_name(0)})"
-    except Exception:  # torch missing or a broken driver: the worker still runs CPU jobs
-        pass
+        return f"cuda ({gpus}x {torch.cuda.get_device_name(0)})"
     return "cpu"
