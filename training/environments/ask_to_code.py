@@ -297,6 +297,14 @@ def task_prompt(task: Task, key: str | None = None) -> Prompt:
                   messages=_messages(task))
 
 
+def stored_prompt(key: str, prompt: Any) -> Prompt | None:
+    """The Prompt of a stored group (for reward replay): its key names the task, with an optional round
+    suffix (see AskToCodeEnv.prompts); None for a key that names no task."""
+    task_key = re.sub(r"-r\d+$", "", key.removeprefix("ask_to_code-"))
+    task = TASKS_BY_KEY.get(task_key) or TASKS_BY_KEY.get(key.removeprefix("ask_to_code-"))
+    return None if task is None else task_prompt(task, key)
+
+
 class AskToCodeEnv:
     name = "ask_to_code"
     description = ("Multi-turn coding with a simulated user: the task omits one detail; ask about it, "

@@ -361,7 +361,10 @@ def schema_valid(prompt: Prompt, completion: Any) -> Score:
     return Score(canvas.n_applied / canvas.n_actions, reason)
 
 
-def semantic_coverage(prompt: Prompt, completion: Any) -> Score:
+def semantic_coverage(prompt: Prompt, completion: Any, *, extra_penalty: float = 0.5,
+                      min_coverage: float = 0.0) -> Score:
+    """Node and edge recall minus `extra_penalty` times the share of extras; a value below
+    `min_coverage` scores 0 (a stricter rule a reward replay can try without new code)."""
     nodes: list[str] = list(prompt.spec.get("nodes", []))
     edges = {(normalise(a), normalise(b)) for a, b in prompt.spec.get("edges", [])}
     if not nodes:
@@ -385,16 +388,18 @@ def semantic_coverage(prompt: Prompt, completion: Any) -> Score:
     extra_edges = len(canvas.edges) - edge_hits
     # Extras cost a bounded, mild share (one stray among five ~0.08) so that spamming shapes, or
     # drawing every possible edge to harvest recall, scores below the honest answer.
-    node_score = max(0.0, len(node_of) / len(wanted) - 0.5 * extra / (extra + len(wanted)))
+    node_score = max(0.0, len(node_of) / len(wanted) - extra_penalty * extra / (extra + len(wanted)))
     value = node_score
     if edges:
-        edge_score = edge_hits / len(edges) - 0.5 * extra_edges / (extra_edges + len(edges))
+        edge_score = edge_hits / len(edges) - extra_penalty * extra_edges / (extra_edges + len(edges))
         value = (node_score + max(0.0, edge_score)) / 2
     reason = f"{len(node_of)}/{len(wanted)} nodes, {edge_hits}/{len(edges)} edges"
     if extra:
         reason += f", {extra} extra nodes"
     if extra_edges:
         reason += f", {extra_edges} extra edges"
+    if value < min_coverage:
+        return Score(0.0, f"{reason}; {value:.2f} below the {min_coverage:g} threshold")
     return Score(value, reason)
 
 
@@ -408,6 +413,12 @@ def layout_quality(prompt: Prompt, completion: Any) -> Score:
     reason = f"{clear}/{n} shapes clear; {len(overlapping)} overlapping, {len(outside)} out of bounds"
     return Score(clear / n, reason)
 
+
+# Named parameter variants of the components, registered for reward replay (training/reward_versions.py).
+REWARD_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "semantic_coverage@strict": ("semantic_coverage", {"min_coverage": 0.8}),
+    "semantic_coverage@no_extras": ("semantic_coverage", {"extra_penalty": 2.0}),
+}
 
 COMPONENTS: list[Component] = [
     Component("json_valid", 0.2, json_valid, "behavioural", description="completion is a JSON list"),
@@ -769,3 +780,24 @@ class ScriptedDiagramPolicy:
         if rng.random() < 0.2:  # fences are tolerated: cosmetic variety, never a fault
             text = f"```json\n{text}\n```"
         return text
+
+
+_REQUEST_RE = re.compile(r"Request: Draw (?P<title>.*?)\. Nodes: (?P<nodes>.*?)\. Edges: (?P<edges>.*)\.\s*$",
+                         re.DOTALL)
+
+
+def stored_prompt(key: str, prompt: Any) -> Prompt | None:
+    """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line the policy saw;
+    None when the text is not a request of this environment (a replay then fails those rollouts)."""
+    text = prompt if isinstance(prompt, str) else completion_text(
+        [dict(m, role="assistant") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if isinstance(prompt, list) else None)
+    match = _REQUEST_RE.search(text or "")
+    if match is None:
+        return None
+    nodes = [n for n in match["nodes"].split(", ") if n]
+    edges = [e.split("->", 1) for e in match["edges"].split(", ") if "->" in e]
+    seeds = {f"diagram-seed-{slug}": fam for slug, fam, _, _ in SEED_REQUESTS}
+    family = seeds.get(key) or next((f for f in FAMILIES if key.startswith(f"diagram-{f.replace('_', '-')}-")), "")
+    return Prompt(key=key, text=text, split=split_of(match.group(0)[len("Request: "):].strip()),
+                  spec={"family": family, "nodes": nodes, "edges": edges})

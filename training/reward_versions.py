@@ -1,0 +1,297 @@
+"""Versioned reward components: what a replay re-scores stored transcripts with.
+
+A component version is the code a reward points to, an importable `module:function` deployed with the
+workers (never uploaded from a browser), its parameters (JSON keyword arguments of that function) and a
+hash of the function's source, so a stored replay says exactly which code produced its numbers:
+
+    >>> v = make_version("diagram", "semantic_coverage", "training.environments.diagram:semantic_coverage",
+    ...                  {"min_coverage": 0.8})
+    >>> v.params, len(v.source_hash)
+    ({'min_coverage': 0.8}, 16)
+
+Where versions come from:
+- every component of a built-in environment is registered as-is (its `Component.fn`, no parameters);
+- an environment module may list named variants in `REWARD_VARIANTS` ({name: (component, params)}),
+  e.g. a stricter coverage threshold, so a variant needs no new code at all;
+- a user's own module calls `register(...)` at import and is named in the RD_REWARD_MODULES
+  environment variable (comma separated) of the web and worker processes (docs/replay.md).
+
+Only registered targets can be replayed: a form or API call picks one and may change its parameters,
+which must be keyword parameters of the function (checked against its signature).
+
+Scoring fails closed: a function that raises, returns a non-number, NaN or infinity, or runs past its
+time limit gives a `Scored` with `ok=False` and the reason; it never raises into the caller. The
+component function keeps the environment contract, fn(prompt, completion, **params) -> Score (or a bare
+number, or a (value, reason) pair). Model-written code only ever runs through a component that uses
+training.sandbox (ask_to_code's correctness), never here.
+
+No Django here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.environments.base import Prompt
+
+DEFAULT_TIMEOUT_S = 10.0  # per rollout: the sandboxed ask_to_code tests take up to ~2.5 s
+MAX_REASON = 500
+MAX_PARAMS_CHARS = 10_000  # parameters are thresholds and small lists, not data
+
+
+class VersionError(ValueError):
+    """Bad version input; `field` names what is wrong (target, params.x, component...)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class ComponentVersion:
+    environment: str
+    component: str  # the stored component whose values this version replaces in a replay
+    target: str  # "module:function"
+    params: dict[str, Any] = field(default_factory=dict)
+    source_hash: str = ""
+    name: str = ""  # e.g. "semantic_coverage@strict"; "" for the component as deployed
+
+    @property
+    def label(self) -> str:
+        return self.name or self.component
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "component": self.component, "target": self.target,
+                "params": self.params, "source_hash": self.source_hash, "name": self.name}
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One replayed value. `ok=False`: the function failed on this rollout; `reason` says how."""
+
+    value: float | None
+    reason: str
+    ok: bool
+
+
+# ------------------------------------------------------------------------------------------- resolving
+
+
+def resolve(target: str) -> Callable[..., Any]:
+    """The function named by "module:function" (dotted attribute paths allowed after the colon)."""
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise VersionError("target", "must be 'module:function'")
+    module_name, attr = target.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # a broken user module raises anything at import
+        raise VersionError("target", f"module {module_name[:100]!r} does not import: {type(e).__name__}: "
+                                     f"{str(e)[:200]}") from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise VersionError("target", f"{module_name[:100]} has no attribute {attr[:100]!r}")
+    if not callable(obj):
+        raise VersionError("target", f"{target[:200]} is not callable")
+    return obj
+
+
+def source_hash(fn: Callable[..., Any]) -> str:
+    """sha256 of the function's source (first 16 hex digits), as Component.source_hash computes it."""
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = repr(fn)
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+def target_of(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def check_params(fn: Callable[..., Any], params: Any) -> dict[str, Any]:
+    """`params` as a clean dict: a JSON object whose keys are keyword parameters of `fn`."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise VersionError("params", "must be a JSON object of parameter name -> value")
+    try:
+        text = json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError):
+        raise VersionError("params", "must hold only JSON values (finite numbers, strings, lists, objects)") from None
+    if len(text) > MAX_PARAMS_CHARS:
+        raise VersionError("params", f"longer than {MAX_PARAMS_CHARS} characters")
+    sig = inspect.signature(fn)
+    named = {n: p for n, p in sig.parameters.items()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    for key in params:
+        if key not in named or key in ("prompt", "completion"):
+            have = ", ".join(n for n in named if n not in ("prompt", "completion")) or "none"
+            raise VersionError(f"params.{str(key)[:80]}", f"not a parameter of {target_of(fn)} (it takes: {have})")
+    return json.loads(text)
+
+
+def make_version(environment: str, component: str, target: str, params: Any = None,
+                 name: str = "") -> ComponentVersion:
+    """A checked version: the target imports and is callable, the params fit its signature."""
+    if not isinstance(component, str) or not component:
+        raise VersionError("component", "must be a component name")
+    fn = resolve(target)
+    clean = check_params(fn, params)
+    return ComponentVersion(environment, component, target, clean, source_hash(fn), name)
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[tuple[str, str], ComponentVersion] = {}  # (environment, label) -> version
+_lock = threading.Lock()
+_loaded = False
+
+
+def register(environment: str, component: str, target: str, params: Any = None, name: str = "") -> ComponentVersion:
+    """Register a version (a user's module calls this at import). Returns it; re-registering replaces."""
+    version = make_version(environment, component, target, params, name)
+    with _lock:
+        _REGISTRY[(environment, version.label)] = version
+    return version
+
+
+def _register_environment(env_name: str) -> None:
+    from training.environments import get_environment
+
+    env = get_environment(env_name)
+    for comp in env.components:
+        register(env_name, comp.name, target_of(comp.fn))
+    module = importlib.import_module(type(env).__module__)
+    for name, (comp_name, params) in getattr(module, "REWARD_VARIANTS", {}).items():
+        fn = next(c.fn for c in env.components if c.name == comp_name)
+        register(env_name, comp_name, target_of(fn), params, name=name)
+
+
+def load(extra_modules: str | None = None) -> None:
+    """Register the built-in environments' components and variants, then import the user modules named in
+    RD_REWARD_MODULES (or `extra_modules`). Idempotent; a module that fails to import raises VersionError."""
+    global _loaded
+    if _loaded and extra_modules is None:
+        return
+    from training.environments import available_environments
+
+    for env_name in available_environments():
+        _register_environment(env_name)
+    names = os.environ.get("RD_REWARD_MODULES", "") if extra_modules is None else extra_modules
+    for module_name in filter(None, (m.strip() for m in names.split(","))):
+        try:
+            importlib.import_module(module_name)
+        except Exception as e:
+            raise VersionError("RD_REWARD_MODULES", f"{module_name[:100]} does not import: {e}") from None
+    _loaded = True
+
+
+def registered(environment: str | None = None) -> list[ComponentVersion]:
+    load()
+    with _lock:
+        items = list(_REGISTRY.values())
+    return [v for v in items if environment is None or v.environment == environment]
+
+
+def lookup(environment: str, label: str) -> ComponentVersion:
+    load()
+    with _lock:
+        version = _REGISTRY.get((environment, label))
+    if version is None:
+        have = ", ".join(v.label for v in registered(environment)) or "none"
+        raise VersionError("version", f"{label[:100]!r} is not registered for {environment[:100]} (registered: {have})")
+    return version
+
+
+def from_spec(environment: str, spec: Any, path: str = "versions[0]") -> ComponentVersion:
+    """A version from user input {"version": label, "params": {...}?}: the registered target, with the
+    given parameters over the registered ones. Unregistered targets are refused: only deployed code runs."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("version"), str):
+        raise VersionError(path, 'must be an object {"version": registered name, "params": {...}}')
+    extra = set(spec) - {"version", "params"}
+    if extra:
+        raise VersionError(f"{path}.{sorted(extra)[0][:80]}", "unknown key; expected version, params")
+    try:
+        base = lookup(environment, spec["version"])
+        params = {**base.params, **(spec.get("params") or {})} if spec.get("params") is not None else base.params
+        name = base.name if spec.get("params") is None else f"{base.label}+params"
+        return make_version(environment, base.component, base.target, params, name)
+    except VersionError as e:
+        raise VersionError(f"{path}.{e.field}", e.message) from None
+
+
+# ------------------------------------------------------------------------------------------- scoring
+
+
+class _Timeout(BaseException):
+    """BaseException: a component's own `except Exception` must not swallow our deadline."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _Timeout()
+
+
+def _as_value(out: Any) -> tuple[Any, str]:
+    """(value, reason) from a Score, a (value, reason) pair or a bare value."""
+    if isinstance(out, tuple) and len(out) == 2:
+        return out[0], str(out[1] or "")
+    if hasattr(out, "value"):
+        return out.value, str(getattr(out, "reason", "") or "")
+    return out, ""
+
+
+def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, completion: Any,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> Scored:
+    """Call the component on one rollout, failing closed. The time limit interrupts the call when we are
+    on the main thread (a Celery worker's task, a command); elsewhere an over-long call is still refused
+    after it returns."""
+    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    t0 = time.monotonic()
+    if use_alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        out = fn(prompt, completion, **params)
+    except _Timeout:
+        return Scored(None, f"failed: took longer than {timeout_s:g} s", False)
+    except Exception as e:
+        return Scored(None, f"failed: raised {type(e).__name__}: {str(e)[:200]}"[:MAX_REASON], False)
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if time.monotonic() - t0 > timeout_s:
+        return Scored(None, f"failed: took longer than {timeout_s:g} s", False)
+    value, reason = _as_value(out)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return Scored(None, f"failed: returned {type(value).__name__}, not a number", False)
+    if not math.isfinite(value):
+        why = f" ({reason[:200]})" if reason else ""
+        return Scored(None, f"failed: returned {value}{why}"[:MAX_REASON], False)
+    return Scored(float(value), reason[:MAX_REASON], True)
+
+
+def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
+    """The environment's Prompt (with its hidden spec) for a stored group, through the environment
+    module's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
+    from training.environments import get_environment
+
+    try:
+        env = get_environment(environment)
+    except KeyError:
+        return None
+    rebuild = getattr(importlib.import_module(type(env).__module__), "stored_prompt", None)
+    return None if rebuild is None else rebuild(key, prompt)
