@@ -38,6 +38,7 @@ class Baseline:
 
     scale_rewards: str = "group"
     aggregation: str = "sum_then_normalize"
+    eps: float = stats.EPS  # the trainer's constant in the advantage denominator (TRL 1e-4, verl 1e-6)
 
 
 def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
@@ -155,11 +156,11 @@ def ablate(
             data, g = data.select(perm), g[perm]
         blocks, layout = (None, size), {"group_size": size}
     base = stats.compute_advantages(data.matrix, data.weights, **layout, scale_rewards=baseline.scale_rewards,
-                                    aggregation=baseline.aggregation, batch_ids=data.steps)
+                                    aggregation=baseline.aggregation, batch_ids=data.steps, eps=baseline.eps)
     keep, w = resolve_weights(data.components, spec)
     kept = [c for c, k in zip(data.components, keep) if k]
     new = stats.compute_advantages(data.matrix[:, keep], w, **layout, scale_rewards=spec.scale_rewards,
-                                   aggregation=spec.aggregation, batch_ids=data.steps)
+                                   aggregation=spec.aggregation, batch_ids=data.steps, eps=baseline.eps)
     a0, a1 = base.advantages, new.advantages
     delta = np.abs(a1 - a0)
     tol = 1e-9

@@ -142,6 +142,7 @@ def compute_advantages(
     scale_rewards: ScaleRewards = "group",
     aggregation: Aggregation = "sum_then_normalize",
     batch_ids: np.ndarray | None = None,
+    eps: float = EPS,
 ) -> AdvantageResult:
     """GRPO advantages for N completions with K reward components, exactly as TRL computes them.
 
@@ -149,7 +150,8 @@ def compute_advantages(
     `group_ids` (N,) says which prompt-group each row belongs to (or pass `group_size` for TRL's
     layout of consecutive groups). `batch_ids` (N,) delimits what "batch" means for
     scale_rewards="batch" and for normalize_then_sum: TRL normalises over one generation batch,
-    which for stored rollouts is one training step. None means all rows form one batch.
+    which for stored rollouts is one training step. None means all rows form one batch. `eps` is the
+    constant added to the std (TRL 1e-4; verl 1e-6).
 
     >>> r = compute_advantages(np.array([[1.0], [0.0], [1.0], [1.0]]), [1.0], group_size=2)
     >>> [round(a, 4) for a in r.advantages.tolist()], r.is_std_zero.tolist()
@@ -182,17 +184,17 @@ def compute_advantages(
         with np.errstate(invalid="ignore"):
             adv = rewards - mean_rows
             if scale_rewards != "none":
-                adv = adv / (std_rows + EPS)
+                adv = adv / (std_rows + eps)
     elif aggregation == "normalize_then_sum":
         cs = group_stats(rpf, ids, m)
         std_k = np.where(sizes[:, None] > 1, cs.std, 0.0)
         with np.errstate(invalid="ignore"):
-            reward_k = (rpf - cs.mean[ids]) / (std_k[ids] + EPS)
+            reward_k = (rpf - cs.mean[ids]) / (std_k[ids] + eps)
         rewards = np.nansum(reward_k * w[None, :], axis=1)
         rewards[unscorable] = np.nan
         std_rows = _batch_std(rewards, batch_ids) if n > 1 else np.zeros(n)
         with np.errstate(invalid="ignore"):
-            adv = (rewards - _batch_mean(rewards, batch_ids)) / (std_rows + EPS)
+            adv = (rewards - _batch_mean(rewards, batch_ids)) / (std_rows + eps)
         gs = group_stats(rewards, ids, m)
     else:
         raise ValueError(f"aggregation: must be sum_then_normalize or normalize_then_sum, got {aggregation!r}")

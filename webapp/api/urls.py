@@ -9,6 +9,7 @@ urlpatterns = [
     path("runs/", views.runs, name="api-runs"),
     path("runs/<int:run_id>/groups/", views.run_groups, name="api-run-groups"),
     path("runs/<int:run_id>/metrics/", views.run_metrics, name="api-run-metrics"),
+    path("runs/<int:run_id>/settings/", views.run_settings, name="api-run-settings"),
     path("runs/<int:run_id>/rollouts/", views.run_rollouts, name="api-run-rollouts"),
     path("runs/<int:run_id>/finish/", views.run_finish, name="api-run-finish"),
     path("runs/<int:run_id>/ablations/", diagnostics_api.run_ablations, name="api-run-ablations"),

@@ -21,9 +21,10 @@ from rest_framework.response import Response
 from webapp.accounts.roles import has_role
 from webapp.api.errors import error_response
 from webapp.rollouts.ingest import IngestError, ingest_groups, unstorable_text
-from webapp.rollouts.models import Group, GroupComponentStat, RewardScore
+from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore
 from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
 from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
+from webapp.runs import reward_settings
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -76,7 +77,8 @@ def _forbidden() -> Response:
 def _run_json(run: Run) -> dict[str, Any]:
     return {"id": run.id, "name": run.name, "kind": run.kind, "status": run.status,
             "environment": run.environment.name if run.environment_id else None, "base_model": run.base_model,
-            "created_at": run.created_at.isoformat(), "progress": run.progress, "current_step": run.current_step}
+            "created_at": run.created_at.isoformat(), "progress": run.progress, "current_step": run.current_step,
+            "reward_settings": run.reward_settings or {}}
 
 
 @extend_schema(summary="List runs, or create one with its environment and reward components",
@@ -84,8 +86,11 @@ def _run_json(run: Run) -> dict[str, Any]:
 @api_view(["GET", "POST"])
 def runs(request: Request) -> Response:
     if request.method == "GET":
-        qs = Run.objects.select_related("environment").order_by("-created_at")[:500]
-        return Response({"runs": [_run_json(r) for r in qs]})
+        qs = Run.objects.select_related("environment").order_by("-created_at")
+        name = request.query_params.get("name")
+        if name is not None:  # exact name, any age: the client's find_run
+            qs = qs.filter(name=name.strip())
+        return Response({"runs": [_run_json(r) for r in qs[:500]]})
     if not _can_write(request):
         return _forbidden()
     try:
@@ -102,14 +107,51 @@ def runs(request: Request) -> Response:
         if not isinstance(config, dict):
             raise SpecError("config", "must be an object")
         env_name, comps = validate_environment_spec(body.get("environment"))
+        settings = _creation_settings(body, env_name, comps)
     except BodyError as e:
         return error_response([{"field": e.field, "error": str(e)}])
-    except SpecError as e:
+    except (SpecError, reward_settings.SettingsError) as e:
         return error_response([{"field": e.field, "error": e.message}])
     env = ensure_environment(env_name, comps)
     run = create_run(name=name.strip(), kind=kind, environment=env, config=config, owner=request.user,
                      base_model=str(body.get("base_model", ""))[:500], status=Run.Status.RUNNING)
+    if settings:
+        run.reward_settings = settings
+        run.save(update_fields=["reward_settings"])
     return Response({"id": run.id}, status=status.HTTP_201_CREATED)
+
+
+def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The new run's reward settings: `reward_settings` from the body, and the weights its components
+    name explicitly. They are this run's, even when the environment exists with other weights."""
+    raw = body.get("reward_settings") or {}
+    names = {c["name"] for c in comps} | set(
+        RewardComponent.objects.filter(environment__name=env_name).values_list("name", flat=True))
+    settings = reward_settings.validate(raw, sorted(names))
+    given = body["environment"].get("components") or []
+    explicit = {c["name"]: float(c["weight"]) for c in given if "weight" in c}  # validated above
+    if explicit:
+        settings["weights"] = {**explicit, **settings.get("weights", {})}
+    return {**settings, "source": "created"} if settings else {}
+
+
+@extend_schema(summary="Store the reward settings a trainer trained with (they win over the run's)",
+               request={"application/json": {"type": "object"}}, responses={200: dict, 400: dict})
+@api_view(["POST"])
+def run_settings(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    if not _can_write(request, run):
+        return _forbidden()
+    try:
+        body = parse_body(request)
+        names = list(run.environment.components.values_list("name", flat=True)) if run.environment_id else []
+        settings = reward_settings.validate(body, names, path="reward_settings")
+    except BodyError as e:
+        return error_response([{"field": e.field, "error": str(e)}])
+    except reward_settings.SettingsError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    changed = reward_settings.apply(run, settings, settings.get("source") or "trainer")
+    return Response({"reward_settings": run.reward_settings, "changed": changed})
 
 
 @extend_schema(summary="Ingest a batch of groups (all or nothing, idempotent on step + key), or read a group",

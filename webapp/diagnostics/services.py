@@ -407,16 +407,16 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
 
 
 def run_settings(run: Run) -> abl.Baseline:
-    cfg = run.config or {}
-    return abl.Baseline(scale_rewards=cfg.get("scale_rewards", "group"),
-                       aggregation=cfg.get("multi_objective_aggregation", "sum_then_normalize"))
+    settings = run.advantage_settings()  # the trainer's own, recorded on the run
+    return abl.Baseline(scale_rewards=settings["scale_rewards"], aggregation=settings["aggregation"],
+                        eps=settings["advantage_epsilon"])
 
 
 def _fingerprint(run: Run, *parts: Any) -> str:
     """Changes whenever the run gains groups or its weights/settings change: the cache key."""
     g = Group.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
     m = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
-    raw = json.dumps([run.id, g, m, run.config or {}, *parts], sort_keys=True, default=str)
+    raw = json.dumps([run.id, g, m, run.config or {}, run.reward_settings or {}, *parts], sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()
 
 

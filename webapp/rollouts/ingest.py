@@ -325,9 +325,10 @@ def run_components(run: Run) -> list[RewardComponent]:
 
 
 def run_weights(run: Run, components: list[RewardComponent]) -> np.ndarray:
-    """The run's own weights (run.config["reward_weights"], e.g. an ablation twin) over the environment's."""
-    override = (run.config or {}).get("reward_weights") or {}
-    return np.array([float(override.get(c.name, c.weight)) for c in components], dtype=np.float64)
+    """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job config's,
+    then the environment's defaults)."""
+    weights = run.reward_weights(components)
+    return np.array([weights[c.name] for c in components], dtype=np.float64)
 
 
 def _compute(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> dict[str, np.ndarray]:
@@ -342,14 +343,15 @@ def _compute(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> di
             matrix[i, col[name]] = value
     gid = np.repeat(np.arange(len(groups)), [len(g.rollouts) for g in groups])
     steps = np.repeat(np.array([g.step for g in groups], dtype=np.int64), [len(g.rollouts) for g in groups])
-    cfg = run.config or {}
+    settings = run.advantage_settings()
     result = stats.compute_advantages(
         matrix,
         run_weights(run, comps),
         gid,
-        scale_rewards=cfg.get("scale_rewards", "group"),
-        aggregation=cfg.get("multi_objective_aggregation", "sum_then_normalize"),
+        scale_rewards=settings["scale_rewards"],
+        aggregation=settings["aggregation"],
         batch_ids=steps,
+        eps=settings["advantage_epsilon"],
     )
     given_reward = np.array([np.nan if r.reward is None else r.reward for r in rows])
     has_reward = np.array([r.reward is not None for r in rows], dtype=bool)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -39,6 +41,10 @@ class Run(models.Model):
     environment = models.ForeignKey("rollouts.Environment", null=True, blank=True, on_delete=models.PROTECT)
     config = models.JSONField(default=dict, blank=True)  # the resolved job config
     provenance = models.JSONField(default=dict, blank=True)  # git commit, component source hashes, versions
+    # What the rewards and advantages of this run were computed with (webapp/runs/reward_settings.py):
+    # weights by component, scale_rewards, aggregation, advantage epsilon, group size, and the trainer's
+    # own settings as its recorder read them. Set at creation, overwritten by the trainer's values.
+    reward_settings = models.JSONField(default=dict, blank=True)
     base_model = models.CharField(max_length=500, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
@@ -68,6 +74,25 @@ class Run(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in self.FINISHED
+
+    def reward_weights(self, components: list | None = None) -> dict[str, float]:
+        """{component: weight} this run's rewards were summed with: the trainer's (or creation-time)
+        settings, then the job config's reward_weights (ablation twins, launched jobs), then the
+        environment's defaults. `components` (RewardComponent rows) saves a query when the caller has them."""
+        if components is None:
+            components = list(self.environment.components.order_by("position", "id")) if self.environment_id else []
+        config = (self.config or {}).get("reward_weights")
+        legacy = config if isinstance(config, dict) else {}
+        own = (self.reward_settings or {}).get("weights") or {}
+        return {c.name: float(own.get(c.name, legacy.get(c.name, c.weight))) for c in components}
+
+    def advantage_settings(self) -> dict[str, Any]:
+        """How this run's advantages were computed: {"scale_rewards", "aggregation", "advantage_epsilon",
+        "group_size"} (group_size None when unknown), the run's settings over its job config over TRL's
+        defaults."""
+        from webapp.runs.reward_settings import advantage_settings
+
+        return advantage_settings(self.reward_settings or {}, self.config or {})
 
     def claim(self, worker: str) -> bool:
         """queued -> running, atomically. False when another worker (or a cancel) got there first."""

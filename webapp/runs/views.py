@@ -55,6 +55,9 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
     data = dashboard_data(run)
     figures = charts.dashboard_figures(data)
     components = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    weights = run.reward_weights(components)
+    for c in components:
+        c.weight = weights[c.name]  # shown, never saved: the weight this run trained with, not the default
     logged_hashes = (run.provenance or {}).get("components") or {}
     provenance = [(c, logged_hashes.get(c.name, "")) for c in components]
     ctx = {
@@ -63,7 +66,8 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "figures": figures,
         "provenance": provenance,
         "git_commit": (run.provenance or {}).get("git_commit", ""),
-        "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True),
+        "config_json": json.dumps({**(run.config or {}), "reward_settings": run.reward_settings or {}}, indent=2,
+                                  sort_keys=True),
         "explanation": charts.BATCH_VS_GROUP,
     }
     return render(request, "runs/dashboard.html", ctx)

@@ -1,0 +1,137 @@
+"""A run's reward settings: what its aggregate rewards and advantages were computed with.
+
+Stored in `Run.reward_settings`:
+
+    {"weights": {component: float},       the weight of each reward component in the aggregate
+     "scale_rewards": "group"|"batch"|"none",
+     "aggregation": "sum_then_normalize"|"normalize_then_sum",   TRL's multi_objective_aggregation
+     "advantage_epsilon": float,          added to the std in the advantage denominator (TRL 1e-4, verl 1e-6)
+     "group_size": int,                   completions per prompt (num_generations, n_samples_per_prompt)
+     "trainer": {name: scalar},           everything else the trainer's recorder read (loss_type, beta, ...)
+     "source": str}                       who set them last: "created", "trainer", "import"
+
+They are given when the run is created (API, import) and overwritten by what the trainer reports when
+training starts: the trainer's values are what it trained on. Every recomputation (ingest, ablation,
+diagnostics, pages) reads them through `Run.reward_weights()` and `Run.advantage_settings()`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from training import stats
+
+DEFAULTS: dict[str, Any] = {"scale_rewards": "group", "aggregation": "sum_then_normalize",
+                            "advantage_epsilon": stats.EPS, "group_size": None}
+KEYS = ("weights", "scale_rewards", "aggregation", "advantage_epsilon", "group_size", "trainer", "source")
+MAX_TRAINER_KEYS = 100
+
+
+class SettingsError(ValueError):
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate(raw: Any, components: list[str], path: str = "reward_settings") -> dict[str, Any]:
+    """The clean settings dict, or SettingsError naming the first bad field. Weights must name
+    components of the run's environment."""
+    if not isinstance(raw, dict):
+        raise SettingsError(path, f"must be an object with any of {', '.join(KEYS)}")
+    extra = sorted(set(raw) - set(KEYS))
+    if extra:
+        raise SettingsError(f"{path}.{str(extra[0])[:80]}", f"unknown setting; expected {', '.join(KEYS)}")
+    out: dict[str, Any] = {}
+    if raw.get("weights") is not None:
+        out["weights"] = _weights(raw["weights"], components, f"{path}.weights")
+    for key, choices in (("scale_rewards", stats.SCALES), ("aggregation", stats.AGGREGATIONS)):
+        if raw.get(key) is not None:
+            if raw[key] not in choices:
+                raise SettingsError(f"{path}.{key}", f"must be one of {', '.join(choices)}")
+            out[key] = raw[key]
+    eps = raw.get("advantage_epsilon")
+    if eps is not None:
+        if not _finite(eps) or eps < 0:
+            raise SettingsError(f"{path}.advantage_epsilon", "must be a finite number >= 0")
+        out["advantage_epsilon"] = float(eps)
+    size = raw.get("group_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000:
+            raise SettingsError(f"{path}.group_size", "must be an integer between 1 and 100000")
+        out["group_size"] = size
+    if raw.get("trainer") is not None:
+        out["trainer"] = _trainer(raw["trainer"], f"{path}.trainer")
+    if raw.get("source") is not None:
+        if not isinstance(raw["source"], str):
+            raise SettingsError(f"{path}.source", "must be a string")
+        out["source"] = raw["source"][:100]
+    return out
+
+
+def _weights(raw: Any, components: list[str], path: str) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise SettingsError(path, "must be an object of component name -> number")
+    out = {}
+    for name, w in raw.items():
+        if name not in components:
+            have = ", ".join(components) or "none"
+            raise SettingsError(f"{path}.{str(name)[:80]}", f"unknown component (this run's environment has: {have})")
+        if not _finite(w):
+            raise SettingsError(f"{path}.{name}", "must be a finite number")
+        out[name] = float(w)
+    return out
+
+
+def _trainer(raw: Any, path: str) -> dict[str, Any]:
+    if not isinstance(raw, dict) or len(raw) > MAX_TRAINER_KEYS:
+        raise SettingsError(path, f"must be an object of at most {MAX_TRAINER_KEYS} name -> scalar")
+    out = {}
+    for k, v in raw.items():
+        if v is not None and not isinstance(v, (str, bool)) and not _finite(v):
+            raise SettingsError(f"{path}.{str(k)[:80]}", "must be a string, a finite number, true/false or null")
+        out[str(k)[:100]] = v[:500] if isinstance(v, str) else v
+    return out
+
+
+def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The run's own settings over the job config's (scale_rewards, multi_objective_aggregation,
+    num_generations: what a launched job was configured with) over TRL's defaults."""
+    from_config = {"scale_rewards": config.get("scale_rewards"),
+                   "aggregation": config.get("multi_objective_aggregation"),
+                   "group_size": config.get("num_generations")}
+    out = {}
+    for key, default in DEFAULTS.items():
+        value = own.get(key)
+        out[key] = value if value is not None else (from_config.get(key) if from_config.get(key) is not None
+                                                    else default)
+    return out
+
+
+def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
+    """Store validated `settings` on `run` (a Run); the new values win over the stored ones. Returns
+    one line per value that changed, which also goes to the run's log. Rollouts stored before keep
+    their aggregate reward (it may be the trainer's own); ablations and diagnostics use the new values."""
+    comps = list(run.environment.components.order_by("position", "id")) if run.environment_id else []
+    weights_before = run.reward_weights(comps)
+    before = run.advantage_settings()
+    changes = []
+    for name, w in (settings.get("weights") or {}).items():
+        if weights_before.get(name) != w:
+            changes.append(f"weight of {name}: {w:g} replaces {weights_before.get(name):g}")
+    for key in DEFAULTS:
+        if key in settings and settings[key] != before[key]:
+            changes.append(f"{key}: {settings[key]!r} replaces {before[key]!r}")
+    merged = {**(run.reward_settings or {}), **settings, "source": source}
+    if "weights" in settings:
+        merged["weights"] = {**((run.reward_settings or {}).get("weights") or {}), **settings["weights"]}
+    type(run).objects.filter(id=run.id).update(reward_settings=merged)
+    run.reward_settings = merged
+    if changes:
+        run.append_log("".join(f"reward settings from the {source}: {line}\n" for line in changes))
+    return changes
