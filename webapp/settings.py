@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "webapp.diagnostics",
     "webapp.annotations",
     "webapp.api",
+    "webapp.replays",
 ]
 
 MIDDLEWARE = [
@@ -155,6 +156,17 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True  # state lives on the Run row, not in a result backend
+CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message for another worker
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a GPU worker must not hoard queued jobs it cannot run
+CELERY_TASK_DEFAULT_QUEUE = "default"
+WORKER_QUEUES = ("default", "gpu")  # webapp/celery.py declares them as kombu Queues
+CELERY_TASK_ROUTES = {"workers.tasks.run_job": {"queue": "gpu"}}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 WORKER_DEVICE = env_str("WORKER_DEVICE", "auto")  # auto: CUDA when present, else CPU
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 10, minimum=1)
 RUNS_DIR = Path(env_str("RD_RUNS_DIR", str(VAR_DIR / "runs")))

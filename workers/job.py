@@ -38,9 +38,10 @@ def main(run_id: int) -> int:
     import django
 
     django.setup()
+    from training.jobs import get_job
     from training.sinks import DiscardSink
     from webapp.runs.models import Run
-    from workers.jobs import job_config, job_module, output_dir
+    from workers.jobs import job_config, output_dir
     from workers.sinks import DatabaseSink
 
     def _terminate(signum, frame):  # cancel: unwind so partial batches already sent stay stored
@@ -63,7 +64,7 @@ def main(run_id: int) -> int:
         Run.objects.filter(id=run_id).update(output_dir=str(out), config={**run.config, "resolved": config.to_dict()})
     sink.log(f"starting {run.kind} job for run {run_id} on device {getattr(config, 'device', 'auto')}")
     try:
-        summary = job_module(run.kind).main(config, sink=sink)
+        summary = get_job(run.kind).main()(config, sink=sink)
     except KeyboardInterrupt:
         sink.log("cancelled")
         return 130

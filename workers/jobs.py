@@ -1,63 +1,17 @@
-"""The bridge from a Run row to a training/ job: which module and config class, and the resolved config."""
+"""The bridge from a Run row to a training/ job: the job's config dataclass, resolved from the run."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from training.jobs import config_class
+from webapp.runs.launch import output_dir, resolve_model
 from webapp.runs.models import Run
 
-JOBS: dict[str, tuple[str, str]] = {
-    "sft": ("training.sft", "SFTJobConfig"),
-    "grpo": ("training.grpo", "GRPOJobConfig"),
-    "dpo": ("training.dpo", "DPOJobConfig"),
-    "eval": ("training.eval", "EvalJobConfig"),
-    "teacher": ("training.teacher", "TeacherJobConfig"),
-    "probe": ("training.probe", "ProbeJobConfig"),
-}
-TINY_PREFIX = "tiny:"  # base_model "tiny:diagram" = the offline tiny model built for that environment
-
-
-def job_module(kind: str) -> Any:
-    if kind not in JOBS:
-        raise ValueError(f"kind: {kind!r} is not a job kind ({', '.join(JOBS)})")
-    return importlib.import_module(JOBS[kind][0])
-
-
-def config_class(kind: str) -> type:
-    return getattr(job_module(kind), JOBS[kind][1])
-
-
-def runs_on_several_gpus(kind: str) -> bool:
-    """The trainers (TrainJobConfig: SFT, GRPO, DPO) can run one process per GPU; eval, teacher and
-    probe jobs would run N identical copies."""
-    from training.config import TrainJobConfig
-
-    return issubclass(config_class(kind), TrainJobConfig)
-
-
-def output_dir(run: Run) -> Path:
-    return Path(settings.RUNS_DIR) / str(run.id)
-
-
-RUN_PREFIX = "run:"  # base_model "run:12" = the model that run 12 trained (chains: SFT -> GRPO -> eval)
-
-
-def resolve_model(base_model: str) -> str:
-    """Translate the app's model references into a path; anything else (a folder, a hub id) as given."""
-    if base_model.startswith(TINY_PREFIX):
-        from training.tiny import ensure_tiny_model
-
-        return str(ensure_tiny_model(base_model[len(TINY_PREFIX):], Path(settings.MODELS_DIR)))
-    if base_model.startswith(RUN_PREFIX):
-        run = Run.objects.get(id=int(base_model[len(RUN_PREFIX):]))
-        out = Path(run.output_dir or output_dir(run))
-        return str(out / "model") if (out / "model").is_dir() else str(out)
-    return base_model
+__all__ = ["job_config", "output_dir"]
 
 
 def job_config(run: Run) -> Any:

@@ -58,8 +58,8 @@ def _child_command(run, gpus_here: int | None = None) -> list[str]:
     """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU path,
     one process per GPU) when the run asks for several GPUs. A ValueError names what is missing:
     accelerate on a host without enough GPUs would fall back to ONE process without a word."""
+    from training.jobs import runs_on_several_gpus
     from webapp.runs.services import visible_gpus
-    from workers.jobs import runs_on_several_gpus
 
     gpus = int((run.config or {}).get("num_gpus", 1) or 1)
     job = ["-m", "workers.job", str(run.id)]
@@ -178,7 +178,7 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 def _after(run) -> None:
     """Chains: a finished run starts (or cancels) the runs queued behind it."""
-    from workers.launch import enqueue_run
+    from webapp.runs.launch import enqueue_run
 
     waiting = type(run).objects.filter(parent=run, status="queued", config__start_after_parent=True)
     for child in waiting:

@@ -6,7 +6,7 @@ from webapp.runs.models import Run
 
 
 def test_it_queues_the_demo_chain_once_with_parents_and_models(db, monkeypatch, make_user):
-    from workers import launch
+    from webapp.runs import launch
 
     make_user("demo", "admin")
     sent: list[int] = []
@@ -152,3 +152,44 @@ def test_its_launch_form_keeps_several_gpus_for_the_trainers(db):
     assert LaunchForm("eval", launch_data("eval", num_gpus=1)).is_valid()
     grpo = LaunchForm("grpo", launch_data("grpo", num_gpus=2))
     assert grpo.is_valid(), grpo.errors and grpo.cleaned_data["num_gpus"] == 2
+
+
+def test_it_sends_the_job_by_name_only_after_the_run_is_committed(transactional_db, monkeypatch, env3):
+    from django.db import transaction
+
+    from webapp.celery import app
+    from webapp.runs.launch import launch_run
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(app, "send_task", lambda name, args, queue: sent.append((name, args, queue)))
+    with transaction.atomic():
+        run = launch_run(name="g", kind="grpo", environment=env3, config={})
+        assert sent == []  # a worker must not get an id it cannot read yet
+    assert sent == [("workers.tasks.run_job", [run.id], "gpu")]
+    teacher = launch_run(name="t", kind="teacher", environment=env3, config={"teacher": "scripted"})
+    assert sent[-1] == ("workers.tasks.run_job", [teacher.id], "default")  # scripted: no GPU needed
+    child = launch_run(name="c", kind="sft", environment=env3, config={}, parent=teacher)
+    assert child.config["start_after_parent"] and len(sent) == 2  # waits for its parent
+
+
+def test_it_refuses_an_unknown_job_kind_before_creating_anything(db, env3):
+    from webapp.runs.launch import launch_run
+
+    with pytest.raises(ValueError, match="kind: 'ppo' is not a job kind"):
+        launch_run(name="x", kind="ppo", environment=env3, config={})
+    assert not Run.objects.exists()
+
+
+def test_webapp_never_imports_workers():
+    """The dependency direction: workers imports webapp and training; webapp sends tasks by name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "webapp"
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] == "workers"]
+    assert offenders == []

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from webapp.runs.launch import queue_demo_chain
+
 
 class Command(BaseCommand):
     help = "Run the whole demo on embedded defaults (SQLite, filesystem broker, tiny offline model)."
@@ -24,13 +26,8 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo")
         if not no_training:
-            try:
-                from workers.launch import queue_demo_chain
-            except ImportError:
-                queue_demo_chain = None
-            if queue_demo_chain is not None:
-                for line in queue_demo_chain():
-                    self.stdout.write(line)
+            for line in queue_demo_chain():
+                self.stdout.write(line)
         root = Path(settings.BASE_DIR)
         log = Path(settings.VAR_DIR) / "worker.log"
         with open(log, "ab") as fh:
