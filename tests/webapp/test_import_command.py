@@ -152,7 +152,21 @@ def test_it_stops_at_the_first_bad_record_keeping_what_came_before(tmp_path):
     assert sorted(Group.objects.filter(run__name="stop").values_list("key", flat=True)) == ["a", "b", "c"]
     assert "imported 3 groups, 3 rollouts (1 skipped records)" in out
     run = Run.objects.get(name="stop")
-    assert run.status == "running" and "g.jsonl:4" in run.summary["import"]["stopped"]
+    assert run.status == "failed" and "g.jsonl:4" in run.summary["import"]["stopped"]
+    assert "g.jsonl:4: malformed JSON" in run.error and "run the same import again" in run.error
+
+
+def test_it_resumes_a_stopped_import_when_the_same_import_runs_again(tmp_path):
+    lines = [json.dumps(group(0, k, [{"c": 1}])) for k in "abcde"]
+    good = lines[3]
+    lines[3] = '{"step": 0, "key": "d", '
+    path = write_jsonl(tmp_path / "g.jsonl", lines)
+    run_import_failing(path, "jsonl", run="resume")
+    lines[3] = good
+    out, _ = run_import(write_jsonl(path, lines), "jsonl", run="resume")
+    assert "3 groups were already stored" in out and "imported 2 groups" in out
+    run = Run.objects.get(name="resume")
+    assert run.status == "succeeded" and run.error == "" and Group.objects.filter(run=run).count() == 5
 
 
 def test_it_stops_on_an_invalid_group_mid_batch_storing_the_groups_before_it(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from training import stats
 from webapp.rollouts import packed
@@ -375,12 +375,25 @@ def ingest_groups(run: Run, body: Any) -> IngestResult:
     """Validate and store a batch of groups for `run`. All or nothing; idempotent on (step, key)."""
     comps = run_components(run)
     groups = validate_batch(body, {c.name for c in comps})
-    try:
-        return _store(run, groups, comps)
-    except IntegrityError:
-        # A concurrent identical batch committed first: our transaction rolled back whole, and the
-        # retry skips the groups that are now stored.
-        return _store(run, groups, comps)
+    for attempt in range(RETRIES):
+        try:
+            return _store(run, groups, comps)
+        except (IntegrityError, OperationalError) as e:
+            # A concurrent batch with some of the same groups committed first (unique violation) or
+            # wrote them in another order (deadlock): our transaction rolled back whole, and the retry
+            # skips the groups that are now stored.
+            if attempt == RETRIES - 1 or not _lost_race(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+RETRIES = 3
+
+
+def _lost_race(e: Exception) -> bool:
+    import psycopg.errors as pg
+
+    return isinstance(e, IntegrityError) or isinstance(e.__cause__, (pg.DeadlockDetected, pg.SerializationFailure))
 
 
 @transaction.atomic
@@ -516,7 +529,10 @@ class _CopyWriter:
 
     def write(self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]) -> None:
         dumps = json.dumps
-        with connection.cursor() as django_cur:
+        # COPY runs on the raw psycopg cursor, past Django's error translation: wrap_database_errors
+        # restores it, so a concurrent identical batch (psycopg's UniqueViolation) arrives as Django's
+        # IntegrityError, which ingest_groups retries.
+        with connection.wrap_database_errors, connection.cursor() as django_cur:
             cur = django_cur.cursor  # the psycopg 3 cursor under Django's wrapper
             group_ids = _next_ids(cur, "rollouts_group", len(groups))
             n = int(c["gid"].size)

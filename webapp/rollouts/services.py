@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
-from django.db import transaction
+from django.db import connection, transaction
 
 from training import stats
 from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
@@ -57,10 +57,32 @@ def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str
     return name.strip(), out
 
 
+# Namespaces of the advisory locks that serialise find-or-create by name (first key of pg_advisory_xact_lock).
+RUN_NAME_LOCK = 0x52554E  # "RUN"
+ENVIRONMENT_NAME_LOCK = 0x454E56  # "ENV"
+
+
+def lock_name(namespace: int, name: str) -> None:
+    """Hold a lock on `name` until the current transaction ends, so that two find-or-create calls for
+    one name run one after the other: the second finds what the first created.
+
+    Postgres: a transaction-scoped advisory lock on (namespace, hashtext(name)); two names that hash
+    alike only wait for each other. SQLite: nothing to take here, because settings open every
+    transaction with BEGIN IMMEDIATE, which takes the database's single write lock, so writers are
+    already serialised whole (across processes too)."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("lock_name must run inside transaction.atomic: the lock ends with the transaction")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [namespace, name])
+
+
 @transaction.atomic
 def ensure_environment(name: str, components: list[dict[str, Any]], description: str = "") -> Environment:
     """Get or create the environment and add any component it lacks. Existing components keep their
-    stored weight (a run's own weights live in run.config["reward_weights"])."""
+    stored weight (a run's own weights live in run.config["reward_weights"]). Safe to call from two
+    processes at once (two importers of one new run): the name lock makes the second see the first's rows."""
+    lock_name(ENVIRONMENT_NAME_LOCK, name)
     env, _ = Environment.objects.get_or_create(name=name, defaults={"description": description})
     have = {c.name: c for c in env.components.all()}
     for pos, c in enumerate(components):
@@ -98,6 +120,36 @@ def create_run(*, name: str, kind: str, environment: Environment | None, config:
     }
     return Run.objects.create(name=name, kind=kind, environment=environment, config=cfg, owner=owner,
                               base_model=base_model, parent=parent, status=status, provenance=provenance)
+
+
+class RunNameConflict(SpecError):
+    """More than one run already has the name, so "the run named X" means nothing."""
+
+
+@transaction.atomic
+def get_or_create_run(*, name: str, kind: str, environment: Environment | None, config: dict | None = None,
+                      owner=None, base_model: str = "", status: str = Run.Status.RUNNING) -> tuple[Run, bool]:
+    """The run named `name`, or a new one: (run, created). The one way to find-or-create a run by name
+    (the API's `get_or_create`, `import_rollouts`, recorders and reward wrappers naming a run).
+
+    Atomic: concurrent callers naming one run converge on one run. A run of any kind with the name is
+    returned as it is (its kind, environment and owner are not compared: a caller that cares checks
+    them); the other arguments only describe a run created here (see `create_run`). Raises
+    RunNameConflict (field "name") when several runs already share the name.
+
+    Why a lock and not a unique constraint: run names are labels, and job runs legitimately repeat them
+    (every "demo · sft" of `make demo`), and databases already hold duplicates. A constraint on the name
+    would refuse those rows and their migration; the lock serialises only find-or-create by name."""
+    lock_name(RUN_NAME_LOCK, name)
+    found = list(Run.objects.filter(name=name).select_related("environment").order_by("id")[:2])
+    if len(found) > 1:
+        raise RunNameConflict("name", f"more than one run is named {name[:200]!r}; rename all but one to use it "
+                                      "by name, or use the run id")
+    if found:
+        return found[0], False
+    run = create_run(name=name, kind=kind, environment=environment, config=config or {}, owner=owner,
+                     base_model=base_model, status=status)
+    return run, True
 
 
 def git_commit() -> str:

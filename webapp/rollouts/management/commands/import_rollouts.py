@@ -3,9 +3,11 @@
 Streams a rollout dump through a format reader (training/importers) into `ingest_groups`, in
 batches of complete groups (one transaction each). A record that cannot be read is reported with
 its file and line; `--on-error skip` goes on without it (and without the rest of its group),
-`--on-error stop` stores the complete groups read before it and exits non-zero. Re-running the same
-import is harmless: ingestion is idempotent on (step, key) and every reader derives its keys from
-the content.
+`--on-error stop` stores the complete groups read before it, marks a run it created failed with the
+record's file, line and what to do, and exits non-zero; the same import run again resumes it (the
+run goes back to running, stored groups are skipped). Re-running the same import is harmless:
+ingestion is idempotent on (step, key) and every reader derives its keys from the content, and two
+imports naming one new run at once end in one run (rollouts.services.get_or_create_run).
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from tqdm import tqdm
 
 from training.importers import READERS, BadRecord, GroupItem, MetricsItem, Reader, ReaderError, open_reader
 from webapp.rollouts.ingest import IngestError, ingest_groups, run_components
-from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
+from webapp.rollouts.services import (
+    RunNameConflict,
+    SpecError,
+    ensure_environment,
+    get_or_create_run,
+    validate_environment_spec,
+)
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -166,6 +174,12 @@ class Importer:
             self._known.update(valid)
 
 
+def _reason(e: BaseException) -> str:
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(e).__name__}: {e}"[:2000]
+
+
 def _valid_component(name: str) -> bool:
     try:
         validate_environment_spec({"name": "x", "components": [{"name": name}]})
@@ -230,6 +244,9 @@ class Command(BaseCommand):
             importer.run_import(bar.update)
         except ImportStopped as e:
             stopped = str(e)
+        except BaseException as e:  # a crash or Ctrl-C must not leave a run "running" forever
+            self._save(run, reader, importer.stats, o, _reason(e))
+            raise
         finally:
             bar.close()
         self._save(run, reader, importer.stats, o, stopped)
@@ -243,28 +260,39 @@ class Command(BaseCommand):
         self.stderr.write(line)
 
     def _run(self, o: dict[str, Any], reader: Reader) -> Run:
-        runs = list(Run.objects.filter(name=o["run"]).select_related("environment")[:2])
-        if len(runs) > 1:
+        """The run named --run, created when no run has the name. Two imports naming one new run at
+        once (two shells, two workers) end in the same run: get_or_create_run is atomic."""
+        run = Run.objects.filter(name=o["run"]).select_related("environment").first()
+        created = False
+        if run is None:  # the common re-import skips sampling components and touching the environment
+            names = o["components"] if o["components"] is not None else reader.sample_components()
+            env_name = o["environment"] or o["run"]
+            env = ensure_environment(env_name, self._spec(env_name, names, given=o["components"] is not None))
+            config = {"import": {**reader.notes(), "source": str(o["file"]),
+                                 "components": "given" if o["components"] else "inferred from the first records"}}
+            run, created = self._get_or_create(name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config)
+            if created:
+                self.stdout.write(f"created run {run.id} {run.name!r} "
+                                  f"(environment {env.name!r}: {', '.join(names) or 'none'})")
+                return run
+        if Run.objects.filter(name=o["run"]).count() > 1:
             raise CommandError(f"--run: more than one run is named {o['run']!r}; rename one to import into it")
-        if runs:
-            run = runs[0]
-            if run.environment_id is None:
-                raise CommandError(f"--run: run {o['run']!r} has no environment, so it cannot hold reward scores")
-            if o["environment"] and run.environment.name != o["environment"]:
-                raise CommandError(f"--environment: run {o['run']!r} already uses environment "
-                                   f"{run.environment.name!r}")
-            if o["components"]:
-                ensure_environment(run.environment.name, self._spec(run.environment.name, o["components"]))
-            return run
-        names = o["components"] if o["components"] is not None else reader.sample_components()
-        env_name = o["environment"] or o["run"]
-        env = ensure_environment(env_name, self._spec(env_name, names, given=o["components"] is not None))
-        config = {"import": {**reader.notes(), "source": str(o["file"]),
-                             "components": "given" if o["components"] else "inferred from the first records"}}
-        run = create_run(name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config,
-                         status=Run.Status.RUNNING)
-        self.stdout.write(f"created run {run.id} {run.name!r} (environment {env.name!r}: {', '.join(names) or 'none'})")
+        if run.environment_id is None:
+            raise CommandError(f"--run: run {o['run']!r} has no environment, so it cannot hold reward scores")
+        if o["environment"] and run.environment.name != o["environment"]:
+            raise CommandError(f"--environment: run {o['run']!r} already uses environment "
+                               f"{run.environment.name!r}")
+        if o["components"]:
+            ensure_environment(run.environment.name, self._spec(run.environment.name, o["components"]))
+        if _created_by_import(run) and run.status == Run.Status.FAILED:
+            resume(run)  # an import that stopped at a bad record goes on from where it stopped
         return run
+
+    def _get_or_create(self, **fields: Any) -> tuple[Run, bool]:
+        try:
+            return get_or_create_run(**fields)
+        except RunNameConflict as e:
+            raise CommandError(f"--run: {e.message}") from None
 
     def _spec(self, env_name: str, names: list[str], given: bool = True) -> list[dict[str, Any]]:
         try:
@@ -283,6 +311,24 @@ class Command(BaseCommand):
             "duplicate_files": getattr(reader, "duplicates", []),
         }
         Run.objects.filter(id=run.id).update(summary=summary)
-        created_here = run.kind == Run.Kind.IMPORT and "import" in (run.config or {})
-        if created_here and not stopped:
+        if not _created_by_import(run):
+            return  # a job's or an API client's run: its own lifecycle decides when it ends
+        if stopped:
+            run.mark_failed(f"import stopped at a bad record: {stopped}\n{RESUMABLE}")
+        else:
             run.mark_succeeded()
+
+
+RESUMABLE = ("The groups read before it are stored. Fix or drop the record and run the same import again "
+             "(stored groups are skipped), or re-run it with --on-error skip.")
+
+
+def _created_by_import(run: Run) -> bool:
+    return run.kind == Run.Kind.IMPORT and "import" in (run.config or {})
+
+
+def resume(run: Run) -> None:
+    """A failed import run goes back to running for another import into it (its stored groups stay)."""
+    Run.objects.filter(id=run.id, status=Run.Status.FAILED).update(status=Run.Status.RUNNING, error="",
+                                                                   finished_at=None)
+    run.refresh_from_db()
