@@ -48,7 +48,10 @@ def main(run_id: int) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _terminate)
-    run = Run.objects.get(id=run_id)
+    run = Run.objects.filter(id=run_id).first()
+    if run is None:  # deleted between the worker's claim and now: nothing to do, and nothing wrong
+        print(f"run {run_id} no longer exists", file=sys.stderr)
+        return 0
     # Under `accelerate launch` every process runs this; TRL gathers rollouts and metrics to process 0,
     # which alone writes to the run. The others run the same code with a sink that keeps nothing.
     primary = int(os.environ.get("RANK", "0") or 0) == 0

@@ -128,6 +128,8 @@ def run_job(self, run_id: int) -> str:
     _set_current(run_id)
     rc = _watch(run_id, proc)
     _set_current(None)
+    if not Run.objects.filter(id=run_id).exists():
+        return _deleted(run_id, out)
     run.refresh_from_db()
     if run.cancel_requested:
         run.mark_cancelled()
@@ -159,14 +161,24 @@ def _watch(run_id: int, proc: subprocess.Popen) -> int:
             return rc
         now = time.monotonic()
         if now - last_beat >= settings.WORKER_HEARTBEAT_SECONDS / 2:
-            Run.objects.filter(id=run_id).update(heartbeat_at=timezone.now())
+            alive = Run.objects.filter(id=run_id).update(heartbeat_at=timezone.now())
             last_beat = now
-            if term_at is None and Run.objects.filter(id=run_id, cancel_requested=True).exists():
+            stop = not alive or Run.objects.filter(id=run_id, cancel_requested=True).exists()  # deleted or cancel
+            if term_at is None and stop:
                 _signal(proc, signal.SIGTERM)
                 term_at = now
         if term_at is not None and now - term_at > CANCEL_GRACE_SECONDS:
             _signal(proc, signal.SIGKILL)
         time.sleep(0.5)
+
+
+def _deleted(run_id: int, out: Path) -> str:
+    """The run was deleted while its job ran: the job is stopped (see _watch); its folder goes too.
+    Its queued children were failed by the delete itself (webapp.runs.signals)."""
+    from webapp.runs.signals import remove_output
+
+    remove_output(out)
+    return f"run {run_id} was deleted while running: job stopped, output folder removed"
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -231,3 +243,18 @@ def _start_heartbeat(sender=None, **kwargs) -> None:
 @worker_shutdown.connect
 def _stop_heartbeat(**kwargs) -> None:
     _stop.set()
+
+
+@app.task(name="workers.tasks.run_replay", bind=True, queue="default")
+def run_replay(self, replay_id: int, spawn: bool = True) -> str:
+    """Score a reward replay's chunks until none is left (webapp/replays/services.py). The first copy
+    queues more, so every free worker process claims chunks too; the last one out summarises."""
+    from django.db import close_old_connections
+
+    from webapp.replays import services
+
+    close_old_connections()
+    if spawn:
+        for _ in range(services.parallel() - 1):
+            run_replay.delay(replay_id, spawn=False)
+    return services.work(replay_id, self.request.hostname or socket.gethostname())

@@ -1,0 +1,102 @@
+"""Deleting a run whose job is running: the task stops the job and exits cleanly, the runs queued behind it
+fail with the reason, and its output folder goes. The task runs in this process (a thread) with a real
+child process standing in for the training job (training itself is not what is tested)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import database_url_for_children, wait_for
+from webapp.rollouts.services import create_run
+from webapp.runs.models import Run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fast_worker(settings, tmp_path, monkeypatch):
+    import workers.tasks
+
+    settings.WORKER_HEARTBEAT_SECONDS = 1  # the watch loop looks at the run every half second
+    settings.RUNS_DIR = tmp_path / "runs"
+    child = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr(workers.tasks, "_child_command", lambda run: child)
+    monkeypatch.setattr(workers.tasks.warm_diagnostics_cache, "apply_async", lambda *a, **k: None)
+    return settings.RUNS_DIR
+
+
+def start_task(run_id: int) -> tuple[threading.Thread, list[object]]:
+    from django.db import connection
+
+    from workers.tasks import run_job
+
+    out: list[object] = []
+
+    def target() -> None:
+        try:
+            out.append(run_job(run_id))
+        except BaseException as e:  # noqa: BLE001 - the test asserts there is none
+            out.append(e)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+def test_it_stops_the_job_and_exits_cleanly_when_its_run_is_deleted(transactional_db, env3, fast_worker):
+    run = create_run(name="doomed", kind="grpo", environment=env3, config={})
+    child = create_run(name="after doomed", kind="eval", environment=env3, config={"start_after_parent": True},
+                       parent=run)
+    thread, out = start_task(run.id)
+    running = wait_for(lambda: Run.objects.filter(id=run.id, pid__isnull=False).first(), timeout=30)
+    folder = Path(running.output_dir)
+    assert folder.is_dir()
+    Run.objects.filter(id=run.id).delete()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert out == [f"run {run.id} was deleted while running: job stopped, output folder removed"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(running.pid, 0)  # the job process is gone, not training on for a run nobody can see
+    assert not folder.exists()
+    child.refresh_from_db()
+    assert child.status == "failed" and f"parent run {run.id} (doomed) was deleted" in child.error
+
+
+def test_it_removes_a_finished_runs_output_folder_when_the_run_is_deleted(db, env3, settings, tmp_path,
+                                                                           django_capture_on_commit_callbacks):
+    settings.RUNS_DIR = tmp_path / "runs"
+    run = create_run(name="done", kind="sft", environment=env3, config={}, status="succeeded")
+    folder = tmp_path / "runs" / str(run.id)
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "weights.bin").write_bytes(b"x")
+    with django_capture_on_commit_callbacks(execute=True):
+        run.delete()
+    assert not folder.exists()
+
+
+def test_it_never_removes_a_folder_outside_the_runs_folder(db, env3, settings, tmp_path,
+                                                           django_capture_on_commit_callbacks):
+    settings.RUNS_DIR = tmp_path / "runs"
+    elsewhere = tmp_path / "precious"
+    elsewhere.mkdir()
+    run = create_run(name="odd", kind="sft", environment=env3, config={}, status="failed")
+    Run.objects.filter(id=run.id).update(output_dir=str(elsewhere))
+    with django_capture_on_commit_callbacks(execute=True):
+        Run.objects.get(id=run.id).delete()
+    assert elsewhere.is_dir()
+
+
+def test_it_exits_the_job_process_cleanly_when_its_run_no_longer_exists(db):
+    env = dict(os.environ, DATABASE_URL=database_url_for_children())
+    out = subprocess.run([sys.executable, "-m", "workers.job", "987654"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "run 987654 no longer exists" in out.stderr
+    assert "Traceback" not in out.stderr
