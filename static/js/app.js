@@ -4,26 +4,97 @@
 (function () {
   "use strict";
 
+  var LIVE_MS = 3000;  // a live run's dashboard asks for new steps this often (a small JSON answer)
+  var PLOT_CONFIG = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
+
+  function drawOne(section, el) {
+    var fig = section._figures[el.getAttribute("data-chart")];
+    if (!fig || el.getAttribute("data-drawn")) return;
+    el.setAttribute("data-drawn", "1");
+    Plotly.newPlot(el, fig.data, fig.layout, PLOT_CONFIG);
+    var explorer = section.getAttribute("data-explorer");
+    el.on("plotly_click", function (ev) {
+      if (!ev.points || !ev.points.length) return;
+      var step = Math.round(Number(ev.points[0].x));
+      if (!isFinite(step)) return;
+      window.location.href = explorer + "?step_min=" + step + "&step_max=" + step;
+    });
+  }
+
+  // Charts in view are drawn at once; the ones below the fold when they come near (each plotly figure
+  // costs tens of ms: drawing thirty of them up front kept the dashboard busy for seconds).
   function drawCharts(root) {
     var section = root.querySelector("[data-figures]");
     if (!section || typeof Plotly === "undefined") return;
     var blob = document.getElementById(section.getAttribute("data-figures"));
     if (!blob) return;
-    var figures = JSON.parse(blob.textContent);
-    var explorer = section.getAttribute("data-explorer");
-    section.querySelectorAll("[data-chart]").forEach(function (el) {
-      var fig = figures[el.getAttribute("data-chart")];
-      if (!fig) return;
-      Plotly.newPlot(el, fig.data, fig.layout, {displaylogo: false, responsive: true,
-        modeBarButtonsToRemove: ["lasso2d", "select2d"]});
-      el.on("plotly_click", function (ev) {
-        if (!ev.points || !ev.points.length) return;
-        var step = Math.round(Number(ev.points[0].x));
-        if (!isFinite(step)) return;
-        window.location.href = explorer + "?step_min=" + step + "&step_max=" + step;
+    section._figures = JSON.parse(blob.textContent);
+    var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) {
+        if (e.isIntersecting) { observer.unobserve(e.target); drawOne(section, e.target); }
       });
+    }, {rootMargin: "300px 0px"}) : null;
+    section._observer = observer;
+    section.querySelectorAll("[data-chart]").forEach(function (el) {
+      if (!observer || el.getBoundingClientRect().top < window.innerHeight) drawOne(section, el);
+      else observer.observe(el);
+    });
+    live(section);
+  }
+
+  function addMetricChart(section, id) {
+    var grid = section.querySelector("#metric-charts");
+    if (!grid || id.indexOf("metric:") !== 0) return null;
+    var el = document.createElement("div");
+    el.className = "chart";
+    el.setAttribute("data-chart", id);
+    grid.appendChild(el);
+    if (section._observer) section._observer.observe(el); else drawOne(section, el);
+    return el;
+  }
+
+  function updateCharts(section, figures) {
+    if (!section.querySelector('[data-chart="reward"]') && figures.reward && figures.reward.data[2].x.length) {
+      window.location.reload();  // the first rollouts of a run: the page has no chart layout yet
+      return;
+    }
+    section._figures = figures;
+    Object.keys(figures).forEach(function (id) {
+      var el = null;
+      section.querySelectorAll("[data-chart]").forEach(function (c) { if (c.getAttribute("data-chart") === id) el = c; });
+      if (!el) el = addMetricChart(section, id);
+      if (el && el.getAttribute("data-drawn")) Plotly.react(el, figures[id].data, figures[id].layout, PLOT_CONFIG);
     });
   }
+
+  // While a run is live: poll its small JSON endpoint; figures come back only when a step was stored.
+  function live(section) {
+    var url = section.getAttribute("data-live");
+    if (!url) return;
+    var version = section.getAttribute("data-live-version") || "";
+    function schedule() { window.setTimeout(poll, LIVE_MS); }
+    function poll() {
+      fetch(url + "?version=" + encodeURIComponent(version), {credentials: "same-origin"})
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (body) {
+          if (!body) { schedule(); return; }
+          version = body.version;
+          section.setAttribute("data-live-version", version);
+          if (body.figures) updateCharts(section, body.figures);
+          if (body.finished) section.removeAttribute("data-live"); else schedule();
+        })
+        .catch(schedule);
+    }
+    schedule();
+  }
+
+  // The progress poll announces the end of a run: refresh what the end changes (diagnostics, actions).
+  document.addEventListener("run-finished", function () {
+    if (typeof htmx === "undefined") return;
+    document.querySelectorAll("[data-refresh-on-finish]").forEach(function (el) {
+      htmx.ajax("GET", window.location.pathname, {target: "#" + el.id, select: "#" + el.id, swap: "outerHTML"});
+    });
+  });
 
   function rows() {
     return Array.prototype.slice.call(document.querySelectorAll("#rollout-table tbody tr[data-href]"));

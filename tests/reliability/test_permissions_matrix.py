@@ -78,6 +78,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "jobs-cancel": (NONE, "trainer"),
     "runs-list": ("viewer", NONE),
     "runs-dashboard": ("viewer", NONE),
+    "runs-live": ("viewer", NONE),
     "rollouts-explorer": ("viewer", NONE),
     "rollouts-no-signal": ("viewer", NONE),
     "rollouts-group": ("viewer", NONE),

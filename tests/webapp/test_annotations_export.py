@@ -4,7 +4,6 @@ back by `datasets` and accepted by TRL and our own trainers, and the SFT / DPO l
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,7 +62,7 @@ def test_it_adds_good_completions_to_sft_only_when_asked(run, cases, personas):
 
 
 def test_it_pairs_bad_cases_with_their_correction_or_the_best_unflagged_sibling(run, cases, personas):
-    ds = export_("dpo", user=personas["trainer"], run=run)
+    ds = export_("dpo", user=personas["trainer"], run=run, min_margin=None)  # r3 (1.44) is below r1 (1.48)
     by_source = {r["source_rollout_id"]: r for r in lines(ds)}
     assert set(by_source) == {cases[0].id, cases[1].id}
     corrected = by_source[cases[0].id]
@@ -112,7 +111,7 @@ def test_it_replaces_the_transcript_from_the_first_wrong_turn_in_conversational_
 def test_it_exports_from_a_queue_and_from_a_label(run, cases, personas):
     q = make_queue(run, personas, params={"sort": "reward", "order": "desc", "step_max": "0"}, limit=2)  # r1, r3
     from_queue = export.export_dataset(name="q", kind="dpo", fmt="standard", source="queue", queue=q,
-                                       user=personas["trainer"])
+                                       user=personas["trainer"], min_margin=None)
     assert [r["source_rollout_id"] for r in lines(from_queue)] == [cases[1].id]
     assert from_queue.source["run_id"] == run.id and from_queue.source["queue_id"] == q.id
     from webapp.annotations.models import Label
@@ -123,7 +122,8 @@ def test_it_exports_from_a_queue_and_from_a_label(run, cases, personas):
 
 
 def test_it_exports_from_an_explorer_filter_with_the_label_hook(run, cases, personas):
-    ds = export_("dpo", user=personas["trainer"], run=run, params={"sort": "reward", "label": "false-positive-reward"})
+    ds = export_("dpo", user=personas["trainer"], run=run, params={"sort": "reward", "label": "false-positive-reward"},
+                 min_margin=None)
     assert [r["source_rollout_id"] for r in lines(ds)] == [cases[1].id] and ds.source["rollouts"] == 1
 
 
@@ -237,10 +237,10 @@ def test_it_rejects_a_bad_export_naming_the_field(client_as, run, cases, data, m
 
 def test_it_launches_dpo_on_a_dataset_and_links_the_run_back(client_as, run, cases, personas, settings, tmp_path,
                                                              monkeypatch):
-    import workers.launch
+    from webapp.runs import launch
 
     sent = []
-    monkeypatch.setattr(workers.launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: sent.append(run_id) or "gpu")
     settings.RUNS_DIR = tmp_path / "runs"
     Run.objects.filter(id=run.id).update(base_model="tiny:toy")
     ds = export_("dpo", user=personas["trainer"], run=run)
@@ -260,18 +260,6 @@ def test_it_launches_dpo_on_a_dataset_and_links_the_run_back(client_as, run, cas
     assert f"run {new.id}" in page and "DPO on this dataset" not in page  # viewers get no button
     trainer_page = client_as("trainer").get(reverse("annotations-dataset", args=[ds.id])).content.decode()
     assert "DPO on this dataset" in trainer_page
-
-
-def test_it_leaves_the_run_queued_when_no_launcher_is_importable(client_as, run, cases, personas, settings, tmp_path,
-                                                                 monkeypatch):
-    monkeypatch.setitem(sys.modules, "workers.launch", None)  # import raises ImportError
-    settings.RUNS_DIR = tmp_path
-    ds = export_("sft", user=personas["trainer"], run=run)
-    resp = client_as("trainer").post(reverse("annotations-dataset-launch", args=[ds.id]),
-                                     {"kind": "sft", "base_model": "/models/student"}, follow=True)
-    new = Run.objects.get(kind="sft")
-    assert new.status == "queued" and new.base_model == "/models/student"
-    assert "no launcher is installed" in resp.content.decode()
 
 
 def test_it_starts_from_a_trained_source_runs_output_by_default(run, personas):
@@ -297,3 +285,100 @@ def test_it_asks_for_a_base_model_when_the_source_run_has_none(client_as, run, c
                                      follow=True)
     assert "base_model: the source run names no base model" in resp.content.decode()
     assert not Run.objects.exclude(id=run.id).exists()
+
+
+# --- issue 19: pairs that teach something, one line ending, the trainer's prompt format, run length ----------------
+
+
+def test_it_skips_a_fallback_sibling_that_is_not_better_by_the_margin(run, cases, personas):
+    ds = export_("dpo", user=personas["trainer"], run=run)  # default margin 0.1: r3 (1.44) does not beat r1 (1.48)
+    assert {r["source_rollout_id"] for r in lines(ds)} == {cases[0].id}
+    assert ds.source["skipped"]["bad case without a correction or a good sibling"] == 1
+    assert "at least 0.1 above the rejected one" in ds.source["chosen_rule"]
+    Rollout.objects.filter(id=cases[1].id).update(reward=1.0)  # now r3 is 0.44 better: a clear pair
+    by_source = {r["source_rollout_id"]: r for r in lines(export_("dpo", user=personas["trainer"], run=run))}
+    assert by_source[cases[1].id]["chosen_rollout_id"] == cases[3].id
+
+
+def test_it_never_exports_a_pair_whose_chosen_equals_rejected(client_as, run, cases, personas):
+    # The best sibling has the bad case's text (a duplicate sample): the next distinct sibling is chosen.
+    Rollout.objects.filter(id=cases[1].id).update(reward=0.0)
+    Rollout.objects.filter(id=cases[3].id).update(transcript=cases[1].transcript, completion=cases[1].completion)
+    annotate(cases[0], personas["annotator"], "reward-hacking", corrected_completion=cases[0].completion + "  ")
+    ds = export_("dpo", user=personas["trainer"], run=run, min_margin=None)
+    recs = lines(ds)
+    assert recs and all(r["chosen"] != r["rejected"] for r in recs)
+    assert cases[0].id not in {r["source_rollout_id"] for r in recs}  # its correction repeats the completion
+    assert ds.source["skipped"]["correction identical to the rejected completion"] == 1
+    assert {r["chosen_rollout_id"] for r in recs} == {cases[2].id}
+    # a pair stored before the rule is not written either
+    DatasetRecord.objects.filter(dataset=ds).update(data={"prompt": "p", "chosen": "same", "rejected": "same"})
+    assert lines(ds) == []
+
+
+def test_it_stores_and_exports_browser_corrections_with_unix_newlines(client_as, run, rollouts, personas):  # noqa: F811
+    q = make_queue(run, personas, params={"sort": "reward"}, limit=1)
+    item = q.items.get(position=0)
+    resp = client_as("annotator").post(reverse("annotations-focus-save", args=[q.id, 0]), {
+        "label": "reward-hacking", "note": "line one\r\nline two", "corrected_completion": "a\r\nb\rc"})
+    assert resp.status_code == 302
+    ann = item.rollout.annotations.get()
+    assert (ann.note, ann.corrected_completion) == ("line one\nline two", "a\nb\nc")
+    ds = export_("sft", "conversational", user=personas["trainer"], run=run)
+    raw = "".join(export.jsonl_lines(ds))
+    assert "\\r" not in raw and lines(ds)[0]["messages"][-1]["content"] == "a\nb\nc"
+
+
+def test_it_exports_conversational_prompts_by_default_and_plain_standard_prompts(client_as, run, cases):
+    form = client_as("trainer").get(reverse("annotations-datasets")).content.decode()
+    assert '<option value="conversational" selected>' in form
+    std = lines(export_("sft", "standard", user=cases[0].run.owner, run=run))[0]
+    assert std["prompt"] == "Prompt 0"  # no "user: " prefix the model never sees
+
+
+def test_it_refuses_a_multi_message_standard_prompt_without_a_model(run, cases, personas):
+    from webapp.rollouts.models import Group
+
+    Group.objects.filter(id=cases[0].group_id).update(prompt=[{"role": "system", "content": "be brief"},
+                                                              {"role": "user", "content": "Prompt 0"}])
+    with pytest.raises(AnnotationError) as e:
+        export_("sft", "standard", user=personas["trainer"], run=run)
+    assert e.value.field == "model" and "chat template" in e.value.message
+    assert not Dataset.objects.exists()
+
+
+@pytest.mark.slow  # imports transformers
+def test_it_renders_standard_prompts_with_the_named_models_chat_template(run, cases, personas, tokenizer, tmp_path):
+    from training.tiny import CHAT_TEMPLATE
+
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "tok")
+    ds = export_("dpo", "standard", user=personas["trainer"], run=run, model=str(tmp_path / "tok"))
+    rec = lines(ds)[0]
+    assert rec["prompt"] == "<|user|>\nPrompt 0<|end|>\n<|assistant|>\n"  # ends where the answer starts
+    assert rec["chosen"] == "the right answer"
+    assert ds.source["prompt_format"] == f"chat template of {tmp_path / 'tok'}"
+    with pytest.raises(AnnotationError) as e:
+        export_("dpo", "standard", user=personas["trainer"], run=run, model=str(tmp_path / "missing"))
+    assert e.value.field == "model"
+
+
+def test_it_sizes_a_dataset_run_from_the_records_and_epochs(client_as, run, cases, personas, settings, tmp_path,
+                                                           monkeypatch):
+    from webapp.runs import launch
+
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: "gpu")
+    settings.RUNS_DIR = tmp_path
+    ds = export_("sft", user=personas["trainer"], run=run, include_good=True)  # 2 records
+    url = reverse("annotations-dataset-launch", args=[ds.id])
+    page = client_as("trainer").get(reverse("annotations-dataset", args=[ds.id])).content.decode()
+    assert "3.0 epochs over 2 records at batch 8 = 1 step" in page
+    client_as("trainer").post(url, {"kind": "sft", "base_model": "m", "epochs": "8"})
+    client_as("trainer").post(url, {"kind": "sft", "base_model": "m", "max_steps": "40"})
+    by_epochs, by_steps = Run.objects.filter(kind="sft").order_by("id")
+    assert (by_epochs.config["max_steps"], by_epochs.config["epochs"]) == (2, 8.0)  # ceil(2 * 8 / 8)
+    assert (by_steps.config["max_steps"], by_steps.config["epochs"]) == (40, None)
+    page = client_as("viewer").get(reverse("annotations-dataset", args=[ds.id])).content.decode()
+    assert reverse("runs-dashboard", args=[by_epochs.id]) in page  # dataset -> run
+    run_page = client_as("viewer").get(reverse("jobs-detail", args=[by_epochs.id])).content.decode()
+    assert reverse("annotations-dataset", args=[ds.id]) in run_page  # run -> dataset

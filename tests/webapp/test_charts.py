@@ -49,10 +49,10 @@ def test_it_charts_the_zero_std_fraction_overall_and_per_component_on_a_unit_axi
 
 def test_it_lays_out_every_dashboard_figure_under_a_unique_id():
     out = charts.dashboard_figures(_data())
-    assert set(out["all"]) == {"reward", "zero-std", "mean-0", "std-0", "mean-1", "std-1", "metric-0", "metric-1"}
+    assert set(out["all"]) == {"reward", "zero-std", "mean-0", "std-0", "mean-1", "std-1", "metric:kl", "metric:loss"}
     assert [c["name"] for c in out["components"]] == ["correct", "format"]
     assert [m["name"] for m in out["metrics"]] == ["kl", "loss"]  # sorted by name
-    assert out["all"]["metric-0"]["data"][0]["y"] == [0.01, 0.02]
+    assert out["all"]["metric:kl"]["data"][0]["y"] == [0.01, 0.02]
     json.dumps(out["all"], allow_nan=False)  # plotly receives strict JSON: no NaN sneaks through
 
 

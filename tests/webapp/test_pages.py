@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 from django.urls import reverse
+from django.utils.html import escape
 
 from tests.conftest import make_group
 from webapp.rollouts.ingest import ingest_groups
@@ -169,7 +170,7 @@ def test_it_prefers_the_trainer_logged_batch_std_and_charts_other_metrics(client
     figs = _figures(resp)
     batch = next(t for t in figs["std-0"]["data"] if t["name"].startswith("batch std"))
     assert batch["name"] == "batch std (trainer log)" and batch["y"] == [0.123] * 3
-    metric_titles = {f["layout"]["title"]["text"] for k, f in figs.items() if k.startswith("metric-")}
+    metric_titles = {f["layout"]["title"]["text"] for k, f in figs.items() if k.startswith("metric:")}
     assert metric_titles == {"kl", "clip_ratio/low"}  # rewards/correct/std is folded into its component
 
 
@@ -518,3 +519,161 @@ def test_it_serves_vendored_htmx_and_plotly(client_as, db, personas):
 def test_it_lists_an_import_run_with_no_rollouts(client_as, run):
     body = client_as("viewer").get(reverse("runs-list")).content.decode()
     assert "toy-run" in body and Run.objects.count() == 1
+
+
+# --- issue 19: live runs, cancel, checkpoints, scalars, launch sections and weights, 403 ------------------------
+
+
+def test_it_answers_the_live_poll_with_figures_only_when_a_step_was_stored(client_as, seeded):
+    url = reverse("runs-live", args=[seeded.id])
+    first = client_as("viewer").get(url).json()
+    assert first["status"] == "running" and not first["finished"] and first["figures"]["reward"]
+    same = client_as("viewer").get(url, {"version": first["version"]}).json()
+    assert same["figures"] is None  # nothing new: a few bytes, no chart rebuilt
+    ingest_groups(seeded, {"groups": [make_group(3, "mixed", [{"correct": 1}, {"correct": 0}])]})
+    StepMetric.objects.bulk_create([StepMetric(run=seeded, step=s, name="kl", value=0.1) for s in (2, 3)])
+    grown = client_as("viewer").get(url, {"version": first["version"]}).json()
+    assert grown["figures"]["reward"]["data"][2]["x"] == [0, 1, 2, 3] and "metric:kl" in grown["figures"]
+    page = client_as("viewer").get(reverse("runs-dashboard", args=[seeded.id])).content.decode()
+    assert f'data-live="{url}"' in page
+    Run.objects.filter(id=seeded.id).update(status="succeeded")
+    assert client_as("viewer").get(url).json()["finished"] is True
+    assert "data-live=" not in client_as("viewer").get(reverse("runs-dashboard", args=[seeded.id])).content.decode()
+
+
+def test_it_lists_the_step_and_percentage_of_running_and_trainer_only_runs(client_as, env3, personas):
+    from webapp.rollouts.services import create_run
+
+    live = create_run(name="live", kind="grpo", environment=env3, config={}, status="running")
+    live.set_progress(30, 120)
+    sft = create_run(name="sft-done", kind="sft", environment=env3, config={}, status="succeeded")
+    sft.set_progress(100, 100)
+    body = client_as("viewer").get(reverse("runs-list")).content.decode()
+    assert "step 30/120 · 25%" in body
+    row = re.search(r"sft-done.*?</tr>", body, re.S).group(0)
+    assert re.findall(r'<td class="num">(\d+)</td>', row)[0] == "100"  # no "Steps 0" for a 100-step SFT
+
+
+def _job(env3, **fields):
+    from webapp.rollouts.services import create_run
+
+    run = create_run(name=fields.pop("name", "job"), kind=fields.pop("kind", "sft"), environment=env3,
+                     config=fields.pop("config", {}), status=fields.pop("status", "running"))
+    Run.objects.filter(id=run.id).update(**fields)
+    run.refresh_from_db()
+    return run
+
+
+def test_it_reads_cancelling_then_cancelled_with_no_cancel_button_or_checkpoint_actions(client_as, env3):
+    run = _job(env3, log_tail="step 3 loss 0.4\n")
+    detail = reverse("jobs-detail", args=[run.id])
+    before = client_as("trainer").get(detail).content.decode()
+    assert 'id="cancel-form"' in before and 'id="grpo-from"' in before  # pending: starts when it succeeds
+    client_as("trainer").post(reverse("jobs-cancel", args=[run.id]))
+    cancelling = client_as("trainer").get(detail).content.decode()
+    assert "cancelling</span>" in cancelling and 'id="cancel-form"' not in cancelling
+    assert 'id="eval-checkpoint"' not in cancelling and 'id="grpo-from"' not in cancelling
+    run.mark_cancelled()
+    progress = client_as("trainer").get(reverse("jobs-progress", args=[run.id]), HTTP_HX_REQUEST="true")
+    assert progress.status_code == 286 and progress["HX-Trigger"] == "run-finished"  # htmx stops polling
+    done = client_as("trainer").get(detail).content.decode()
+    assert "status-cancelled" in done and "no checkpoint" in done and 'id="eval-checkpoint"' not in done
+    assert "step 3 loss 0.4" in done
+
+
+def test_it_offers_checkpoint_actions_only_to_trainers_of_a_finished_training_run(client_as, env3):
+    ok = _job(env3, status="succeeded")
+    body = client_as("trainer").get(reverse("jobs-detail", args=[ok.id])).content.decode()
+    assert 'id="eval-checkpoint"' in body and 'id="grpo-from"' in body
+    assert 'id="grpo-from"' not in client_as("viewer").get(reverse("jobs-detail", args=[ok.id])).content.decode()
+    probe = _job(env3, kind="probe", status="succeeded")
+    assert 'id="grpo-from"' not in client_as("trainer").get(reverse("jobs-detail", args=[probe.id])).content.decode()
+
+
+def test_it_names_the_queue_and_whether_a_worker_listens(client_as, env3):
+    from webapp.runs.models import WorkerHeartbeat
+
+    run = _job(env3, kind="grpo", status="queued")
+    WorkerHeartbeat.objects.create(name="cpu-box", device="cpu", queues="default")
+    body = client_as("viewer").get(reverse("jobs-detail", args=[run.id])).content.decode()
+    assert "Queued on <code>gpu</code>" in body and "no live worker listens on it" in body and "cpu-box" in body
+    WorkerHeartbeat.objects.create(name="gpu-box", device="cuda", queues="gpu,default")
+    body = client_as("viewer").get(reverse("jobs-detail", args=[run.id])).content.decode()
+    assert "1 live worker listens on it (gpu-box · cuda)" in body
+
+
+def test_it_tables_end_of_training_scalars_and_pretty_prints_json(client_as, env3):
+    run = _job(env3, status="succeeded", summary={"train_loss": 0.3, "verdict": "x"}, kind="sft")
+    StepMetric.objects.bulk_create([StepMetric(run=run, step=s, name="loss", value=1 - 0.1 * s) for s in range(3)]
+                                   + [StepMetric(run=run, step=3, name="train_runtime", value=12.5),
+                                      StepMetric(run=run, step=3, name="total_flos", value=1.5e12)])
+    resp = client_as("viewer").get(reverse("runs-dashboard", args=[run.id]))
+    figs, body = _figures(resp), resp.content.decode()
+    assert "metric:loss" in figs and "metric:train_runtime" not in figs and "metric:total_flos" not in figs
+    assert re.search(r'<td class="mono">total_flos</td><td class="num">3</td><td class="num">1\.5e\+12</td>', body)
+    assert "&quot;train_loss&quot;: 0.3" in body and "{&#x27;" not in body  # JSON, not a Python repr
+    assert "store no rollouts by design" in body and "diag-status" not in body  # no verdict for SFT
+
+
+def test_it_puts_the_probe_verdict_on_top_in_words(client_as, env3):
+    verdict = "do SFT first: pass@8 of correct is 0.000 (< 0.05)"
+    run = _job(env3, kind="probe", status="succeeded", summary={"verdict": verdict, "pass_at_k": {"pass@8": 0.0}})
+    for url in (reverse("runs-dashboard", args=[run.id]), reverse("jobs-detail", args=[run.id])):
+        body = client_as("viewer").get(url).content.decode()
+        assert f'<p class="verdict" id="verdict"><strong>Verdict:</strong> {escape(verdict)}</p>' in body
+        assert body.index('id="verdict"') < body.index('class="log-tail"')
+
+
+def test_it_says_when_overlaid_runs_differ_in_weights(client_as, env3):
+    a = _job(env3, kind="grpo", name="base", config={"reward_weights": {"correct": 1.0, "format": 0.5, "penalty": 0.2}})
+    b = _job(env3, kind="grpo", name="twin", config={"reward_weights": {"correct": 1.0, "format": 1.2, "penalty": 0.2}})
+    body = client_as("viewer").get(reverse("jobs-compare") + f"?run={a.id}&run={b.id}").content.decode()
+    assert "sum their rewards with different weights" in body and "format 1.2" in body
+    same = client_as("viewer").get(reverse("jobs-compare") + f"?run={a.id}&run={a.id}").content.decode()
+    assert "different weights" not in same
+
+
+def test_it_lays_the_grpo_form_out_in_sections_and_stores_the_weights_on_the_run(client_as, db, monkeypatch):
+    from training.environments import get_environment
+    from webapp.runs import launch
+
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: "gpu")
+    page = client_as("trainer").get(reverse("jobs-launch", args=["grpo"])).content.decode()
+    legends = re.findall(r"<legend>(.*?)</legend>", page)
+    assert legends == ["Model", "Data", "Optimisation", "Algorithm", "Reward weights", "LoRA", "Recording"]
+    assert page.count('<details class="advanced"') >= 4 and 'id="launch-summary"' in page
+    comps = get_environment("diagram").components
+    data = {"name": "weighted", "environment": "diagram", "base_model": "tiny:diagram", "num_gpus": 1}
+    form = client_as("trainer").get(reverse("jobs-launch", args=["grpo"])).context["form"]
+    for name, field in form.fields.items():  # every other field at its default, as the browser posts it
+        if name.startswith("cfg_") and field.initial is not None and not isinstance(field.initial, bool):
+            data[name] = field.initial if not isinstance(field.initial, (list, dict)) else json.dumps(field.initial)
+        elif name.startswith("cfg_") and field.initial is True:
+            data[name] = "on"
+    weights = {c.name: round(0.25 * (i + 1), 2) for i, c in enumerate(comps)}
+    data.update({f"weight_{n}": w for n, w in weights.items()})
+    resp = client_as("trainer").post(reverse("jobs-launch", args=["grpo"]), data)
+    assert resp.status_code == 302, resp.context["form"].errors if resp.context else resp
+    run = Run.objects.get(name="weighted")
+    assert run.config["reward_weights"] == weights
+    from workers.jobs import job_config
+
+    assert job_config(run).reward_weights == [weights[c.name] for c in comps]
+
+
+def test_it_shows_a_styled_403_naming_the_role_needed(client_as, db):
+    resp = client_as("viewer").get(reverse("jobs-launch", args=["grpo"]))
+    body = resp.content.decode()
+    assert resp.status_code == 403 and "This action needs the trainer role." in body
+    assert 'class="topbar"' in body and "role-viewer" in body  # the site's own page, not a bare 403
+
+
+def test_it_offers_a_review_queue_of_the_explorer_view_to_trainers(client_as, seeded):
+    url = reverse("rollouts-explorer", args=[seeded.id]) + "?sort=correct&order=asc&step_min=1"
+    body = client_as("trainer").get(url).content.decode()
+    link = re.search(r'id="queue-from-view" href="([^"]+)"', body).group(1).replace("&amp;", "&")
+    assert "params=sort%3Dcorrect%26order%3Dasc%26step_min%3D1" in link
+    form = client_as("trainer").get(link).content.decode()
+    assert 'value="sort=correct&amp;order=asc&amp;step_min=1"' in form and 'value="explorer" selected' in form
+    assert 'id="queue-from-view"' not in client_as("viewer").get(url).content.decode()
+    assert '<span class="bar-num">' in body  # component numbers beside the bars

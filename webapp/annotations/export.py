@@ -16,7 +16,14 @@ Rules:
 - SFT takes corrections only (and, when asked, completions annotated only with good labels): a failed
   trajectory is never a positive example unless someone wrote a correction;
 - DPO takes each bad case as `rejected`; `chosen` is its correction, else the best-rewarded completion of
-  the same group that nobody marked bad and that parsed and finished;
+  the same group that nobody marked bad, that parsed and finished, and whose reward beats the rejected one's
+  by at least `min_margin` (None: any such sibling). A pair whose chosen text equals the rejected text
+  (after newline normalisation) is never written: it teaches nothing and makes DPO's loss constant;
+- text is stored and exported with `\n` line endings (a browser's textarea submits `\r\n`);
+- prompts: "conversational" keeps the chat messages, which TRL renders with the trainer's own chat
+  template (what GRPO does with our environment prompts). "standard" strings are rendered with the chat
+  template of `model`'s tokenizer when the export names a model (add_generation_prompt: the string ends
+  where the model's answer starts); without a model a one-message prompt is its text, no role prefix;
 - messages are reduced to {"role", "content"} strings (tool calls are appended to the content as JSON,
   the `environment` role becomes `user`) so that every line has one schema that `datasets` can load.
 """
@@ -24,6 +31,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -39,9 +47,11 @@ from django.utils.text import slugify
 from webapp.annotations.models import ActivityEvent, Annotation, Dataset, DatasetRecord, Label, ReviewQueue
 from webapp.annotations.services import AnnotationError, select_rollouts
 from webapp.rollouts.models import Rollout
+from webapp.runs import launch
 from webapp.runs.models import Run
 
 EXPORT_MAX_ROLLOUTS = 20_000  # an explorer-filter export pages through at most this many rollouts
+DEFAULT_MIN_MARGIN = 0.1  # a fallback "chosen" sibling must out-reward the rejected case by this much
 
 
 @dataclass
@@ -56,16 +66,21 @@ class Built:
 # --- messages and text ---------------------------------------------------------------------------------
 
 
+def normalize_newlines(text: str) -> str:
+    """\r\n and lone \r -> \n: one line ending in storage and in every exported record."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _message(m: Any) -> dict[str, str]:
     if not isinstance(m, dict):
-        return {"role": "user", "content": str(m)}
+        return {"role": "user", "content": normalize_newlines(str(m))}
     role = m.get("role") or "user"
     content = m.get("content") or ""
     if not isinstance(content, str):
         content = json.dumps(content, ensure_ascii=False)
     if m.get("tool_calls"):
         content = (content + "\n" if content else "") + json.dumps(m["tool_calls"], ensure_ascii=False)
-    return {"role": "user" if role == "environment" else role, "content": content}
+    return {"role": "user" if role == "environment" else role, "content": normalize_newlines(content)}
 
 
 def _prompt_messages(rollout: Rollout) -> list[dict[str, str]]:
@@ -82,10 +97,39 @@ def _text(turns: list[dict[str, str]]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in turns)
 
 
-def _prompt_text(rollout: Rollout, prefix: list[dict[str, str]]) -> str:
-    prompt = rollout.group.prompt
-    base = prompt if isinstance(prompt, str) else rollout.group.prompt_text
-    return base + ("\n" + _text(prefix) if prefix else "")
+class PromptRenderer:
+    """Standard-format prompt strings: the chat template of `model`'s tokenizer, or (no model) the text of
+    a one-message prompt. Tokenizers load from local files only (tiny:<env>, run:<id>, a folder)."""
+
+    def __init__(self, model: str = "") -> None:
+        self.model = model.strip()
+        self.tokenizer = _load_tokenizer(self.model) if self.model else None
+
+    def __call__(self, rollout: Rollout, prefix: list[dict[str, str]]) -> str:
+        messages = _prompt_messages(rollout)
+        if self.tokenizer is not None:
+            return self.tokenizer.apply_chat_template(messages + prefix, tokenize=False, add_generation_prompt=True)
+        if len(messages) > 1:
+            raise AnnotationError("model", "these prompts have several chat messages: name a model whose chat "
+                                           "template renders them, or export the conversational format")
+        return messages[0]["content"] + ("\n" + _text(prefix) if prefix else "")
+
+    def describe(self) -> str:
+        return f"chat template of {self.model}" if self.model else "prompt text (no chat template)"
+
+
+def _load_tokenizer(model: str) -> Any:
+    from webapp.runs.launch import resolve_model
+
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    except Exception as e:  # no such run / folder, or a hub id not on this machine: never download
+        raise AnnotationError("model", f"no tokenizer for {model!r} on this machine ({type(e).__name__})") from e
+    if not getattr(tokenizer, "chat_template", None):
+        raise AnnotationError("model", f"{model!r} has no chat template: export the conversational format")
+    return tokenizer
 
 
 def _split(rollout: Rollout, first_wrong_turn: int | None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -101,29 +145,52 @@ def _assistant(text: str) -> list[dict[str, str]]:
 # --- building records ------------------------------------------------------------------------------------
 
 
+@dataclass
+class Options:
+    """How records are built: the format, the prompt renderer (standard format) and the DPO margin."""
+
+    fmt: str
+    render: PromptRenderer
+    include_good: bool = False
+    min_margin: float | None = DEFAULT_MIN_MARGIN
+
+
 def sft_record(rollout: Rollout, completion_turns: list[dict[str, str]], prefix: list[dict[str, str]],
-               fmt: str) -> dict[str, Any]:
-    if fmt == Dataset.Format.CONVERSATIONAL:
+               opts: Options) -> dict[str, Any]:
+    if opts.fmt == Dataset.Format.CONVERSATIONAL:
         return {"messages": _prompt_messages(rollout) + prefix + completion_turns}
-    return {"prompt": _prompt_text(rollout, prefix), "completion": _text(completion_turns)}
+    return {"prompt": opts.render(rollout, prefix), "completion": _text(completion_turns)}
 
 
 def dpo_record(rollout: Rollout, chosen: list[dict[str, str]], rejected: list[dict[str, str]],
-               prefix: list[dict[str, str]], fmt: str) -> dict[str, Any]:
-    if fmt == Dataset.Format.CONVERSATIONAL:
+               prefix: list[dict[str, str]], opts: Options) -> dict[str, Any]:
+    if opts.fmt == Dataset.Format.CONVERSATIONAL:
         return {"prompt": _prompt_messages(rollout) + prefix, "chosen": chosen, "rejected": rejected}
-    return {"prompt": _prompt_text(rollout, prefix), "chosen": _text(chosen), "rejected": _text(rejected)}
+    return {"prompt": opts.render(rollout, prefix), "chosen": _text(chosen), "rejected": _text(rejected)}
 
 
-def best_sibling(rollout: Rollout) -> Rollout | None:
-    """The highest-reward completion of the same group that nobody marked bad and that parsed and finished."""
+def _same_text(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
+    return [(m["role"], m["content"].strip()) for m in a] == [(m["role"], m["content"].strip()) for m in b]
+
+
+def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN) -> Rollout | None:
+    """The highest-reward completion of the same group that nobody marked bad, that parsed and finished,
+    whose text differs from the bad case and whose reward beats it by `min_margin` (None: any reward)."""
     marked_bad = Exists(Annotation.objects.filter(rollout_id=OuterRef("id"), label__is_bad=True))
-    return (Rollout.objects.filter(group_id=rollout.group_id, reward__isnull=False, truncated=False, parse_error="")
-            .exclude(id=rollout.id).filter(~marked_bad).order_by("-reward", "id").first())
+    siblings = (Rollout.objects.filter(group_id=rollout.group_id, reward__isnull=False, truncated=False,
+                                       parse_error="").exclude(id=rollout.id).filter(~marked_bad))
+    if min_margin is not None:
+        if rollout.reward is None:
+            return None  # no reward to be better than: no pair can be called clearly better
+        siblings = siblings.filter(reward__gte=rollout.reward + min_margin)
+    _, rejected = _split(rollout, None)
+    for sibling in siblings.order_by("-reward", "id")[:50]:
+        if not _same_text(_split(sibling, None)[1], rejected):
+            return sibling
+    return None
 
 
-def build_records(rollout_ids: list[int], kind: str, fmt: str, include_good: bool = False
-                  ) -> tuple[list[Built], dict[str, int]]:
+def build_records(rollout_ids: list[int], kind: str, opts: Options) -> tuple[list[Built], dict[str, int]]:
     """The records for these rollouts, in their order, and the counts of what was skipped and why."""
     skipped: Counter[str] = Counter()
     anns: dict[int, list[Annotation]] = {}
@@ -138,32 +205,34 @@ def build_records(rollout_ids: list[int], kind: str, fmt: str, include_good: boo
             skipped["not annotated"] += 1
             continue
         builder = _sft_for if kind == Dataset.Kind.SFT else _dpo_for
-        built = builder(rollout, mine, fmt, include_good, skipped)
+        built = builder(rollout, mine, opts, skipped)
         out.extend(built)
     return out, dict(skipped)
 
 
-def _sft_for(rollout: Rollout, anns: list[Annotation], fmt: str, include_good: bool,
-             skipped: Counter[str]) -> list[Built]:
+def _correction(a: Annotation) -> list[dict[str, str]]:
+    return _assistant(normalize_newlines(a.corrected_completion))
+
+
+def _sft_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]) -> list[Built]:
     corrections = [a for a in anns if a.has_correction]
     out = []
     for a in corrections:
         prefix, _ = _split(rollout, a.first_wrong_turn)
-        out.append(Built(sft_record(rollout, _assistant(a.corrected_completion), prefix, fmt), rollout, a, a.label))
+        out.append(Built(sft_record(rollout, _correction(a), prefix, opts), rollout, a, a.label))
     if corrections:
         return out
     if any(a.label.is_bad for a in anns):
         skipped["bad case without a correction"] += 1
-    elif not include_good:
+    elif not opts.include_good:
         skipped["good completion (not included)"] += 1
     else:
         _, turns = _split(rollout, None)
-        out.append(Built(sft_record(rollout, turns, [], fmt), rollout, anns[0], anns[0].label))
+        out.append(Built(sft_record(rollout, turns, [], opts), rollout, anns[0], anns[0].label))
     return out
 
 
-def _dpo_for(rollout: Rollout, anns: list[Annotation], fmt: str, include_good: bool,
-             skipped: Counter[str]) -> list[Built]:
+def _dpo_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]) -> list[Built]:
     bad = [a for a in anns if a.label.is_bad]
     if not bad:
         skipped["not marked bad"] += 1
@@ -171,18 +240,20 @@ def _dpo_for(rollout: Rollout, anns: list[Annotation], fmt: str, include_good: b
     out = []
     for a in (a for a in anns if a.has_correction):
         prefix, rejected = _split(rollout, a.first_wrong_turn)
+        if _same_text(_correction(a), rejected):
+            skipped["correction identical to the rejected completion"] += 1
+            continue
         label = a.label if a.label.is_bad else bad[0].label
-        out.append(Built(dpo_record(rollout, _assistant(a.corrected_completion), rejected, prefix, fmt),
-                         rollout, a, label))
-    if out:
+        out.append(Built(dpo_record(rollout, _correction(a), rejected, prefix, opts), rollout, a, label))
+    if out or any(a.has_correction for a in anns):
         return out
-    sibling = best_sibling(rollout)
+    sibling = best_sibling(rollout, opts.min_margin)
     if sibling is None:
         skipped["bad case without a correction or a good sibling"] += 1
         return []
     _, chosen = _split(sibling, None)
     _, rejected = _split(rollout, None)
-    return [Built(dpo_record(rollout, chosen, rejected, [], fmt), rollout, bad[0], bad[0].label, sibling)]
+    return [Built(dpo_record(rollout, chosen, rejected, [], opts), rollout, bad[0], bad[0].label, sibling)]
 
 
 # --- sources, datasets, files -----------------------------------------------------------------------------
@@ -202,19 +273,25 @@ def source_rollout_ids(source: str, run: Run | None, queue: ReviewQueue | None, 
 
 def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: AbstractBaseUser, run: Run | None = None,
                    queue: ReviewQueue | None = None, label: Label | None = None,
-                   params: dict[str, str] | None = None, include_good: bool = False) -> Dataset:
+                   params: dict[str, str] | None = None, include_good: bool = False, model: str = "",
+                   min_margin: float | None = DEFAULT_MIN_MARGIN) -> Dataset:
     """Build the records and store them as the next version of `name`. Nothing is stored when no record
     results (AnnotationError naming `source`, with the skip counts)."""
     params = params or {}
     run = queue.run if queue is not None else run
     ids = source_rollout_ids(source, run, queue, label, params)
-    built, skipped = build_records(ids, kind, fmt, include_good)
+    render = PromptRenderer(model if fmt == Dataset.Format.STANDARD else "")
+    opts = Options(fmt=fmt, render=render, include_good=include_good, min_margin=min_margin)
+    built, skipped = build_records(ids, kind, opts)
     if not built:
         why = "; ".join(f"{n} {reason}" for reason, n in skipped.items()) or "no rollouts selected"
         raise AnnotationError("source", f"nothing to export ({why})")
     description = {"type": source, "run_id": run.id if run else None, "queue_id": queue.id if queue else None,
                    "label": label.slug if label else None, "params": params, "include_good": include_good,
-                   "rollouts": len(ids), "records": len(built), "skipped": skipped}
+                   "rollouts": len(ids), "records": len(built), "skipped": skipped,
+                   "prompt_format": "chat messages (the trainer applies its chat template)"
+                   if fmt == Dataset.Format.CONVERSATIONAL else render.describe(),
+                   "chosen_rule": chosen_rule(kind, min_margin)}
     for attempt in range(3):
         try:
             return _store(name, kind, fmt, user, description, built)
@@ -223,6 +300,15 @@ def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: Abstrac
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+def chosen_rule(kind: str, min_margin: float | None) -> str | None:
+    """How DPO's `chosen` was picked, in words, stored with the dataset and shown on its page."""
+    if kind != Dataset.Kind.DPO:
+        return None
+    margin = f"a reward at least {min_margin:g} above the rejected one" if min_margin is not None else "any reward"
+    return ("the annotator's correction; else the best sibling in the group that nobody marked bad, parsed, "
+            f"finished, differs in text and has {margin}. Pairs with chosen == rejected are skipped.")
 
 
 @transaction.atomic
@@ -240,13 +326,26 @@ def _store(name: str, kind: str, fmt: str, user: AbstractBaseUser, description: 
     return ds
 
 
+def _normalized(value: Any) -> Any:
+    """Every string in a record with \n line endings (records stored before the rule carry \r\n)."""
+    if isinstance(value, str):
+        return normalize_newlines(value)
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items()}
+    return value
+
+
 def jsonl_lines(dataset: Dataset) -> Any:
     """The dataset as JSON lines (str, each ending in a newline), streamed from the database."""
     records = dataset.records.select_related("label", "annotator").order_by("position")
     for r in records.iterator(chunk_size=500):
-        line = dict(r.data)
+        line = _normalized(dict(r.data))
+        if "chosen" in line and line["chosen"] == line.get("rejected"):
+            continue  # a pair stored before the rule: it teaches nothing, never write it
         line.update({"source_rollout_id": r.source_rollout_id, "chosen_rollout_id": r.chosen_rollout_id,
-                     "annotation_label": r.label.slug if r.label else None, "note": r.note,
+                     "annotation_label": r.label.slug if r.label else None, "note": normalize_newlines(r.note),
                      "annotator": r.annotator.get_username() if r.annotator else None})
         yield json.dumps(line, ensure_ascii=False) + "\n"
 
@@ -272,7 +371,7 @@ TRAINED_KINDS = ("sft", "grpo", "dpo")  # runs whose output is a model the next 
 
 def default_base_model(source_run: Run | None) -> str:
     """The policy that produced the bad cases: a trained run's own output ("run:<id>", resolved by
-    workers.jobs), else the source run's base model."""
+    training.jobs), else the source run's base model."""
     if source_run is None:
         return ""
     if source_run.kind in TRAINED_KINDS and source_run.status == Run.Status.SUCCEEDED:
@@ -280,11 +379,31 @@ def default_base_model(source_run: Run | None) -> str:
     return source_run.base_model
 
 
-def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_model: str = "") -> tuple[Run, str]:
+DEFAULT_EPOCHS = 3.0  # a few passes over a small hand-made dataset; 100 steps over 4 rows was 100 epochs
+
+
+def batch_size(kind: str) -> int:
+    from training.jobs import config_class
+
+    return int(config_class(kind).__dataclass_fields__["per_device_batch_size"].default)
+
+
+def steps_for(records: int, epochs: float, batch: int) -> int:
+    """Optimizer steps for `epochs` passes over `records` examples at `batch` per step (at least 1).
+
+    >>> steps_for(4, 3.0, 8), steps_for(100, 2.0, 8)
+    (3, 25)
+    """
+    return max(1, math.ceil(records * epochs / max(batch, 1)))
+
+
+def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_model: str = "",
+                    epochs: float | None = None, max_steps: int | None = None) -> tuple[Run, str]:
     """Create an SFT / DPO run on this dataset and hand it to the workers. Returns (run, message).
 
-    The JSONL is written under RUNS_DIR/datasets/; `data` is the job dataclass's field (workers.jobs
-    keeps the config keys the job knows), `dataset_*` link the run back to the dataset."""
+    Length: `max_steps` when given, else `epochs` (default DEFAULT_EPOCHS) passes over the records at the
+    job's default batch size. The JSONL is written under RUNS_DIR/datasets/; `data` is the job dataclass's
+    field (workers.jobs keeps the config keys the job knows), `dataset_*` link the run back to the dataset."""
     from webapp.rollouts.services import create_run
 
     if kind != dataset.kind:
@@ -294,16 +413,15 @@ def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_mo
     if not base_model:
         raise AnnotationError("base_model", "the source run names no base model: give one")
     path = write_jsonl(dataset)
+    epochs = DEFAULT_EPOCHS if epochs is None else epochs
+    steps = max_steps or steps_for(dataset.records.count(), epochs, batch_size(kind))
     config = {"data": str(path), "dataset_id": dataset.id, "dataset_path": str(path), "dataset_name": dataset.name,
-              "dataset_version": dataset.version, "dataset_format": dataset.format}
+              "dataset_version": dataset.version, "dataset_format": dataset.format, "max_steps": steps,
+              "epochs": None if max_steps else epochs}  # HF's max_steps overrides num_train_epochs
     run = create_run(name=f"{kind} on {dataset.name} v{dataset.version}", kind=kind,
                      environment=source_run.environment if source_run else None, config=config, owner=user,
                      base_model=base_model, parent=source_run)
-    try:
-        from workers.launch import enqueue_run
-    except ImportError:
-        return run, f"Run {run.id} is queued; no launcher is installed (workers.launch), so it waits in the queue."
-    enqueue_run(run.id)
+    launch.enqueue_run(run.id)
     return run, f"Run {run.id} is queued and sent to the workers."
 
 

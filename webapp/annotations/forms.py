@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.http import QueryDict
 
 from webapp.accounts.roles import has_role
+from webapp.annotations.export import DEFAULT_EPOCHS, DEFAULT_MIN_MARGIN, normalize_newlines
 from webapp.annotations.models import Dataset, Label, ReviewQueue
 from webapp.rollouts.models import Rollout
 from webapp.runs.models import Run
@@ -41,8 +42,11 @@ class AnnotationForm(forms.Form):
         return k
 
     def clean_corrected_completion(self) -> str:
-        text = self.cleaned_data.get("corrected_completion") or ""
+        text = normalize_newlines(self.cleaned_data.get("corrected_completion") or "")
         return text if text.strip() else ""
+
+    def clean_note(self) -> str:
+        return normalize_newlines(self.cleaned_data.get("note") or "")
 
 
 def check_assignees(form: forms.Form, data: dict[str, Any]) -> None:
@@ -112,7 +116,14 @@ class ExportForm(forms.Form):
 
     name = forms.SlugField(max_length=200, help_text="letters, digits, - and _; versions count per name")
     kind = forms.ChoiceField(choices=Dataset.Kind.choices)
-    format = forms.ChoiceField(choices=Dataset.Format.choices)
+    format = forms.ChoiceField(choices=Dataset.Format.choices, initial=Dataset.Format.CONVERSATIONAL,
+                               help_text="conversational: chat messages, templated by the trainer (as GRPO's prompts)")
+    model = forms.CharField(required=False, max_length=500,
+                            help_text="standard format: render prompts with this model's chat template "
+                                      "(tiny:<env>, run:<id> or a local folder)")
+    min_margin = forms.FloatField(required=False, initial=DEFAULT_MIN_MARGIN, min_value=0,
+                                  help_text="DPO without a correction: the chosen sibling's reward must beat the "
+                                            "rejected one's by this much (blank: any unflagged sibling)")
     source = forms.ChoiceField(choices=SOURCES)
     run = forms.ModelChoiceField(queryset=Run.objects.all(), required=False)
     queue = forms.ModelChoiceField(queryset=ReviewQueue.objects.all(), required=False)
@@ -142,3 +153,6 @@ class ExportForm(forms.Form):
 class LaunchForm(forms.Form):
     kind = forms.ChoiceField(choices=Dataset.Kind.choices)
     base_model = forms.CharField(required=False, max_length=500)
+    epochs = forms.FloatField(required=False, min_value=0.01, max_value=1000, initial=DEFAULT_EPOCHS)
+    max_steps = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
+                                   help_text="blank: computed from the epochs and the dataset size")

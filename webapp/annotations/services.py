@@ -46,6 +46,9 @@ def save_annotation(rollout: Rollout, author: AbstractBaseUser, *, label: Label,
                     corrected_completion: str = "", first_wrong_turn: int | None = None,
                     error_category: str = "") -> tuple[Annotation, bool]:
     """Create or update `author`'s own annotation of `rollout` (never anyone else's). Returns (row, created)."""
+    from webapp.annotations.export import normalize_newlines
+
+    note, corrected_completion = normalize_newlines(note), normalize_newlines(corrected_completion)
     fields = {"label": label, "note": note, "corrected_completion": corrected_completion,
               "first_wrong_turn": first_wrong_turn, "error_category": error_category}
     for attempt in range(2):

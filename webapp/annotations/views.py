@@ -84,7 +84,10 @@ def home(request: HttpRequest) -> HttpResponse:
 
 def queue_new(request: HttpRequest) -> HttpResponse:
     require_role(request, "trainer")
-    form = QueueForm(request.POST or None, initial={"run": request.GET.get("run"), "params": request.GET.get("params")})
+    run_id, params = request.GET.get("run"), request.GET.get("params")
+    source = request.GET.get("source") if request.GET.get("source") in ReviewQueue.Source.values else None
+    name = f"run {run_id} explorer view" if source == "explorer" and run_id else None
+    form = QueueForm(request.POST or None, initial={"run": run_id, "params": params, "source": source, "name": name})
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         try:
@@ -139,7 +142,8 @@ def focus_next(request: HttpRequest, queue_id: int) -> HttpResponse:
 @require_safe
 def focus(request: HttpRequest, queue_id: int, position: int) -> HttpResponse:
     queue = _queue_for(request, queue_id, "annotator")
-    item = get_object_or_404(QueueItem.objects.select_related("rollout__group"), queue=queue, position=position)
+    item = get_object_or_404(QueueItem.objects.select_related("rollout__group", "rollout__run__environment"),
+                             queue=queue, position=position)
     mine = Annotation.objects.filter(rollout=item.rollout, author=request.user).select_related("label").first()
     form = AnnotationForm(rollout=item.rollout, initial=initial_from(mine))
     return _render_focus(request, queue, item, form)
@@ -147,8 +151,13 @@ def focus(request: HttpRequest, queue_id: int, position: int) -> HttpResponse:
 
 def _render_focus(request: HttpRequest, queue: ReviewQueue, item: QueueItem, form: AnnotationForm,
                   status: int = 200) -> HttpResponse:
+    from webapp.rollouts.views import state_image
+
     mine = [p for p in services.progress(queue) if p.user.pk == request.user.pk]
+    rollout = item.rollout
+    svg_uri, canvas_errors, _ = state_image(rollout.run, rollout.group, rollout)  # re-rendered, never stored SVG
     return render(request, "annotations/focus.html", {
+        "svg_uri": svg_uri, "canvas_errors": canvas_errors,
         "queue": queue, "item": item, "rollout": item.rollout, "form": form, "labels": Label.objects.all(),
         "total": queue.items.count(), "my_progress": mine[0] if mine else None,
         "scores": item.rollout.scores.select_related("component").order_by("component__position", "component_id"),
@@ -227,7 +236,8 @@ def export_view(request: HttpRequest) -> HttpResponse:
         try:
             ds = export.export_dataset(name=d["name"], kind=d["kind"], fmt=d["format"], source=d["source"],
                                        user=request.user, run=d.get("run"), queue=d.get("queue"),
-                                       label=d.get("label"), params=d["params"], include_good=d["include_good"])
+                                       label=d.get("label"), params=d["params"], include_good=d["include_good"],
+                                       model=d.get("model") or "", min_margin=d.get("min_margin"))
         except (QueryError, services.AnnotationError) as e:
             form.add_error(None, f"{e.field}: {e.message}")
         else:
@@ -241,9 +251,12 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     ds = get_object_or_404(Dataset.objects.select_related("created_by"), id=dataset_id)
     records = ds.records.select_related("label", "annotator")[:50]
     source_run = Run.objects.filter(id=ds.source.get("run_id")).first()
+    total = ds.records.count()
+    batch = export.batch_size(ds.kind)
     return render(request, "annotations/dataset.html", {
-        "dataset": ds, "records": records, "runs": export.runs_from(ds), "total": ds.records.count(),
-        "default_base_model": export.default_base_model(source_run)})
+        "dataset": ds, "records": records, "runs": export.runs_from(ds), "total": total, "source_run": source_run,
+        "default_base_model": export.default_base_model(source_run), "epochs": export.DEFAULT_EPOCHS,
+        "batch": batch, "default_steps": export.steps_for(total, export.DEFAULT_EPOCHS, batch)})
 
 
 @require_safe
@@ -263,7 +276,9 @@ def dataset_launch(request: HttpRequest, dataset_id: int) -> HttpResponse:
         messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
         return redirect("annotations-dataset", ds.id)
     try:
-        run, note = export.launch_training(ds, form.cleaned_data["kind"], request.user, form.cleaned_data["base_model"])
+        d = form.cleaned_data
+        run, note = export.launch_training(ds, d["kind"], request.user, d["base_model"], epochs=d.get("epochs"),
+                                           max_steps=d.get("max_steps"))
     except services.AnnotationError as e:
         messages.error(request, f"{e.field}: {e.message}")
         return redirect("annotations-dataset", ds.id)

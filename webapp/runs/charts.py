@@ -104,7 +104,8 @@ def metric_figure(name: str, steps: list[int], values: list[float | None], color
 
 def dashboard_figures(data: DashboardData) -> dict[str, Any]:
     """Every dashboard chart: `all` maps a chart id to its figure (one JSON blob on the page); the
-    other keys list those ids in the order the template lays them out."""
+    other keys list those ids in the order the template lays them out. Metrics logged at one step only
+    are `scalars` (name, step, value) for a table."""
     figures: dict[str, Figure] = {
         "reward": reward_figure(data.reward),
         "zero-std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
@@ -116,11 +117,17 @@ def dashboard_figures(data: DashboardData) -> dict[str, Any]:
         figures[f"std-{i}"] = component_std_figure(cs, color)
         components.append({"name": cs.name, "mean": f"mean-{i}", "std": f"std-{i}",
                            "batch_std_source": cs.batch_std_source})
-    metrics = []
+    metrics, scalars = [], []
+    several = len(data.reward.steps) > 1 or any(len(steps) > 1 for steps, _ in data.metrics.values())
     for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items())):
-        figures[f"metric-{i}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
-        metrics.append({"name": name, "id": f"metric-{i}"})
-    return {"all": figures, "components": components, "metrics": metrics}
+        if len(steps) == 1 and several:  # end-of-training numbers (train_runtime, total_flos): a row, not a dot
+            scalars.append({"name": name, "step": steps[0], "value": values[0],
+                            "text": "—" if values[0] is None else f"{values[0]:.6g}"})
+            continue
+        # The id is the metric's name: stable when a live run starts logging a new metric.
+        figures[f"metric:{name}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
+        metrics.append({"name": name, "id": f"metric:{name}"})
+    return {"all": figures, "components": components, "metrics": metrics, "scalars": scalars}
 
 
 def sparkline_points(values: list[float], width: int = 120, height: int = 28, pad: float = 2.0) -> str:

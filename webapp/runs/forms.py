@@ -24,6 +24,26 @@ CHOICES: dict[str, list[str]] = {
     "split": ["holdout", "train"],
 }
 HIDDEN = {"output_dir", "env", "base_model", "device", "reward_weights"}  # set by the app, not typed in
+CHOICE_KINDS = {"loss_type": {"grpo"}}  # DPO's loss_type names TRL's DPO losses: a free text field there
+
+# The launch form's sections, in page order: (title, fields shown, fields folded under "advanced").
+# Config fields missing here land in "Algorithm · advanced", so a new dataclass field is never lost.
+SECTIONS: list[tuple[str, list[str], list[str]]] = [
+    ("Model", ["name", "environment", "base_model", "parent", "init_from"], ["num_gpus", "seed"]),
+    ("Data", ["data", "num_prompts", "split", "teacher", "teacher_model", "samples_per_prompt"],
+     ["max_nodes", "max_length", "api_key_env", "scripted_skill", "scripted_faults", "min_reward", "min_scores",
+      "request_timeout", "step"]),
+    ("Optimisation", ["max_steps", "learning_rate", "per_device_batch_size"],
+     ["gradient_accumulation_steps", "gradient_checkpointing", "num_train_epochs", "batch_size"]),
+    ("Algorithm", ["num_generations", "beta", "loss_type", "scale_rewards", "temperature", "outcome_component"],
+     ["max_completion_length", "epsilon", "num_iterations", "multi_objective_aggregation",
+      "mask_truncated_completions", "multi_turn", "max_turns", "max_turn_tokens", "pass_threshold",
+      "min_pass_at_k"]),
+    ("Reward weights", [], []),
+    ("LoRA", ["use_lora", "lora_rank"], ["lora_alpha", "lora_dropout", "full_finetune"]),
+    ("Recording", ["record", "logging_steps", "save_steps"], ["record_state", "log_completions"]),
+]
+WEIGHT_PREFIX = "weight_"
 
 
 def _types(tp: Any) -> set[Any]:
@@ -32,13 +52,13 @@ def _types(tp: Any) -> set[Any]:
     return {typing.get_origin(a) or a for a in args if a is not type(None)}
 
 
-def _form_field(f: dataclasses.Field, hints: dict[str, Any]) -> forms.Field:
+def _form_field(f: dataclasses.Field, hints: dict[str, Any], kind: str = "") -> forms.Field:
     kinds = _types(hints.get(f.name, str))
     help_text = f.metadata.get("help", "")
     initial = None if f.default is dataclasses.MISSING else f.default
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         initial = f.default_factory()  # type: ignore[misc]
-    if f.name in CHOICES:
+    if f.name in CHOICES and kind in CHOICE_KINDS.get(f.name, {kind}):
         return forms.ChoiceField(choices=[(c, c) for c in CHOICES[f.name]], initial=initial, help_text=help_text)
     if kinds == {bool}:
         return forms.BooleanField(required=False, initial=initial, help_text=help_text)
@@ -64,7 +84,7 @@ class LaunchForm(forms.Form):
                                   help_text="GPUs on one host; >1 runs under accelerate launch")
 
     def clean_num_gpus(self) -> int:
-        from workers.jobs import runs_on_several_gpus
+        from training.jobs import runs_on_several_gpus
 
         gpus = self.cleaned_data.get("num_gpus") or 1
         if gpus > 1 and not runs_on_several_gpus(self.kind):
@@ -72,7 +92,7 @@ class LaunchForm(forms.Form):
         return gpus
 
     def __init__(self, kind: str, *args: Any, **kwargs: Any) -> None:
-        from workers.jobs import config_class
+        from training.jobs import config_class
 
         super().__init__(*args, **kwargs)
         self.kind = kind
@@ -84,11 +104,58 @@ class LaunchForm(forms.Form):
         for f in dataclasses.fields(self.config_cls):
             if f.name in HIDDEN:
                 continue
-            self.fields[f"cfg_{f.name}"] = _form_field(f, hints)
+            self.fields[f"cfg_{f.name}"] = _form_field(f, hints, kind)
             self.fields[f"cfg_{f.name}"].label = f.name
             self.job_fields.append(f.name)
         if self.config_cls.requires_model:
             self.fields["base_model"].required = True
+        self.weight_names = self._add_weight_fields(kind)
+
+    def _add_weight_fields(self, kind: str) -> list[str]:
+        """One weight per reward component of the chosen environment (GRPO's reward_weights): the
+        environment's default filled in, so leaving them alone trains with the defaults."""
+        from training.environments import get_environment
+
+        names = {f.name for f in dataclasses.fields(self.config_cls)}
+        if "reward_weights" not in names:
+            return []
+        env_name = self.data.get("environment") or self.initial.get("environment") or "diagram"
+        try:
+            components = get_environment(env_name).components
+        except KeyError:
+            return []  # an unknown environment: the environment field reports it
+        for c in components:
+            self.fields[f"{WEIGHT_PREFIX}{c.name}"] = forms.FloatField(
+                label=c.name, initial=c.weight, help_text=f"{c.kind}: {c.description}"[:200])
+        return [c.name for c in components]
+
+    def sections(self) -> list[dict[str, Any]]:
+        """The bound fields by section for the template: {"title", "fields", "advanced"}."""
+        placed: set[str] = set()
+        out = []
+        for title, main, advanced in SECTIONS:
+            if title == "Reward weights":
+                fields = [self[f"{WEIGHT_PREFIX}{n}"] for n in self.weight_names]
+                out.append({"title": title, "fields": fields, "advanced": []})
+                placed.update(f"{WEIGHT_PREFIX}{n}" for n in self.weight_names)
+                continue
+            shown = [k for k in map(self._key, main) if k]
+            folded = [k for k in map(self._key, advanced) if k]
+            out.append({"title": title, "fields": [self[k] for k in shown], "advanced": [self[k] for k in folded]})
+            placed.update(shown + folded)
+        rest = [self[name] for name in self.fields if name not in placed]
+        out[3]["advanced"].extend(rest)  # "Algorithm": anything a config class adds later
+        return [s for s in out if s["fields"] or s["advanced"]]
+
+    def _key(self, name: str) -> str | None:
+        for key in (name, f"cfg_{name}"):
+            if key in self.fields:
+                return key
+        return None
+
+    def reward_weights(self) -> dict[str, float]:
+        return {n: float(self.cleaned_data[f"{WEIGHT_PREFIX}{n}"]) for n in self.weight_names
+                if self.cleaned_data.get(f"{WEIGHT_PREFIX}{n}") is not None}
 
     def job_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -125,5 +192,7 @@ class LaunchForm(forms.Form):
             field, _, message = str(e).partition(": ")
             target = f"cfg_{field}" if f"cfg_{field}" in self.fields else None
             self.add_error(target, message or str(e))
+        if self.weight_names:
+            config["reward_weights"] = self.reward_weights()  # by name: workers.jobs orders them per component
         data["config"] = config
         return data

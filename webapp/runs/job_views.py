@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
 from django.db.models import Avg, Count, F, Sum
 from django.http import Http404, HttpRequest, HttpResponse
@@ -9,16 +11,16 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from training.environments import get_environment
+from training.jobs import JOBS
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
-from webapp.rollouts.services import create_run, environment_from_training
+from webapp.rollouts.services import environment_from_training
 from webapp.runs.forms import LaunchForm
+from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
-from workers.jobs import JOBS
 
-KIND_TITLES = {"sft": "SFT", "grpo": "GRPO", "dpo": "DPO", "eval": "Eval", "teacher": "Teacher trajectories",
-               "probe": "Signal probe"}
+KIND_TITLES = {kind: job.title for kind, job in JOBS.items()}
 
 
 def launch(request: HttpRequest, kind: str) -> HttpResponse:
@@ -39,29 +41,64 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
 
 def start_job(kind: str, data: dict, owner) -> Run:
     """Create the run and queue it now, or behind its parent when the parent has not finished."""
-    from workers.launch import enqueue_run
-
     env = environment_from_training(get_environment(data["environment"]))
-    parent: Run | None = data.get("parent")
-    waits = parent is not None and parent.status != Run.Status.SUCCEEDED
-    config = dict(data["config"], num_gpus=data.get("num_gpus") or 1, start_after_parent=waits)
-    run = create_run(name=data["name"], kind=kind, environment=env, config=config, owner=owner,
-                     base_model=data.get("base_model") or "", parent=parent)
-    if not waits:
-        enqueue_run(run.id)
-    return run
+    config = dict(data["config"], num_gpus=data.get("num_gpus") or 1)
+    return launch_run(name=data["name"], kind=kind, environment=env, config=config, owner=owner,
+                      base_model=data.get("base_model") or "", parent=data.get("parent"))
+
+
+TRAINED_KINDS = ("sft", "grpo", "dpo")  # kinds whose output is a model another job can start from
+
+
+def checkpoint_state(run: Run) -> str | None:
+    """"ready" when the run saved a model, "pending" when it may still (a chain can queue behind it), None
+    when it never will (failed, cancelled, being cancelled, or a kind that trains nothing)."""
+    if run.kind not in TRAINED_KINDS:
+        return None
+    if run.status == Run.Status.SUCCEEDED:
+        return "ready"
+    if run.status in (Run.Status.QUEUED, Run.Status.RUNNING) and not run.cancel_requested:
+        return "pending"
+    return None
+
+
+def queue_info(run: Run) -> dict | None:
+    """For a queued run: the queue it waits in and the live workers that listen on it (heartbeats)."""
+    from django.conf import settings
+
+    if run.status != Run.Status.QUEUED:
+        return None
+    if (run.config or {}).get("start_after_parent") and run.parent_id:
+        return {"parent": run.parent}
+    queue = queue_for(run)
+    max_age = settings.WORKER_HEARTBEAT_SECONDS * 3
+    alive = [w for w in WorkerHeartbeat.objects.order_by("name") if w.is_alive(max_age)]
+    listening = [w for w in alive if queue in [q.strip() for q in (w.queues or "").split(",")]]
+    return {"queue": queue, "listening": listening, "others": [w for w in alive if w not in listening]}
+
+
+def job_context(run: Run) -> dict:
+    return {"run": run, "queue": queue_info(run), "checkpoint": checkpoint_state(run),
+            "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str) if run.summary else ""}
 
 
 @require_safe
 def detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
-    return render(request, "jobs/detail.html", {"run": run, "children": run.children.all()})
+    return render(request, "jobs/detail.html", {
+        **job_context(run), "children": run.children.all(),
+        "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True, default=str)})
 
 
 @require_safe
 def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, id=run_id)
-    return render(request, "jobs/_progress.html", {"run": run})
+    finished = run.is_finished and request.headers.get("HX-Request")
+    # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what the end changed.
+    response = render(request, "jobs/_progress.html", job_context(run), status=286 if finished else 200)
+    if finished:
+        response["HX-Trigger"] = "run-finished"
+    return response
 
 
 @require_POST
@@ -72,7 +109,10 @@ def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
         messages.info(request, f"Run {run.id} already {run.status}.")
     else:
         run.request_cancel()
-        messages.success(request, f"Cancel requested for run {run.id}.")
+        if run.is_finished:
+            messages.success(request, f"Run {run.id} cancelled before it started.")
+        else:
+            messages.success(request, f"Cancelling run {run.id}: its worker stops the job at the next check.")
     return redirect("jobs-detail", run_id=run.id)
 
 
@@ -93,12 +133,23 @@ def compare(request: HttpRequest) -> HttpResponse:
         return render(request, "jobs/compare.html", {"error": "run: must be run ids"}, status=400)
     runs = list(Run.objects.filter(id__in=ids).select_related("environment"))
     runs.sort(key=lambda r: ids.index(r.id))  # the order asked for: before / after reads left to right
-    figures = compare_figures(runs) if runs else []
     evals = eval_summary([r for r in runs if r.kind == Run.Kind.EVAL])
+    # Evals are one step each: their table and bars say it all; per-step curves of one dot per run do not.
+    curves = [r for r in runs if r.kind != Run.Kind.EVAL]
+    figures = compare_figures(curves) if curves else []
     return render(request, "jobs/compare.html", {
         "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
-        "figures": figures, "evals": evals,
+        "figures": figures, "evals": evals, "weights": weights_differ(curves),
     })
+
+
+def weights_differ(runs: list[Run]) -> list[tuple[Run, dict[str, float]]] | None:
+    """Each run's reward weights when they are not all the same: the aggregate reward curves then differ
+    by construction, and only the per-component curves compare like with like."""
+    weights = [(r, r.reward_weights()) for r in runs if r.environment_id]
+    if len({tuple(sorted(w.items())) for _, w in weights}) <= 1:
+        return None
+    return weights
 
 
 def eval_summary(runs: list[Run]) -> dict | None:

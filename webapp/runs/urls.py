@@ -9,6 +9,7 @@ from webapp.runs import views
 urlpatterns = [
     path("", views.runs_list, name="runs-list"),
     path("runs/<int:run_id>/", views.run_dashboard, name="runs-dashboard"),
+    path("runs/<int:run_id>/live.json", views.run_live, name="runs-live"),
     path("runs/<int:run_id>/rollouts/", rollout_views.explorer, name="rollouts-explorer"),
     path("runs/<int:run_id>/no-signal/", rollout_views.no_signal, name="rollouts-no-signal"),
     path("groups/<int:group_id>/", rollout_views.group_view, name="rollouts-group"),

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import json
 
-from django.http import HttpRequest, HttpResponse
+from django.core.cache import cache
+from django.db.models import Count, Max, Sum
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_safe
 
 from webapp.accounts.roles import require_role
-from webapp.rollouts.models import RewardComponent
+from webapp.rollouts.models import RewardComponent, StepStat
 from webapp.runs import charts
-from webapp.runs.models import Run
+from webapp.runs.models import Run, StepMetric
 from webapp.runs.queries import dashboard_data, run_summaries
 from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
 LAUNCH_KINDS = [("teacher", "Teacher"), ("sft", "SFT"), ("grpo", "GRPO"), ("dpo", "DPO"), ("eval", "Eval"),
                 ("probe", "Probe")]
+# Kinds that store rollouts (groups, component scores): only they have a reward-health verdict.
+ROLLOUT_KINDS = (Run.Kind.GRPO, Run.Kind.EVAL, Run.Kind.IMPORT)
+DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
 def _choice(request: HttpRequest, name: str, choices: list[tuple[str, str]]) -> tuple[str, str | None]:
@@ -41,6 +46,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         runs = runs.filter(status=status)
     runs = list(runs[:RUNS_PER_PAGE])
     summaries = run_summaries([r.id for r in runs])  # one query for every row's counts and curve
+    for r in runs:  # SFT/DPO store no groups: their steps are the trainer's (progress), not StepStat rows
+        summaries[r.id].steps = max(summaries[r.id].steps, r.current_step or 0)
     rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
     ctx = {"rows": rows, "kinds": Run.Kind.choices, "statuses": Run.Status.choices, "kind": kind,
@@ -48,10 +55,19 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
 
 
+def refresh_diagnostics_on_status_change(run: Run) -> None:
+    """The diagnostics slot is cached for a minute; a run that just ended must not show its live verdict."""
+    seen_key = f"diag-slot-status:{run.id}"
+    if cache.get(seen_key) != run.status:
+        cache.delete(DIAG_SLOT_KEY.format(run.id))
+        cache.set(seen_key, run.status, None)
+
+
 @require_safe
 def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
     require_role(request, "viewer")
     run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
+    refresh_diagnostics_on_status_change(run)
     data = dashboard_data(run)
     figures = charts.dashboard_figures(data)
     components = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
@@ -68,6 +84,31 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "git_commit": (run.provenance or {}).get("git_commit", ""),
         "config_json": json.dumps({**(run.config or {}), "reward_settings": run.reward_settings or {}}, indent=2,
                                   sort_keys=True),
+        "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str) if run.summary else "",
         "explanation": charts.BATCH_VS_GROUP,
+        "has_rollouts_kind": run.kind in ROLLOUT_KINDS,
+        "live_version": live_version(run),
     }
     return render(request, "runs/dashboard.html", ctx)
+
+
+def live_version(run: Run) -> str:
+    """Changes whenever the run gains a step of rollouts or a logged metric (two index-only aggregates)."""
+    stats = StepStat.objects.filter(run=run, component_id=0).aggregate(n=Count("id"), g=Sum("n_groups"))
+    metrics = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
+    return f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
+
+
+@require_safe
+def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
+    """The dashboard's poll while a run is live: its status and, only when something new was stored since
+    the version the page holds, every chart's figure (the page redraws each chart in place)."""
+    require_role(request, "viewer")
+    run = get_object_or_404(Run, id=run_id)
+    version = live_version(run)
+    body: dict = {"status": run.status, "finished": run.is_finished, "version": version,
+                  "step": run.current_step, "progress": run.progress, "figures": None}
+    if version != request.GET.get("version"):
+        figures = charts.dashboard_figures(dashboard_data(run))
+        body["figures"] = figures["all"]
+    return JsonResponse(body)

@@ -67,8 +67,8 @@ def bar(value: float | None, component: Any) -> SafeString:
         return format_html('<span class="bar none" title="{}: not scored">—</span>', name)
     kind = getattr(component, "kind", "")
     return format_html(
-        '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span>',
-        "penalty" if kind == "penalty" else "", name, f"{value:.4g}", f"{frac * 100:.1f}",
+        '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span><span class="bar-num">{}</span>',
+        "penalty" if kind == "penalty" else "", name, f"{value:.4g}", f"{frac * 100:.1f}", f"{value:.3g}",
     )
 
 
