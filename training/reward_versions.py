@@ -140,7 +140,23 @@ def check_params(fn: Callable[..., Any], params: Any) -> dict[str, Any]:
         if key not in named or key in ("prompt", "completion"):
             have = ", ".join(n for n in named if n not in ("prompt", "completion")) or "none"
             raise VersionError(f"params.{str(key)[:80]}", f"not a parameter of {target_of(fn)} (it takes: {have})")
+        _check_type(key, params[key], named[key].default)
     return json.loads(text)
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    """A value of the default's kind: a threshold stays a number, a switch a bool, a name a string."""
+    number = (int, float)
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, number):
+        ok = isinstance(value, number) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    else:
+        return  # no default, or a list/None default: the function checks it (and fails closed if not)
+    if not ok:
+        raise VersionError(f"params.{key}", f"must be a {type(default).__name__} like its default {default!r}")
 
 
 def make_version(environment: str, component: str, target: str, params: Any = None,
