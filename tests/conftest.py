@@ -109,6 +109,21 @@ def api(db):
     return for_user
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache():
+    """Tests in this process get a cache of their own: settings point at the shared Redis or file cache,
+    which outlives the test database (a cached diagnosis of run 1 would answer for the next session's
+    run 1) and which cache.clear() would wipe for everyone. Server processes a test starts keep the
+    configured shared cache (test_login_limit_shared checks it holds across processes)."""
+    from django.test.utils import override_settings
+
+    private = override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                                    "LOCATION": "tests"}})
+    private.enable()
+    yield
+    private.disable()
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # PBKDF2 costs ~0.5 s per user on two cores; tests create many users and check no hash strength.

@@ -51,3 +51,14 @@ def env_url(name: str, default: str, *, schemes: tuple[str, ...]) -> str:
     if scheme not in schemes:
         raise ConfigError(f"{name}: expected a URL with scheme {' or '.join(schemes)}, got {raw!r}")
     return raw
+
+
+def cache_settings(url: str) -> dict:
+    """Django's CACHES["default"] for a CACHE_URL (already checked by env_url)."""
+    scheme, rest = url.split("://", 1)
+    if scheme in ("redis", "rediss"):
+        # Keys carry a prefix: the cache may share a Redis database with the Celery broker.
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url, "KEY_PREFIX": "rd-cache"}
+    if scheme == "file":
+        return {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": rest or "/"}
+    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from webapp.env import ConfigError, env_bool, env_int, env_list, env_str, env_url
+from webapp.env import ConfigError, cache_settings, env_bool, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RD_VAR_DIR", str(BASE_DIR / "var")))  # runtime files: sqlite, broker, models, outputs
@@ -140,8 +140,6 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # every page needs a login, the schema too
 }
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-
 # Celery: Redis in production; kombu's filesystem transport as the embedded default (no server).
 _broker_dir = VAR_DIR / "broker"
 CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", schemes=("filesystem", "redis", "rediss", "amqp"))
@@ -167,6 +165,15 @@ WORKER_QUEUES = ("default", "gpu")  # webapp/celery.py declares them as kombu Qu
 CELERY_TASK_ROUTES = {"workers.tasks.run_job": {"queue": "gpu"}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# One cache shared by every server and worker process (the login rate limit must hold across gunicorn
+# workers): CACHE_URL, else the broker's Redis when the broker is Redis, else files under VAR_DIR (shared
+# by the processes of one host). redis://host:port/db, file:///path, or locmem:// (one process only).
+_redis_broker = CELERY_BROKER_URL.split("://", 1)[0] in ("redis", "rediss")
+CACHE_URL = env_url("CACHE_URL", CELERY_BROKER_URL if _redis_broker else f"file://{VAR_DIR / 'cache' / 'django'}",
+                    schemes=("redis", "rediss", "file", "locmem"))
+CACHES = {"default": cache_settings(CACHE_URL)}
+
 WORKER_DEVICE = env_str("WORKER_DEVICE", "auto")  # auto: CUDA when present, else CPU
 WORKER_HEARTBEAT_SECONDS = env_int("WORKER_HEARTBEAT_SECONDS", 10, minimum=1)
 RUNS_DIR = Path(env_str("RD_RUNS_DIR", str(VAR_DIR / "runs")))

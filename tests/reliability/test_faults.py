@@ -169,7 +169,7 @@ def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_resta
 
     url = private_postgres.create_database("rd_fault")
     manage(url, "migrate", "--verbosity", "0", timeout=180)
-    manage(url, "createuser", "feeder", "--password", "feeder-password", "--role", "trainer")
+    manage(url, "createuser", "feeder", "--role", "trainer", RD_PASSWORD="feeder-password")  # never on argv
     token = re.search(r"token (\w+)", manage(url, "drf_create_token", "feeder")).group(1)
     server = Server(url, tmp_path / "server.log", DB_CONN_MAX_AGE="0")
     server.start()

@@ -102,7 +102,7 @@ def test_it_rate_limits_failed_logins_and_refuses_the_right_password_while_limit
     cache.clear()
 
 
-def test_it_never_logs_a_password(client, db, caplog, capsys, settings):
+def test_it_never_logs_a_password(client, db, caplog, capsys, settings, monkeypatch):
     cache.clear()
     secret = "Pw-" + secrets.token_hex(8)
     wrong = "Wrong-" + secrets.token_hex(8)
@@ -110,7 +110,8 @@ def test_it_never_logs_a_password(client, db, caplog, capsys, settings):
     caplog.set_level(logging.DEBUG)
     settings.DEBUG = True  # the most verbose configuration: SQL logging on, debug error pages
     out, err = io.StringIO(), io.StringIO()
-    call_command("createuser", "carol", "--password", secret, "--role", "annotator", stdout=out, stderr=err)
+    monkeypatch.setenv("RD_PASSWORD", secret)  # the documented way: never on a command line
+    call_command("createuser", "carol", "--role", "annotator", stdout=out, stderr=err)
     assert client.post("/accounts/login/", {"username": "carol", "password": wrong}).status_code == 200
     assert client.post("/accounts/login/", {"username": "carol", "password": secret}).status_code == 302
     client.logout()

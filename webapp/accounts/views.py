@@ -1,3 +1,17 @@
+"""Login with a failure rate limit.
+
+The limit counts failed logins per (normalised username, client address) in Django's cache, which
+settings point at one store for every server process (Redis when configured, else files on the host):
+with several gunicorn workers a per-process counter would allow workers x MAX_FAILURES guesses. We use
+the cache API directly rather than django-ratelimit or django-axes: the rule is one counter with one
+key, and those would bring their own key functions, models and middleware to say the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+
 from django.contrib.auth import views as auth_views
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
@@ -6,9 +20,17 @@ MAX_FAILURES = 10  # per client address and username, per window
 WINDOW_SECONDS = 300
 
 
-def _key(request: HttpRequest) -> str:
-    username = (request.POST.get("username") or "")[:150].lower()
-    return f"login-fail:{request.META.get('REMOTE_ADDR', '')}:{username}"
+def normalise_username(raw: str) -> str:
+    """The form of a username that the limit counts: NFKC (as Django normalises usernames, so the
+    full-width "ｖｉｅｗｅｒ" is "viewer"), case-folded and stripped, so no spelling of one name gets a fresh
+    allowance of guesses."""
+    return unicodedata.normalize("NFKC", raw[:150]).casefold().strip()
+
+
+def failure_key(request: HttpRequest) -> str:
+    username = normalise_username(request.POST.get("username") or "")
+    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # any text, safe key
+    return f"login-fail:{request.META.get('REMOTE_ADDR', '')}:{digest}"
 
 
 class LoginView(auth_views.LoginView):
@@ -18,8 +40,7 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
 
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        key = _key(request)
-        if cache.get(key, 0) >= MAX_FAILURES:
+        if cache.get(failure_key(request), 0) >= MAX_FAILURES:
             response = self.render_to_response(
                 {"form": self.get_form(), "rate_limited": True, "next": request.POST.get("next", "")}
             )
@@ -28,7 +49,10 @@ class LoginView(auth_views.LoginView):
         return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form):  # type: ignore[override]
-        key = _key(self.request)
+        key = failure_key(self.request)
         cache.add(key, 0, WINDOW_SECONDS)
-        cache.incr(key)
+        try:
+            cache.incr(key)  # atomic on Redis: concurrent failures on several workers all count
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, WINDOW_SECONDS)
         return super().form_invalid(form)
