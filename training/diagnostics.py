@@ -326,6 +326,15 @@ class Thresholds:
     quality_bad_share: float = 0.25
     quality_min_annotated: int = 10
     min_groups: int = 5  # below this, say nothing
+    # Over time: a state must hold over the last max(min_hold_steps, min_hold_frac x steps) steps at least
+    # to be reported from an onset (short suffixes are noise); at most max_onset_candidates start steps tried.
+    min_hold_steps: int = 3
+    min_hold_frac: float = 0.2
+    max_onset_candidates: int = 200
+    collapse_most: float = 0.5  # signal collapse: at least this fraction of groups teach nothing since the onset
+    collapse_rise: float = 0.25  # ... up by this much from before the onset
+    collapse_critical: float = 0.8
+    validity_level: float = 0.7  # kind-free: a component this high on its range reads as validity-like
 
 
 @dataclass
@@ -339,6 +348,7 @@ class Finding:
     sort: str | None = None  # explorer sort key for example transcripts (a component, "length", "reward")
     order: str = "desc"
     evidence: dict[str, Any] = field(default_factory=dict)
+    onset_step: int | None = None  # the first step from which it holds (to the end of the window)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -368,8 +378,8 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
             fix = "Make it graded (partial credit) so that completions of one prompt differ, or drop it."
         out.append(Finding(
             code="dead_component", severity="critical" if heavy else "warning", component=c.name, sort=c.name,
-            title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups: it produces no advantage "
-                  f"whatever its weight ({c.weight:g}).",
+            title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups from step {h.step_min}: it "
+                  f"produces no advantage whatever its weight ({c.weight:g}).",
             detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups over steps "
                    f"{h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; mean {c.mean:.3g}.",
             fix=fix, evidence={"zero_std_frac": c.zero_std_frac, "share": c.share, "weight": c.weight},
@@ -384,8 +394,8 @@ def detect_unreachable(h: HealthReport, t: Thresholds) -> list[Finding]:
             continue
         out.append(Finding(
             code="unreachable_reward", severity="critical", component=c.name, sort=c.name, order="desc",
-            title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts: the policy "
-                  f"almost never succeeds, so there is almost nothing to learn from.",
+            title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts from step "
+                  f"{h.step_min}: the policy almost never succeeds, so there is almost nothing to learn from.",
             detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean {c.mean:.3g}; "
                    f"constant inside {_pct(c.zero_std_frac)} of groups.",
             fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the action space, or add "
@@ -410,8 +420,8 @@ def detect_saturation(h: HealthReport, t: Thresholds) -> list[Finding]:
                  else f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)")
         out.append(Finding(
             code="saturation", severity="warning", component=c.name, sort=o.name, order="asc",
-            title=f"'{c.name}' is saturated: at its maximum in {_pct(c.at_max)} of rollouts and constant in "
-                  f"{_pct(c.zero_std_frac)} of groups, while the outcome '{o.name}' {state}.",
+            title=f"'{c.name}' is saturated from step {h.step_min}: at its maximum in {_pct(c.at_max)} of rollouts and "
+                  f"constant in {_pct(c.zero_std_frac)} of groups since, while the outcome '{o.name}' {state}.",
             detail=f"'{c.name}' weight {c.weight:g}, share of the advantage {_pct(c.share)}; "
                    f"'{o.name}' weight {o.weight:g}, share {_pct(o.share)}.",
             fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise the weight of "
@@ -676,14 +686,323 @@ def quality_gap(
     )]
 
 
+# --------------------------------------------------------------------------------------------
+# Over time: per-step health, onsets, signal collapse, kinds inferred from the values
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepTable:
+    """Per-step counts and sums (prefix sums over the distinct steps), from which the health of any range
+    of steps follows by one subtraction: trying every start step for an onset costs O(steps x K^2) after
+    one pass over the rollouts. Ranges (lo, hi) are the whole table's, so "at max" means the same in
+    every range."""
+
+    components: list[ComponentInfo]
+    steps: np.ndarray  # (S,) distinct steps, ascending
+    lo: np.ndarray  # (K,)
+    hi: np.ndarray
+    declared: np.ndarray  # (K,) bool
+    cum: dict[str, np.ndarray]  # name -> (S + 1, ...) prefix sums over steps
+
+    def total(self, name: str, i0: int, i1: int) -> np.ndarray:
+        return self.cum[name][i1] - self.cum[name][i0]
+
+    def health(self, i0: int, i1: int, kinds: dict[str, str] | None = None) -> HealthReport:
+        """The component health pooled over steps[i0:i1] (what component_health would say of them, less
+        the correlations with length and reward)."""
+        t = lambda name: self.total(name, i0, i1)  # noqa: E731
+        groups, zero, scored, amax, amin, vsum = t("groups"), t("zero"), t("scored"), t("at_max"), t("at_min"), t("sum")
+        std_sum, std_n, rows = t("std_sum"), t("std_n"), float(t("rows"))
+        k = len(self.components)
+        cov = t("cov") / max(float(t("dof")), 1.0)
+        shares = advantage_shares(np.array([c.weight for c in self.components], dtype=np.float64), cov)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean, zfrac, at_max, at_min = vsum / scored, zero / groups, amax / scored, amin / scored
+            within = std_sum / std_n
+        out = []
+        for j, c in enumerate(self.components):
+            lo, hi = float(self.lo[j]), float(self.hi[j])
+            out.append(ComponentHealth(
+                name=c.name, kind=(kinds or {}).get(c.name, c.kind), weight=c.weight, mean=float(mean[j]),
+                within_std=float(within[j]), zero_std_frac=float(zfrac[j]), share=float(shares[j]),
+                at_max=float(at_max[j]), at_min=float(at_min[j]), lo=lo, hi=hi, range_declared=bool(self.declared[j]),
+                level=(float(mean[j]) - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan, corr_length=math.nan,
+                scored_frac=float(scored[j] / rows) if rows else math.nan,
+            ))
+        corr = np.full((k + 2, k + 2), np.nan)
+        corr[:k, :k] = _corr_from_cov(cov)
+        rg = float(t("r_groups"))
+        return HealthReport(
+            components=out, corr_labels=[*(c.name for c in self.components), "length", "reward"], corr=corr,
+            n_rollouts=int(rows), n_groups=int(t("n_groups")), step_min=int(self.steps[i0]) if i1 > i0 else None,
+            step_max=int(self.steps[i1 - 1]) if i1 > i0 else None,
+            reward_zero_std_frac=float(t("r_zero")) / rg if rg else math.nan,
+        )
+
+    def series(self, max_points: int = 2000) -> dict[str, Any]:
+        """Per-step health of every component (zero-std fraction, shares at max / min and of the advantage)
+        and the aggregate zero-std fraction, as JSON; long runs thinned to about `max_points` steps."""
+        s = self.steps.size
+        idx = np.arange(s) if s <= max_points else np.unique(np.linspace(0, s - 1, max_points).round().astype(int))
+        hs = [self.health(int(i), int(i) + 1) for i in idx]
+        comp = {c.name: {key: [_json_float(getattr(h.components[j], key)) for h in hs]
+                         for key in ("zero_std_frac", "at_max", "at_min", "share")}
+                for j, c in enumerate(self.components)}
+        return {"steps": self.steps[idx].tolist(), "components": comp,
+                "reward_zero_std_frac": [_json_float(h.reward_zero_std_frac) for h in hs]}
+
+
+def _by_step(sidx: np.ndarray, values: np.ndarray, s: int) -> np.ndarray:
+    """Sum of the rows of `values` (n,) or (n, K) per step index: (s,) or (s, K)."""
+    if values.ndim == 1:
+        return np.bincount(sidx, weights=values.astype(np.float64), minlength=s)
+    return np.column_stack([np.bincount(sidx, weights=values[:, j].astype(np.float64), minlength=s)
+                            for j in range(values.shape[1])]) if values.shape[1] else np.zeros((s, 0))
+
+
+def _cum(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.zeros((1, *x.shape[1:])), np.cumsum(x, axis=0)])
+
+
+def step_table(data: RunArrays) -> StepTable:
+    k = len(data.components)
+    gidx, m = dense_ids(data.group_ids)
+    uniq, sidx = np.unique(data.steps, return_inverse=True)
+    s = int(uniq.size)
+    cols = np.column_stack([data.matrix, data.rewards()]) if data.n else np.zeros((0, k + 1))
+    st = stats.group_stats(cols, gidx, m)
+    g_step = np.zeros(m, dtype=np.int64)
+    g_step[gidx] = sidx.reshape(-1)  # every row of a group shares its step
+    has = st.count > 0
+    zero = st.zero_std & has
+    finite_std = np.isfinite(st.std[:, :k])
+    ranges = [_range(data.matrix[:, j], c) for j, c in enumerate(data.components)]
+    lo, hi = np.array([r[0] for r in ranges]), np.array([r[1] for r in ranges])
+    vals = data.matrix
+    scored = ~np.isnan(vals)
+    with np.errstate(invalid="ignore"):
+        const = (hi - lo) <= 1e-12
+        tol = np.where(const, 0.0, 1e-6 * (hi - lo))
+        # A constant undeclared range: above zero reads as at the ceiling, else the floor (as _at_bounds).
+        at_max = scored & np.where(const[None, :], vals > 0, vals >= (hi - tol)[None, :])
+        at_min = scored & np.where(const[None, :], vals <= 0, vals <= (lo + tol)[None, :])
+    dev = np.nan_to_num(np.where(scored, vals - st.mean[gidx, :k], 0.0), nan=0.0)
+    cov = np.zeros((s, k, k))
+    for a in range(k):
+        for b in range(a, k):
+            cov[:, a, b] = cov[:, b, a] = np.bincount(sidx, weights=dev[:, a] * dev[:, b], minlength=s)
+    sizes = np.bincount(gidx, minlength=m)
+    per_step = {
+        "groups": _by_step(g_step, has[:, :k], s), "zero": _by_step(g_step, zero[:, :k], s),
+        "std_sum": _by_step(g_step, np.where(finite_std, st.std[:, :k], 0.0), s),
+        "std_n": _by_step(g_step, finite_std, s), "n_groups": np.bincount(g_step, minlength=s).astype(np.float64),
+        "dof": _by_step(g_step, np.maximum(sizes - 1, 0), s), "rows": np.bincount(sidx, minlength=s).astype(np.float64),
+        "scored": _by_step(sidx, scored, s), "sum": _by_step(sidx, np.where(scored, vals, 0.0), s),
+        "at_max": _by_step(sidx, at_max, s), "at_min": _by_step(sidx, at_min, s), "cov": cov,
+        "r_groups": _by_step(g_step, has[:, k], s), "r_zero": _by_step(g_step, zero[:, k], s),
+    }
+    return StepTable(components=list(data.components), steps=uniq, lo=lo, hi=hi,
+                     declared=np.array([r[2] for r in ranges], dtype=bool),
+                     cum={name: _cum(v) for name, v in per_step.items()})
+
+
+def _state_findings(h: HealthReport, t: Thresholds) -> list[Finding]:
+    """The detectors of a state (what the components are like over a range of steps), worst-specific first."""
+    trivial = detect_trivial_outputs(h, t)
+    findings = detect_unreachable(h, t) + detect_saturation(h, t) + trivial
+    # A component already explained by a more specific finding is not repeated as "dead".
+    explained = {f.component for f in findings if f.component}
+    if trivial:
+        explained |= {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
+    findings += detect_dead(h, t, skip=explained)
+    if not trivial:
+        findings += detect_ignores_prompt(h, t)
+    return findings
+
+
+def _key(f: Finding) -> tuple[str, str | None]:
+    return (f.code, f.component)
+
+
+def _hold(table: StepTable, t: Thresholds) -> int:
+    return max(1, min(table.steps.size, max(t.min_hold_steps, math.ceil(t.min_hold_frac * table.steps.size))))
+
+
+def _candidates(last: int, t: Thresholds) -> list[int]:
+    """Start indices 0..last, every one when few, else an even grid (the refinement walks between them)."""
+    if last + 1 <= t.max_onset_candidates:
+        return list(range(last + 1))
+    return np.unique(np.linspace(0, last, t.max_onset_candidates).round().astype(int)).tolist()
+
+
+def _local_end(table: StepTable, i: int, t: Thresholds) -> int:
+    """The end of the shortest span from step index i holding at least min_groups groups (or the end)."""
+    n = table.cum["n_groups"]
+    j = int(np.searchsorted(n, n[i] + t.min_groups, side="left"))
+    return min(max(j, i + 1), table.steps.size)
+
+
+def _refine(table: StepTable, t: Thresholds, holds: Callable[[int, int], bool], i: int, last: int) -> int:
+    """A pooled suffix can hold from a few steps before the change (the later steps outweigh them): move
+    the onset forward while its own first steps are not in the state and the suffix after them still is."""
+    s = table.steps.size
+    for _ in range(1000):  # bounded: a grid of candidates leaves at most a few hundred steps between two
+        if i >= last or holds(i, _local_end(table, i, t)) or not holds(i + 1, s):
+            break
+        i += 1
+    return i
+
+
+def state_onsets(table: StepTable, t: Thresholds, kinds: dict[str, str] | None = None) -> list[Finding]:
+    """Every state finding that holds from some step to the end of the window, each from its onset (the
+    earliest start step from which it holds, pooled, over at least the hold length)."""
+    s = table.steps.size
+    if s == 0:
+        return []
+    last = s - _hold(table, t)
+    seen: dict[tuple[str, str | None], int] = {}
+    for i in _candidates(last, t):
+        for f in _state_findings(table.health(i, s, kinds), t):
+            seen.setdefault(_key(f), i)
+    out = []
+    for key, first in seen.items():
+        def holds(a: int, b: int, key: tuple[str, str | None] = key) -> bool:
+            return any(_key(f) == key for f in _state_findings(table.health(a, b, kinds), t))
+
+        i = _refine(table, t, holds, first, last)
+        f = next(f for f in _state_findings(table.health(i, s, kinds), t) if _key(f) == key)
+        f.onset_step = int(table.steps[i])
+        out.append(f)
+    return _exclusive(out, kinds or {c.name: c.kind for c in table.components})
+
+
+def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
+    """Onsets are found per finding, so rules that exclude each other at one range are re-applied across
+    ranges: trivial outputs explain the flat task components and the validity-vs-task warning; a component
+    that is saturated or unreachable is not also reported as dead."""
+    codes = {f.code for f in findings}
+    specific = {f.component for f in findings if f.code in ("saturation", "unreachable_reward")}
+    out = []
+    for f in findings:
+        if "trivial_outputs" in codes and (f.code == "ignores_prompt" or (
+                f.code == "dead_component" and kinds.get(f.component or "") in SEMANTIC_KINDS)):
+            continue
+        if f.code == "dead_component" and f.component in specific:
+            continue
+        out.append(f)
+    return out
+
+
+def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
+    """The fraction of groups whose aggregate reward is constant (no advantage at all) rises until most
+    groups teach nothing. Needs a 'before': a window that starts collapsed is left to the component rules."""
+    z, g, s = table.cum["r_zero"], table.cum["r_groups"], table.steps.size
+    last = s - _hold(table, t)
+
+    def state(a: int, b: int) -> tuple[float, float]:  # (fraction of zero-std groups in steps a..b-1, groups)
+        n = float(g[b] - g[a])
+        return (float(z[b] - z[a]) / n if n else math.nan), n
+
+    def holds(a: int, b: int = s) -> bool:
+        after, n_after = state(a, b)
+        before, n_before = state(0, a)
+        return (n_after >= t.min_groups and n_before >= t.min_groups and after >= t.collapse_most
+                and after - before >= t.collapse_rise)
+
+    first = next((i for i in _candidates(max(last, 0), t) if i >= 1 and holds(i)), None) if s > 1 else None
+    if first is None:
+        return []
+    i = _refine(table, t, lambda a, b: state(a, b)[0] >= t.collapse_most and (b < s or holds(a)), first, last)
+    after, n_after = state(i, s)
+    before, _ = state(0, i)
+    step = int(table.steps[i])
+    return [Finding(
+        code="signal_collapse", severity="critical" if after >= t.collapse_critical else "warning",
+        sort="reward", order="desc", onset_step=step,
+        title=f"Signal collapse from step {step}: {_pct(after)} of groups have a constant reward since (was "
+              f"{_pct(before)} before), so most of each batch teaches nothing.",
+        detail=f"{int(round(after * n_after))} of {int(n_after)} groups over steps {step}-{int(table.steps[-1])} "
+               f"have zero within-group std of the aggregate reward: every completion of their prompt scored the same.",
+        fix="Add harder prompts (or a curriculum); filter out prompts whose groups are all-correct or all-wrong "
+            "before the update, as dynamic sampling (DAPO) does; use a larger group (num_generations) so rare "
+            "successes and failures appear; add partial credit so completions of one prompt differ.",
+        evidence={"zero_std_after": after, "zero_std_before": before, "groups_after": n_after},
+    )]
+
+
+def kinds_declared(components: list[ComponentInfo]) -> bool:
+    """Kinds count as declared when any component says something other than the default ("outcome")."""
+    return any(c.kind and c.kind != "outcome" for c in components)
+
+
+def infer_kinds(data: RunArrays, h: HealthReport, t: Thresholds) -> tuple[dict[str, str], dict[str, str]]:
+    """Kinds read from the values when none were declared: (name -> kind, name -> what was inferred).
+
+    Binary vs graded: at most two distinct values. Dense vs sparse: off its floor in at least half of the
+    rollouts or not. Negative weight (or never positive): a penalty. High on its range (level >=
+    validity_level): validity-like (behavioural); else task-like (outcome). At least one non-penalty
+    component stays task-like: the heaviest, when every one of them is high."""
+    kinds, notes = {}, {}
+    for j, c in enumerate(h.components):
+        col = data.matrix[:, j]
+        finite = col[~np.isnan(col)]
+        binary = bool(finite.size) and np.unique(finite).size <= 2
+        dense = not (c.at_min > 0.5)
+        never_positive = finite.size > 0 and float(finite.max()) <= 0 < -float(finite.min())
+        if c.weight < 0 or never_positive:
+            kind = "penalty"
+        elif c.level >= t.validity_level:
+            kind = "behavioural"
+        else:
+            kind = "outcome"
+        kinds[c.name] = kind
+        notes[c.name] = (f"{'binary' if binary else 'graded'}, {'dense' if dense else 'sparse'}"
+                         f"{', level ' + format(c.level, '.2f') if math.isfinite(c.level) else ''}")
+    rest = [c for c in h.components if kinds[c.name] != "penalty"]
+    if rest and not any(kinds[c.name] == "outcome" for c in rest):
+        heaviest = max(rest, key=lambda c: (abs(c.weight), -c.level if math.isfinite(c.level) else 0))
+        kinds[heaviest.name] = "outcome"
+    role = {"penalty": "penalty", "behavioural": "validity-like", "outcome": "task-like"}
+    return kinds, {n: f"{notes[n]} -> {role[kinds[n]]}" for n in kinds}
+
+
+def _note_inferred(findings: list[Finding], notes: dict[str, str]) -> None:
+    text = "; ".join(f"'{n}' {v}" for n, v in notes.items())
+    for f in findings:
+        f.detail += f" No kinds were declared: inferred from the values ({text})."
+        f.evidence["inferred_kinds"] = dict(notes)
+
+
+def judge_note(table: StepTable, t: Thresholds) -> str | None:
+    """Why the run cannot be judged yet, or None."""
+    g = int(table.cum["r_groups"][-1]) if table.steps.size else 0
+    if g < t.min_groups:
+        return (f"not enough groups to judge: {g} group{'s' if g != 1 else ''} with a scored reward in this "
+                f"window (at least {t.min_groups} needed)")
+    return None
+
+
 @dataclass
 class Diagnosis:
     health: HealthReport
     findings: list[Finding]
     collapse: dict[str, float]
+    over_time: dict[str, Any] = field(default_factory=dict)  # StepTable.series(): per-step component health
+    note: str | None = None  # set when the window cannot be judged ("not enough groups to judge: ...")
+    inferred_kinds: dict[str, str] = field(default_factory=dict)  # name -> what was inferred, when undeclared
+
+    @property
+    def status(self) -> str:
+        if self.note:
+            return "not_enough_data"
+        severities = {f.severity for f in self.findings}
+        return "critical" if "critical" in severities else "warning" if "warning" in severities else "healthy"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"health": self.health.as_dict(), "findings": [f.as_dict() for f in self.findings],
+        return {"status": self.status, "note": self.note, "health": self.health.as_dict(),
+                "findings": [f.as_dict() for f in self.findings], "over_time": self.over_time,
+                "inferred_kinds": self.inferred_kinds,
                 "collapse": {k: _json_float(v) for k, v in self.collapse.items()}}
 
 
@@ -696,23 +1015,27 @@ def diagnose(
     annotated_ids: Callable[[], Iterable[int]] | None = None,
     thresholds: Thresholds = Thresholds(),
 ) -> Diagnosis:
-    """Health of every component over `data` and the findings of every detector, worst first."""
+    """Health of every component over `data`, per step and pooled, and the findings of every detector,
+    worst first, each from the step where it starts to hold."""
     t = thresholds
     h = component_health(data)
-    trivial = detect_trivial_outputs(h, t)
-    findings = detect_unreachable(h, t) + detect_saturation(h, t) + trivial
-    # A component already explained by a more specific finding is not repeated as "dead".
-    explained = {f.component for f in findings if f.component}
-    if trivial:
-        explained |= {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
-    findings += detect_dead(h, t, skip=explained)
-    if not trivial:
-        findings += detect_ignores_prompt(h, t)
-    findings += detect_length_hacking(data, h, t)
-    collapse = aggregation_collapse(data) if aggregation == "sum_then_normalize" else {}
+    table = step_table(data)
+    kinds, notes = (None, {}) if kinds_declared(data.components) else infer_kinds(data, h, t)
+    if kinds:
+        h.components = [replace(c, kind=kinds[c.name]) for c in h.components]
+    note = judge_note(table, t)
+    findings: list[Finding] = []
+    if note is None:
+        findings = state_onsets(table, t, kinds)
+        if kinds:
+            _note_inferred(findings, notes)
+        findings += detect_signal_collapse(table, t)
+        findings += detect_length_hacking(data, h, t)
+    collapse = aggregation_collapse(data) if aggregation == "sum_then_normalize" and note is None else {}
     findings += detect_aggregation_collapse(collapse, t)
     findings += detect_unstable(metrics, t)
-    if bad_case_ids is not None and data.rollout_ids is not None:
+    if bad_case_ids is not None and data.rollout_ids is not None and note is None:
         findings += quality_gap(data.rollout_ids, data.rewards(), data.steps, bad_case_ids, annotated_ids, t)
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
-    return Diagnosis(health=h, findings=findings, collapse=collapse)
+    return Diagnosis(health=h, findings=findings, collapse=collapse, over_time=table.series(), note=note,
+                     inferred_kinds=notes)

@@ -3,6 +3,7 @@ on a healthy run, and the ablation recomputation on hand-computable cases. Pure 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -375,3 +376,166 @@ def test_it_gives_the_same_ablation_whatever_the_row_order() -> None:
     for key in ("mean_abs_delta", "sign_flip_frac", "best_changed_frac", "spearman_mean", "zero_std_after"):
         assert a[key] == pytest.approx(b[key], abs=1e-12), key
     assert [t["group_id"] for t in a["top_groups"]] == [t["group_id"] for t in b["top_groups"]]
+
+
+# ---------------------------------------------------------------- over time: onsets, collapse, kind-free
+
+
+def ask_to_code_like(steps: int = 40, onset: int = 5, kinds: bool = True, groups: int = 8) -> dg.RunArrays:
+    """The issue's case: 'asked_before_coding' (behavioural, 0.6) at its maximum in every group from step
+    `onset`, while 'correctness' (outcome, 1.0) stays sparse and varying."""
+    comps = [C("correctness", 1.0, "outcome" if kinds else "", 0, 1),
+             C("asked_before_coding", 0.6, "behavioural" if kinds else "", 0, 1)]
+
+    def gen(rng, step, G):
+        ask = np.ones(G) if step >= onset else (rng.random(G) < 0.05).astype(float)  # rarely asked before
+        return np.column_stack([(rng.random(G) < 0.25), ask]).astype(float), rng.integers(20, 80, G)
+
+    return synth(comps, gen, steps=steps, groups=groups, G=6)
+
+
+def finding(d: dg.Diagnosis, code: str, component: str | None = None) -> dg.Finding:
+    return next(f for f in d.findings if f.code == code and (component is None or f.component == component))
+
+
+def test_it_dates_a_saturation_that_the_whole_window_numbers_hide() -> None:
+    data = ask_to_code_like(onset=5)
+    whole = dg.component_health(data).by_name()["asked_before_coding"]
+    assert 0.85 < whole.at_max < 0.9  # the issue's 87%: under the whole-window rule's 90%
+    f = finding(dg.diagnose(data), "saturation", "asked_before_coding")
+    assert f.onset_step == 5
+    assert f.title.startswith("'asked_before_coding' is saturated from step 5: at its maximum in 100% of rollouts")
+    assert f.evidence["at_max"] == 1.0
+
+
+@pytest.mark.parametrize("steps", [10, 50, 200])
+def test_it_flags_a_component_saturated_for_the_later_80_percent_of_a_run(steps: int) -> None:
+    onset = steps // 5
+    f = finding(dg.diagnose(ask_to_code_like(steps=steps, onset=onset)), "saturation", "asked_before_coding")
+    assert abs(f.onset_step - onset) <= 2
+
+
+def test_it_pools_per_step_health_into_the_whole_window_numbers() -> None:
+    data = healthy()
+    whole = dg.component_health(data)
+    table = dg.step_table(data)
+    pooled = table.health(0, table.steps.size)
+    for a, b in zip(whole.components, pooled.components):
+        for key in ("mean", "zero_std_frac", "share", "at_max", "at_min", "within_std", "level"):
+            assert getattr(a, key) == pytest.approx(getattr(b, key), abs=1e-9), (a.name, key)
+    assert pooled.reward_zero_std_frac == pytest.approx(whole.reward_zero_std_frac)
+    assert pooled.n_groups == whole.n_groups and pooled.step_min == 0 and pooled.step_max == 19
+
+
+def test_it_reports_per_step_component_health_over_time() -> None:
+    d = dg.diagnose(ask_to_code_like(steps=12, onset=5))
+    series = d.over_time["components"]["asked_before_coding"]
+    assert d.over_time["steps"] == list(range(12))
+    assert series["zero_std_frac"][5:] == [1.0] * 7 and series["share"][6] == 0.0
+    assert series["at_max"][5:] == [1.0] * 7 and max(series["at_max"][:5]) < 0.5
+
+
+@pytest.mark.slow
+def test_it_dates_planted_failures_of_every_kind_near_their_onset() -> None:
+    from bench.diagnostics import detected, plant
+
+    rng = np.random.default_rng(7)
+    for kind in ("dead", "saturation", "unreachable", "signal_collapse", "trivial_outputs"):
+        for declared in (True, False):
+            p = plant(kind, rng, declared)
+            f = detected(p, dg.diagnose(p.data))
+            assert f is not None, (kind, declared)
+            assert abs(f.onset_step - p.onset) <= 3, (kind, declared, f.onset_step, p.onset)
+
+
+@pytest.mark.slow
+def test_it_raises_no_critical_finding_on_generated_healthy_runs() -> None:
+    from bench.diagnostics import healthy as healthy_run
+
+    rng = np.random.default_rng(11)
+    for _ in range(15):
+        d = dg.diagnose(healthy_run(rng).data)
+        assert not [f.title for f in d.findings if f.severity == "critical"]
+
+
+def test_it_reports_signal_collapse_with_its_step_and_what_to_try() -> None:
+    def gen(rng, step, G):
+        solved = step >= 12 and rng.random() < 0.9  # from step 12 most prompts are solved by every completion
+        correct = np.ones(G) if solved else (rng.random(G) < 0.5).astype(float)
+        return np.column_stack([correct, correct]), rng.integers(50, 150, G)
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS[:2], gen, steps=30))
+    f = finding(d, "signal_collapse")
+    assert f.onset_step == 12 and f.severity == "critical"
+    assert f.title.startswith("Signal collapse from step 12:")
+    assert "dynamic sampling" in f.fix and "larger group" in f.fix and "partial credit" in f.fix
+    assert "signal_collapse" not in codes(dg.diagnose(healthy()))
+
+
+def test_it_infers_kinds_from_the_values_when_none_are_declared() -> None:
+    comps = [C("passes", 1.0, ""), C("tidy", 0.5, ""), C("verbose", -0.3, ""), C("score", 0.2, "")]
+
+    def gen(rng, step, G):
+        return np.column_stack([rng.random(G) < 0.2, rng.random(G) < 0.9, rng.random(G) < 0.5,
+                                rng.random(G)]).astype(float), rng.integers(5, 9, G)
+
+    d = dg.diagnose(synth(comps, gen))
+    assert d.inferred_kinds["passes"].startswith("binary, sparse") and d.inferred_kinds["passes"].endswith("task-like")
+    assert d.inferred_kinds["tidy"].startswith("binary, dense") and d.inferred_kinds["tidy"].endswith("validity-like")
+    assert d.inferred_kinds["verbose"].endswith("-> penalty")  # a negative weight
+    assert d.inferred_kinds["score"].startswith("graded")
+    declared = dg.diagnose(synth([C("passes", 1.0, "outcome"), C("tidy", 0.5, "behavioural"),
+                                  C("verbose", -0.3, "penalty"), C("score", 0.2, "process")], gen))
+    assert declared.inferred_kinds == {}
+
+
+def test_it_finds_saturation_without_kinds_and_says_what_it_inferred() -> None:
+    d = dg.diagnose(ask_to_code_like(onset=5, kinds=False))
+    f = finding(d, "saturation", "asked_before_coding")
+    assert f.onset_step == 5
+    assert "No kinds were declared" in f.detail and "'asked_before_coding' binary, dense" in f.detail
+    assert f.evidence["inferred_kinds"]["correctness"].endswith("task-like")
+
+
+def test_it_finds_unreachable_and_trivial_outputs_without_kinds() -> None:
+    comps = [C("passes", 1.0, ""), C("parses", 0.5, "")]
+
+    def unreachable(rng, step, G):
+        return np.column_stack([rng.random(G) < 0.01, rng.random(G) < 0.6]).astype(float), rng.integers(5, 9, G)
+
+    def trivial(rng, step, G):
+        return np.column_stack([np.zeros(G), np.ones(G) if step >= 4 else rng.random(G) < 0.5]), rng.integers(5, 9, G)
+
+    assert finding(dg.diagnose(synth(comps, unreachable)), "unreachable_reward", "passes").severity == "critical"
+    f = finding(dg.diagnose(synth(comps, trivial)), "trivial_outputs")
+    assert f.onset_step == 4 and "inferred from the values" in f.detail
+
+
+@pytest.mark.parametrize("case", ["one step one group", "one group", "all NaN", "no rollouts"])
+def test_it_says_there_is_not_enough_to_judge_instead_of_a_finding(case: str) -> None:
+    if case == "no rollouts":
+        none = np.zeros(0, dtype=np.int64)
+        data = dg.RunArrays(HEALTHY_COMPONENTS, np.zeros((0, 3)), none, none)
+    elif case == "all NaN":
+        data = synth(HEALTHY_COMPONENTS, lambda rng, s, G: (np.full((G, 3), np.nan), np.full(G, np.nan)))
+    else:
+        data = synth(HEALTHY_COMPONENTS, healthy_gen, steps=1 if case == "one step one group" else 3, groups=1)
+        data = data.select(data.group_ids == data.group_ids[0])
+    d = dg.diagnose(data)
+    assert d.status == "not_enough_data" and d.note.startswith("not enough groups to judge")
+    assert d.findings == []
+    json.dumps(d.as_dict(), allow_nan=False)
+
+
+def test_it_judges_a_single_component_and_a_single_step() -> None:
+    dead = synth([C("only", 1.0, "")], lambda rng, s, G: (np.full((G, 1), 0.5), rng.integers(5, 9, G)), steps=1)
+    d = dg.diagnose(dead)
+    assert d.status == "critical" and codes(d) == ["dead_component"] and d.findings[0].onset_step == 0
+    fine = synth([C("only", 1.0, "")], lambda rng, s, G: (rng.random((G, 1)) < 0.5, rng.integers(5, 9, G)), steps=1)
+    assert dg.diagnose(fine).status == "healthy"
+
+
+def test_it_bounds_the_onset_search_on_a_long_run() -> None:
+    data = ask_to_code_like(steps=3000, onset=1200, groups=1)
+    f = finding(dg.diagnose(data), "saturation", "asked_before_coding")
+    assert abs(f.onset_step - 1200) <= 15
