@@ -12,5 +12,6 @@ urlpatterns = [
     path("diagnostics/", include("webapp.diagnostics.urls")),
     path("annotations/", include("webapp.annotations.urls")),
     path("jobs/", include("webapp.runs.job_urls")),
+    path("replays/", include("webapp.replays.urls")),
     path("", include("webapp.runs.urls")),
 ]

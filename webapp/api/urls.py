@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from webapp.api import views
@@ -14,4 +14,5 @@ urlpatterns = [
     path("runs/<int:run_id>/finish/", views.run_finish, name="api-run-finish"),
     path("runs/<int:run_id>/ablations/", diagnostics_api.run_ablations, name="api-run-ablations"),
     path("ablations/<int:ablation_id>/", diagnostics_api.ablation_detail, name="api-ablation"),
+    path("", include("webapp.replays.api_urls")),
 ]

@@ -420,3 +420,35 @@ def summarise(replay: Replay) -> None:
     Replay.objects.filter(id=replay.id).update(
         results=pack_results(arrays), stats=report["headline"], summary=line[:500], status=status,
         error=error[:2000], finished_at=timezone.now())
+
+
+def report(replay: Replay) -> dict[str, Any] | None:
+    """The comparison shown by the page, the API and reward_regress, from the stored arrays and the
+    annotations as they are now (an annotation added after the replay counts at once)."""
+    from webapp.replays import analysis
+
+    arrays = load_results(replay)
+    if arrays is None:
+        return None
+    comps = run_components(replay.run)
+    return analysis.compare(arrays, [c.name for c in comps], replay.components(), run_weights(replay.run, comps),
+                            analysis.regression_labels(replay.run_id))
+
+
+
+@dataclass
+class Regression:
+    ok: bool  # no annotated reward hack outranks its group's median under the new reward
+    headline: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+def regress(replay: Replay) -> Regression:
+    """The negative-test verdict of a finished replay (reward_regress and the API). ReplayError when the
+    replay has no results to judge."""
+    if replay.status not in (Replay.Status.SUCCEEDED, Replay.Status.FAILED) or replay.results is None:
+        raise ReplayError("replay", f"replay {replay.id} is {replay.status}: it has no results to check yet")
+    rep = report(replay)
+    assert rep is not None
+    return Regression(ok=not any(r["regression"] for r in rep["regression"]), headline=rep["headline"],
+                      rows=rep["regression"])

@@ -1,0 +1,75 @@
+"""REST API for replays. Wired in webapp/api/urls.py through webapp/replays/api_urls.py:
+
+    POST /api/v1/runs/<run_id>/replays/   {"versions": [{"version", "params"?}], "selection"?, "name"?}
+                                          -> 201 the replay, queued                      (trainer role)
+    GET  /api/v1/runs/<run_id>/replays/   -> {"replays": [...]}                           (any login)
+    GET  /api/v1/replays/<id>/            -> the replay: status, progress, summary, headline numbers
+    GET  /api/v1/replays/<id>/regress/    -> {"ok", "headline", "regressions", "rows"}; 409 while running
+
+Errors follow the API's shape: {"errors": [{"field": "versions[0].params.min_coverage", "error": "..."}]}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from webapp.accounts.roles import has_role
+from webapp.api.errors import error_response
+from webapp.api.views import BodyError, parse_body
+from webapp.replays import services
+from webapp.replays.models import Replay
+from webapp.runs.models import Run
+
+
+def replay_json(r: Replay) -> dict[str, Any]:
+    return {"id": r.id, "run": r.run_id, "name": r.name, "status": r.status, "versions": r.versions,
+            "selection": r.selection, "total": r.total, "done": r.done, "failed": r.failed,
+            "progress": round(r.progress, 4), "chunks": r.n_chunks, "summary": r.summary, "error": r.error,
+            "run_was_live": r.run_was_live, "last_group_id": r.last_group_id, "headline": r.stats,
+            "created_at": r.created_at.isoformat(), "finished_at": r.finished_at and r.finished_at.isoformat()}
+
+
+@extend_schema(summary="Start a reward replay of a run's stored transcripts; or list its replays",
+               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@api_view(["GET", "POST"])
+def run_replays(request: Request, run_id: int) -> Response:
+    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    if request.method == "GET":
+        return Response({"replays": [replay_json(r) for r in run.replays.all()[:200]]})
+    if not has_role(request.user, "trainer"):
+        return error_response([{"field": "", "error": "starting a replay needs the trainer role"}],
+                              status.HTTP_403_FORBIDDEN)
+    try:
+        replay = services.create_replay(run, parse_body(request), request.user)
+    except BodyError as e:
+        return error_response([{"field": "body", "error": str(e)}])
+    except services.ReplayError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    services.enqueue(replay)
+    return Response(replay_json(replay), status=status.HTTP_201_CREATED)
+
+
+@extend_schema(summary="A replay: status, progress, one-line summary and headline numbers", responses={200: dict})
+@api_view(["GET"])
+def replay_detail(request: Request, replay_id: int) -> Response:
+    return Response(replay_json(get_object_or_404(Replay, id=replay_id)))
+
+
+@extend_schema(summary="Annotated reward hacks that still outrank their group's median under the replayed reward",
+               responses={200: dict, 409: dict})
+@api_view(["GET"])
+def replay_regress(request: Request, replay_id: int) -> Response:
+    replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
+    try:
+        result = services.regress(replay)
+    except services.ReplayError as e:
+        return error_response([{"field": e.field, "error": e.message}], status.HTTP_409_CONFLICT)
+    return Response({"ok": result.ok, "headline": result.headline,
+                     "regressions": sum(r["regression"] for r in result.rows), "rows": result.rows})

@@ -1,0 +1,80 @@
+"""Replay pages: a run's replays with the form to start one, a replay's comparison, its progress fragment
+and cancel. Reading needs any role; starting and cancelling need trainer."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+
+from webapp.accounts.roles import has_role, require_role
+from webapp.replays import charts, services
+from webapp.replays.forms import ReplayForm
+from webapp.replays.models import Replay
+from webapp.rollouts.models import Rollout
+from webapp.runs.models import Run
+
+PREVIEW_CHARS = 160
+
+
+def _replay(request: HttpRequest, replay_id: int, role: str = "viewer") -> Replay:
+    require_role(request, role)
+    return get_object_or_404(Replay.objects.select_related("run", "run__environment", "created_by"), id=replay_id)
+
+
+@require_http_methods(["GET", "POST"])
+def run_replays(request: HttpRequest, run_id: int) -> HttpResponse:
+    require_role(request, "trainer" if request.method == "POST" else "viewer")
+    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    env = run.environment.name if run.environment_id else ""
+    form = ReplayForm(request.POST or None, environment=env)
+    if request.method == "POST" and form.is_valid():
+        try:
+            replay = services.create_replay(run, form.request_body(), request.user)
+        except services.ReplayError as e:
+            form.add_error(None, f"{e.field}: {e.message}")
+        else:
+            services.enqueue(replay)
+            return redirect("replays-detail", replay.id)
+    ctx = {"run": run, "form": form, "can_start": has_role(request.user, "trainer"),
+           "replays": list(run.replays.select_related("created_by")[:100])}
+    return render(request, "replays/run.html", ctx, status=400 if form.errors else 200)
+
+
+def _previews(rows: list[dict]) -> list[dict]:
+    ids = {r["rollout_id"] for r in rows}
+    text = dict(Rollout.objects.filter(id__in=ids).values_list("id", "completion"))
+    return [{**r, "preview": (text.get(r["rollout_id"]) or "")[:PREVIEW_CHARS]} for r in rows]
+
+
+@require_safe
+def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
+    replay = _replay(request, replay_id)
+    rep = services.report(replay) if replay.results is not None else None
+    ctx = {"replay": replay, "run": replay.run, "report": rep, "can_cancel": has_role(request.user, "trainer"),
+           "figures": charts.figures(rep) if rep else {}}
+    if rep:
+        ctx["top_changes"] = _previews(rep["top_changes"])
+        ctx["flips"] = _previews(rep["flips"])
+        ctx["regression"] = _previews(rep["regression"])
+        ctx["hists"] = [(f"hist-{i}", row) for i, row in enumerate(rep["components"]) if row["replayed"]]
+    return render(request, "replays/detail.html", ctx)
+
+
+@require_safe
+def replay_progress(request: HttpRequest, replay_id: int) -> HttpResponse:
+    """The progress fragment a running replay's page polls; a finished replay reloads the page."""
+    replay = _replay(request, replay_id)
+    response = render(request, "replays/_progress.html", {"replay": replay})
+    if replay.is_finished and request.GET.get("running"):
+        response["HX-Refresh"] = "true"
+    return response
+
+
+@require_POST
+def replay_cancel(request: HttpRequest, replay_id: int) -> HttpResponse:
+    replay = _replay(request, replay_id, "trainer")
+    replay.request_cancel()
+    messages.info(request, "Cancel requested: the replay stops after the chunks in flight.")
+    return redirect("replays-detail", replay.id)
