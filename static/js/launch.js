@@ -36,7 +36,7 @@
     list.textContent = "";
     ["name", "environment", "base_model", "parent"].forEach(function (n) {
       var el = field(n);
-      if (el && value(el)) row(label(el), value(el));
+      if (el && el.value) row(label(el), value(el));  // an empty select ("---------") is not shown
     });
     var steps = field("cfg_max_steps");
     if (steps) row("steps", steps.value);

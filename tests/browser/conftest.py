@@ -51,6 +51,9 @@ def page(browser, live_server, django_db_serialized_rollback):
 
     pg.on("dialog", on_dialog)
     pg.on("pageerror", lambda exc: pg.page_errors.append(str(exc)))
+    # Console errors (a missing favicon, a failed fetch, a script error) are listed per page opened.
+    pg.console_errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(f"{pg.url}: {m.text}"))
     pg.set_default_timeout(15_000)
     yield pg
     context.close()

@@ -48,6 +48,15 @@ def diagram_run(personas):
     return run
 
 
+def scroll_through(pg) -> None:
+    """Scroll down a screen at a time, as a reader does, then back to the top."""
+    height = pg.evaluate("document.body.scrollHeight")
+    for y in range(0, height + 900, 600):
+        pg.evaluate(f"window.scrollTo(0, {y})")
+        pg.wait_for_timeout(50)
+    pg.evaluate("window.scrollTo(0, 0)")
+
+
 def _sort_values(pg) -> list[float]:
     raw = pg.eval_on_selector_all("#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.sortValue)")
     return [float(v) for v in raw if v != ""]
@@ -60,6 +69,7 @@ def test_it_logs_in_and_draws_the_dashboard(page, live_server, diagram_run, shot
     shot(page, "01-runs-list")
     page.click("text=diagram-grpo")
     page.wait_for_selector('[data-chart="reward"] .main-svg')
+    scroll_through(page)  # charts below the fold are drawn as they come into view
     # every figure on the page was drawn: reward, zero-std, 2 per component (4), 5 trainer metrics
     page.wait_for_function("document.querySelectorAll('[data-chart] .main-svg').length >= 2 + 8 + 5")
     assert "Two different stds." in page.inner_text(".explain")

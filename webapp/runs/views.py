@@ -13,6 +13,7 @@ from django.views.decorators.http import require_safe
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import RewardComponent, StepStat
 from webapp.runs import charts
+from webapp.runs.job_views import queue_info
 from webapp.runs.models import Run, StepMetric
 from webapp.runs.queries import dashboard_data, run_summaries
 from webapp.runs.services import reap_stale_runs
@@ -20,8 +21,17 @@ from webapp.runs.services import reap_stale_runs
 RUNS_PER_PAGE = 200
 LAUNCH_KINDS = [("teacher", "Teacher"), ("sft", "SFT"), ("grpo", "GRPO"), ("dpo", "DPO"), ("eval", "Eval"),
                 ("probe", "Probe")]
-# Kinds that store rollouts (groups, component scores): only they have a reward-health verdict.
+# Kinds whose rollouts show reward health (training or evaluation): only they get the verdict slot.
 ROLLOUT_KINDS = (Run.Kind.GRPO, Run.Kind.EVAL, Run.Kind.IMPORT)
+DATA_KINDS = (Run.Kind.SFT, Run.Kind.DPO)  # train on a dataset: no rollouts at all, by design
+KIND_TITLES = {"sft": "SFT", "dpo": "DPO", "grpo": "GRPO", "eval": "Eval", "probe": "Signal probe",
+               "teacher": "Teacher", "import": "Import"}
+NO_VERDICT = {
+    "sft": "SFT runs train on a dataset and store no rollouts by design: there is no reward-health verdict.",
+    "dpo": "DPO runs train on preference pairs and store no rollouts by design: there is no reward-health verdict.",
+    "probe": "A probe samples once to judge the signal: its verdict is at the top of the page.",
+    "teacher": "Teacher trajectories are filtered by reward, not trained on it: there is no reward-health verdict.",
+}
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
@@ -87,7 +97,11 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str) if run.summary else "",
         "explanation": charts.BATCH_VS_GROUP,
         "has_rollouts_kind": run.kind in ROLLOUT_KINDS,
+        "trains_on_data": run.kind in DATA_KINDS,
+        "kind_title": KIND_TITLES.get(run.kind, run.kind),
+        "no_verdict": NO_VERDICT.get(run.kind, ""),
         "live_version": live_version(run),
+        "queue": queue_info(run),
     }
     return render(request, "runs/dashboard.html", ctx)
 

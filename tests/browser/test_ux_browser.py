@@ -1,0 +1,246 @@
+"""Issue 19 in a real Chromium: exports that never pair a text with itself, a GRPO launch whose reward weights
+end up on the run, a live chart that gains points without a reload, cancel that reads right, a review queue
+made from an explorer view, and no console error on any page opened (screenshots in test-artifacts/)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import login
+from tests.browser.test_pages_browser import diagram_run, scroll_through  # noqa: F401 - fixture
+from tests.conftest import PASSWORD
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _steps(run, first: int, last: int) -> list[dict]:
+    """Groups of the diagram environment for steps first..last (the same generator as the fixture's)."""
+    from training.demo import generate_groups, linear_schedule
+    from training.environments import get_environment
+    from training.environments.diagram import ScriptedDiagramPolicy
+
+    groups = generate_groups(get_environment("diagram"), ScriptedDiagramPolicy(0, 0.2), steps=last + 1,
+                             groups_per_step=2, G=4, seed=11, skill_schedule=linear_schedule(0.1, 0.9, last + 1))
+    return [g for g in groups if first <= g["step"] <= last]
+
+
+def _sft_run(personas, **fields):
+    from training.environments import get_environment
+    from webapp.rollouts.services import create_run, environment_from_training
+    from webapp.runs.models import Run
+
+    env = environment_from_training(get_environment("diagram"))
+    run = create_run(name=fields.pop("name", "sft on fixes"), kind=fields.pop("kind", "sft"), environment=env,
+                     config={"max_steps": 100}, owner=personas["trainer"], base_model="tiny:diagram",
+                     status="running")
+    Run.objects.filter(id=run.id).update(**fields)
+    run.refresh_from_db()
+    return run
+
+
+def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(page, live_server, diagram_run, personas, shot):  # noqa: F811
+    from webapp.annotations.models import Label
+    from webapp.annotations.services import save_annotation
+    from webapp.annotations.taxonomy import ensure_default_labels
+    from webapp.rollouts.models import Rollout
+
+    ensure_default_labels()
+    hack = Label.objects.get(slug="reward-hacking")
+    # In every group of step 7: the worst rollout is a bad case and the best one is a copy of its text (a
+    # duplicate sample), so the naive "best unflagged sibling" would pair the text with itself.
+    for group_id in Rollout.objects.filter(run=diagram_run, step=7).values_list("group_id", flat=True).distinct():
+        rs = list(Rollout.objects.filter(group_id=group_id).order_by("reward", "id"))
+        bad, best = rs[0], rs[-1]
+        Rollout.objects.filter(id=best.id).update(transcript=bad.transcript, completion=bad.completion,
+                                                  reward=(bad.reward or 0) + 5)
+        save_annotation(bad, personas["annotator"], label=hack, note="keyword\r\nstuffing")
+    login(page, live_server, "trainer", PASSWORD)
+    page.goto(f"{live_server.url}/annotations/datasets/")
+    page.click("text=Export a new dataset")
+    page.fill('#ann-export-form input[name="name"]', "step7-hacks")
+    page.select_option('#ann-export-form select[name="kind"]', "dpo")
+    page.select_option('#ann-export-form select[name="source"]', "label")
+    page.select_option('#ann-export-form select[name="label"]', "reward-hacking")
+    page.select_option('#ann-export-form select[name="run"]', str(diagram_run.id))
+    page.fill('#ann-export-form input[name="min_margin"]', "0.05")
+    page.click('#ann-export-form button[type="submit"]')
+    page.wait_for_url(re.compile(r".*/annotations/datasets/\d+/$"))
+    assert "differs in text" in page.inner_text(".ann-kv")  # the page says how chosen was picked
+    shot(page, "ux-dataset")
+    body = page.request.get(page.url + "download.jsonl").text()
+    records = [json.loads(line) for line in body.splitlines()]
+    assert records, "the export holds the step-7 pairs"
+    assert all(r["chosen"] != r["rejected"] for r in records)
+    assert all(isinstance(r["prompt"], list) and r["prompt"][0]["role"] == "user" for r in records)  # chat format
+    assert "\r" not in body and all(r["note"] == "keyword\nstuffing" for r in records)
+    assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_launches_grpo_with_reward_weights_that_the_run_stores(page, live_server, personas, shot, monkeypatch):
+    from training.environments import get_environment
+    from webapp.runs import launch
+    from webapp.runs.models import Run
+
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: "gpu")  # no worker in this test: the run stays queued
+    names = [c.name for c in get_environment("diagram").components]
+    weights = {n: round(0.5 + 0.25 * i, 2) for i, n in enumerate(names)}
+    login(page, live_server, "trainer", PASSWORD)
+    page.goto(f"{live_server.url}/jobs/launch/grpo/")
+    assert page.locator("fieldset legend").all_inner_texts() == [
+        "Model", "Data", "Optimisation", "Algorithm", "Reward weights", "LoRA", "Recording"]
+    assert not page.locator('input[name="cfg_epsilon"]').is_visible()  # advanced: folded
+    page.fill('input[name="name"]', "weighted grpo")
+    for n, w in weights.items():
+        page.fill(f'input[name="weight_{n}"]', str(w))
+    page.fill('input[name="cfg_max_steps"]', "7")
+    summary = page.inner_text("#launch-summary")
+    assert "weighted grpo" in summary and "steps\n7" in summary.replace("\t", "\n")
+    assert ", ".join(f"{n} {w}" for n, w in weights.items()) in summary
+    shot(page, "ux-launch-grpo")
+    page.click('button[type="submit"].primary')
+    page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
+    run = Run.objects.get(name="weighted grpo")
+    assert run.config["reward_weights"] == weights and run.config["max_steps"] == 7
+    assert "Queued on" in page.inner_text("#queue-note") and "gpu" in page.inner_text("#queue-note")
+    shot(page, "ux-job-queued")
+    assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, diagram_run, shot):  # noqa: F811
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.runs.models import StepMetric
+
+    login(page, live_server, "viewer", PASSWORD)
+    page.goto(f"{live_server.url}/runs/{diagram_run.id}/")
+    page.wait_for_selector('[data-chart="reward"] .main-svg')
+    page.evaluate("window.__same_page = 1")
+    count = "document.querySelector('[data-chart=\"%s\"]').data[%d].x.length"
+    before = page.evaluate(count % ("reward", 2))
+    assert before == 8
+    # The trainer stores two more steps while the page is open: rollouts and a logged metric.
+    ingest_groups(diagram_run, {"groups": _steps(diagram_run, 8, 9)})
+    StepMetric.objects.bulk_create([StepMetric(run=diagram_run, step=s, name="kl", value=0.002 * s) for s in (8, 9)])
+    page.wait_for_function((count % ("reward", 2)) + " === 10", timeout=20_000)
+    scroll_through(page)
+    page.wait_for_function((count % ("metric:kl", 0)) + " === 10", timeout=20_000)
+    assert page.evaluate("window.__same_page") == 1  # no reload happened
+    shot(page, "ux-dashboard-live")
+    # The run ends: the page stops asking.
+    diagram_run.mark_succeeded()
+    page.wait_for_function("!document.querySelector('[data-figures]').hasAttribute('data-live')", timeout=20_000)
+    assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_reads_cancelling_then_cancelled_and_offers_no_checkpoint_actions(page, live_server, personas, shot):
+    run = _sft_run(personas, log_tail="step 12 loss 0.41\nstep 13 loss 0.40\n", current_step=13, total_steps=100,
+                   progress=0.13)
+    login(page, live_server, "trainer", PASSWORD)
+    page.goto(f"{live_server.url}/jobs/{run.id}/")
+    expect(page.locator("#grpo-from")).to_be_visible()  # pending: GRPO may queue behind a live SFT
+    page.click("#cancel-form button")
+    page.wait_for_url(f"{live_server.url}/jobs/{run.id}/")
+    expect(page.locator("#progress .status")).to_have_text("cancelling")
+    assert page.locator("#cancel-form").count() == 0 and page.locator("#grpo-from").count() == 0
+    shot(page, "ux-job-cancelling")
+    run.mark_cancelled()  # the worker stopped the child
+    expect(page.locator("#progress .status")).to_have_text("cancelled", timeout=15_000)
+    expect(page.locator("#run-actions")).to_contain_text("no checkpoint", timeout=15_000)
+    assert page.locator("#eval-checkpoint").count() == 0 and page.locator("#grpo-from").count() == 0
+    style = page.eval_on_selector(".log-tail", "e => getComputedStyle(e).textDecorationLine")
+    assert style == "none" and "step 13 loss 0.40" in page.inner_text(".log-tail")
+    shot(page, "ux-job-cancelled")
+    assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_makes_a_review_queue_from_an_explorer_view(page, live_server, diagram_run, shot):  # noqa: F811
+    from webapp.annotations.models import ReviewQueue
+    from webapp.rollouts.models import RewardComponent
+
+    component = RewardComponent.objects.filter(environment=diagram_run.environment).order_by("position").first()
+    login(page, live_server, "trainer", PASSWORD)
+    page.goto(f"{live_server.url}/runs/{diagram_run.id}/rollouts/?sort={component.name}&order=asc&step_min=2")
+    page.wait_for_selector("#rollout-table")
+    view = [int(x) for x in page.eval_on_selector_all("#rollout-table tbody tr[data-id]",
+                                                       "rs => rs.map(r => r.dataset.id)")]
+    assert page.locator("#rollout-table .bar-num").count() > 0  # numbers beside the bars
+    shot(page, "ux-explorer")
+    page.click("#queue-from-view")
+    page.wait_for_url(re.compile(r".*/annotations/queues/new/.*"))
+    page.fill('input[name="limit"]', "6")
+    shot(page, "ux-queue-new")
+    page.click('button[type="submit"]')
+    page.wait_for_url(re.compile(r".*/annotations/queues/\d+/$"))
+    queue = ReviewQueue.objects.latest("id")
+    assert queue.params["sort"] == component.name and queue.params["step_min"] == "2"
+    assert list(queue.items.order_by("position").values_list("rollout_id", flat=True)) == view[:6]
+    assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_opens_every_page_without_a_console_error(page, live_server, diagram_run, personas, shot):  # noqa: F811
+    from webapp.annotations.services import create_queue
+    from webapp.annotations.taxonomy import ensure_default_labels
+    from webapp.rollouts.models import Rollout
+
+    ensure_default_labels()
+    rollout = Rollout.objects.filter(run=diagram_run).order_by("id").first()
+    queue = create_queue(name="all pages", run=diagram_run, source="explorer", params={"sort": "reward"}, limit=3,
+                         seed=None, overlap=1, created_by=personas["trainer"], assignees=[personas["admin"]])
+    sft = _sft_run(personas, status="succeeded", current_step=100, total_steps=100, progress=1.0,
+                   summary={"train_loss": 0.3, "train_runtime": 12.5})
+    base = live_server.url
+    pages = {
+        "runs": "/", "dashboard": f"/runs/{diagram_run.id}/", "sft-dashboard": f"/runs/{sft.id}/",
+        "explorer": f"/runs/{diagram_run.id}/rollouts/", "no-signal": f"/runs/{diagram_run.id}/no-signal/",
+        "group": f"/groups/{rollout.group_id}/", "transcript": f"/rollouts/{rollout.id}/",
+        "job": f"/jobs/{sft.id}/", "compare": f"/jobs/compare/?run={diagram_run.id}&run={sft.id}",
+        "annotate": "/annotations/", "queue": f"/annotations/queues/{queue.id}/",
+        "focus": f"/annotations/queues/{queue.id}/focus/0/", "labels": "/annotations/labels/",
+        "datasets": "/annotations/datasets/", "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
+        **{f"launch-{k}": f"/jobs/launch/{k}/" for k in ("teacher", "sft", "grpo", "dpo", "eval", "probe")},
+    }
+    login(page, live_server, "admin", PASSWORD)
+    for name, path in pages.items():
+        resp = page.goto(base + path)
+        assert resp.status == 200, f"{name}: {resp.status}"
+        page.wait_for_load_state("networkidle")
+        shot(page, f"ux-page-{name}")
+    assert page.console_errors == [], page.console_errors
+    assert page.page_errors == [] and page.dialogs == []
+    # a viewer sees no launch link, and the page they may not use says which role it needs
+    page.context.clear_cookies()
+    login(page, live_server, "viewer", PASSWORD)
+    assert page.locator('a[href*="/jobs/launch/"]').count() == 0
+    page.goto(f"{base}/jobs/{sft.id}/")
+    assert page.locator("#grpo-from, #eval-checkpoint, #cancel-form").count() == 0
+    resp = page.goto(f"{base}/jobs/launch/grpo/")
+    assert resp.status == 403
+    expect(page.locator(".forbidden")).to_contain_text("This action needs the trainer role.")
+    shot(page, "ux-403")
+
+
+def test_it_prints_how_long_the_dashboard_takes_to_be_usable(page, live_server, diagram_run):  # noqa: F811
+    """Timing printed, not asserted (a shared machine's load decides it): navigation start to the moment
+    every chart above the fold is drawn."""
+    import os
+
+    login(page, live_server, "viewer", PASSWORD)
+    url = f"{live_server.url}/runs/{diagram_run.id}/"
+    page.goto(url)  # warm: static files cached as a returning user has them
+    timings = []
+    for _ in range(3):
+        start = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function("""() => [...document.querySelectorAll('[data-chart]')]
+            .filter(e => e.getBoundingClientRect().top < innerHeight).every(e => e.querySelector('.main-svg'))""")
+        timings.append(time.perf_counter() - start)
+    nav = page.evaluate("performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd")
+    drawn = page.evaluate("document.querySelectorAll('[data-chart][data-drawn]').length")
+    total = page.evaluate("document.querySelectorAll('[data-chart]').length")
+    print(f"\ndashboard usable in {min(timings):.2f} s (best of 3; {', '.join(f'{t:.2f}' for t in timings)}); "
+          f"DOMContentLoaded {nav / 1000:.2f} s; {drawn}/{total} charts drawn up front; "
+          f"load average {os.getloadavg()[0]:.1f}")
