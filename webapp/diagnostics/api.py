@@ -1,4 +1,8 @@
-"""REST API for ablations. Wired in webapp/api/urls.py:
+"""REST API for diagnostics and ablations. Wired in webapp/api/urls.py:
+
+    GET  /api/v1/runs/<run_id>/diagnostics/?window=50|all
+                                            -> component health, findings (code, severity, onset step,
+                                               evidence, fix), per-step health (webapp/diagnostics/report.py)
 
     POST /api/v1/runs/<run_id>/ablations/   {"name"?: str, "spec": {drop, weights, scale_rewards, aggregation}}
                                             -> 201 {"id", "name", "spec", "results"}   (trainer role)
@@ -13,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,7 +26,7 @@ from rest_framework.response import Response
 from webapp.accounts.roles import has_role
 from webapp.api.errors import error_response
 from webapp.api.views import BodyError, parse_body
-from webapp.diagnostics import services
+from webapp.diagnostics import report, services
 from webapp.diagnostics.models import Ablation
 from webapp.runs.models import Run
 
@@ -76,3 +80,53 @@ def run_ablations(request: Request, run_id: int) -> Response:
 def ablation_detail(request: Request, ablation_id: int) -> Response:
     a = get_object_or_404(Ablation.objects.select_related("created_by"), id=ablation_id)
     return Response(_json(a))
+
+
+class _Finding(serializers.Serializer):
+    code = serializers.CharField(help_text="dead_component, saturation, unreachable_reward, trivial_outputs, "
+                                           "ignores_prompt, signal_collapse, length_hacking, aggregation_collapse, ...")
+    severity = serializers.ChoiceField(choices=["critical", "warning", "info"])
+    title = serializers.CharField()
+    detail = serializers.CharField(help_text="the numbers behind it")
+    fix = serializers.CharField(help_text="what to try")
+    component = serializers.CharField(allow_null=True)
+    onset_step = serializers.IntegerField(allow_null=True, help_text="the step from which it holds")
+    evidence = serializers.DictField()
+    link = serializers.CharField(help_text="explorer: example transcripts, from the onset step on")
+
+
+class _Component(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    weight = serializers.FloatField()
+    zero_std_frac = serializers.FloatField(allow_null=True, help_text="groups where it is constant")
+    at_max = serializers.FloatField(allow_null=True)
+    at_min = serializers.FloatField(allow_null=True)
+    share = serializers.FloatField(allow_null=True, help_text="share of the within-group advantage variance")
+
+
+class _Diagnosis(serializers.Serializer):
+    run = serializers.IntegerField()
+    window = serializers.IntegerField(allow_null=True, help_text="steps; null: the whole run")
+    status = serializers.ChoiceField(choices=["healthy", "warning", "critical", "not_enough_data"])
+    note = serializers.CharField(allow_null=True, help_text="e.g. 'not enough groups to judge: ...'")
+    components = _Component(many=True)
+    findings = _Finding(many=True)
+    over_time = serializers.DictField(help_text="per-step health of every component")
+
+
+@extend_schema(summary="A run's diagnosis: component health, findings with their onset step, per-step health",
+               parameters=[OpenApiParameter("window", str, description="last N steps (default "
+                                            f"{services.DEFAULT_WINDOW}) or 'all'")],
+               responses={200: _Diagnosis, 400: dict, 403: dict, 404: dict})
+@api_view(["GET"])
+def run_diagnostics(request: Request, run_id: int) -> Response:
+    if not has_role(request.user, "viewer"):
+        return error_response([{"field": "", "error": "reading a diagnosis needs the viewer role"}],
+                              status.HTTP_403_FORBIDDEN)
+    run = get_object_or_404(Run, id=run_id)
+    try:
+        window = report.parse_window(request.query_params.get("window"))
+    except report.WindowError as e:
+        return error_response([{"field": "window", "error": str(e)}])
+    return Response(report.run_report(run, window))

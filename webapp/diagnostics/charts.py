@@ -36,7 +36,22 @@ def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> di
     return trace
 
 
-def zero_std_figure(agg: dict[str, Any]) -> Figure:
+def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Layout additions marking each finding's onset step: a dashed vertical line and a label (plotly
+    renders annotation text as text, and it is only a finding code and a step)."""
+    onsets: dict[int, list[str]] = {}
+    for f in findings or []:
+        if f.get("onset_step") is not None:
+            onsets.setdefault(int(f["onset_step"]), []).append(str(f.get("code", "")))
+    shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": s, "x1": s, "y0": 0, "y1": 1,
+               "line": {"color": "#b91c1c", "width": 1.2, "dash": "dash"}} for s in sorted(onsets)]
+    notes = [{"x": s, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
+              "text": f"step {s}: {', '.join(sorted(set(codes)))}", "font": {"size": 10, "color": "#b91c1c"}}
+             for s, codes in sorted(onsets.items())]
+    return {"shapes": shapes, "annotations": notes} if shapes else {}
+
+
+def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
     """Fraction of groups where each component (and the aggregate reward) is constant, per step."""
     steps = agg["steps"]
     data = [_line(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
@@ -44,7 +59,19 @@ def zero_std_figure(agg: dict[str, Any]) -> Figure:
     data.append(_line(steps, agg["reward_zero_std_frac"], "aggregate reward", "#111",
                       line={"color": "#111", "width": 2.4, "dash": "dot"}))
     return {"data": data, "layout": _layout("Zero within-group std: groups that teach nothing", "fraction of groups",
-                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}})}
+                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
+                                            **onset_marks(findings))}
+
+
+def at_max_figure(over_time: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
+    """Per step of the window: each component's share of rollouts at the top of its range (saturation),
+    with the findings' onsets marked."""
+    steps = over_time.get("steps") or []
+    data = [_line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
+            for i, (name, s) in enumerate((over_time.get("components") or {}).items())]
+    return {"data": data, "layout": _layout("Share of rollouts at the component's maximum, per step", "share",
+                                            yaxis={"range": [0, 1.02], "title": {"text": "share of rollouts"}},
+                                            **onset_marks(findings))}
 
 
 def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
@@ -56,8 +83,8 @@ def within_std_figure(agg: dict[str, Any]) -> Figure:
     return {"data": _per_component(agg, "std"), "layout": _layout("Mean within-group std per component", "std")}
 
 
-def component_mean_figure(agg: dict[str, Any]) -> Figure:
-    return {"data": _per_component(agg, "mean"), "layout": _layout("Component means", "mean")}
+def component_mean_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
+    return {"data": _per_component(agg, "mean"), "layout": _layout("Component means", "mean", **onset_marks(findings))}
 
 
 def share_figure(health: dict[str, Any]) -> Figure:

@@ -11,14 +11,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
 from webapp.accounts.roles import has_role, require_role
-from webapp.diagnostics import charts, links, services
+from webapp.diagnostics import charts, links, report, services
 from webapp.diagnostics.forms import AblationForm
 from webapp.diagnostics.models import Ablation
 from webapp.rollouts.ingest import run_components
 from webapp.runs.models import Run
 
 MAX_COMPARE = 8
-MAX_WINDOW = 100_000
 
 
 def _run(request: HttpRequest, run_id: int, role: str = "viewer") -> Run:
@@ -34,13 +33,10 @@ def _ablation(request: HttpRequest, ablation_id: int, role: str = "viewer") -> A
 
 def _window(raw: str | None) -> tuple[int | None, str | None]:
     """(window in steps or None for the whole run, error naming the parameter)."""
-    if raw in (None, ""):
-        return services.DEFAULT_WINDOW, None
-    if raw == "all":
-        return None, None
-    if raw.isdigit() and 1 <= int(raw) <= MAX_WINDOW:
-        return int(raw), None
-    return services.DEFAULT_WINDOW, f"window: must be 'all' or a whole number of steps from 1 to {MAX_WINDOW}"
+    try:
+        return report.parse_window(raw), None
+    except report.WindowError as e:
+        return services.DEFAULT_WINDOW, f"window: {e}"
 
 
 @require_safe
@@ -49,9 +45,11 @@ def run_diagnostics(request: HttpRequest, run_id: int) -> HttpResponse:
     window, error = _window(request.GET.get("window"))
     diag = services.diagnose_run(run, window)
     agg = services.step_aggregates(run)
-    figures = {"zero-std": charts.zero_std_figure(agg), "within-std": charts.within_std_figure(agg),
-               "means": charts.component_mean_figure(agg), "share": charts.share_figure(diag["health"]),
-               "corr": charts.corr_figure(diag["health"])}
+    found = diag["findings"]
+    figures = {"zero-std": charts.zero_std_figure(agg, found), "within-std": charts.within_std_figure(agg),
+               "means": charts.component_mean_figure(agg, found), "share": charts.share_figure(diag["health"]),
+               "corr": charts.corr_figure(diag["health"]),
+               "at-max": charts.at_max_figure(diag.get("over_time") or {}, found)}
     return render(request, "diagnostics/run.html", {
         "run": run, "diag": diag, "findings": links.with_links(run.id, diag["findings"]), "figures": figures,
         "window": "all" if window is None else window, "error": error, "has_steps": bool(agg["steps"]),
