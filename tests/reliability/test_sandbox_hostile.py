@@ -1,175 +1,266 @@
-"""Hostile programs against training.sandbox.run_tests, each of which must be contained.
+"""Hostile programs (tests/reliability/sandbox_hostile_programs.py) against training.sandbox.run_tests,
+as this process's user (root in CI) and as an unprivileged worker (a driver dropped to a spare uid).
 
-Every program tries one attack and returns "pwned" (or the stolen secret) when it works; the hidden
-test expects exactly that, so `passed == 0` means the attack failed (or was never scored). Around
-every run we check the machine: this process and its parent are alive, no file appeared outside the
-sandbox, no process of the sandbox uid survived, and the run ended within its timeout plus a margin.
-The fork/exec/kill/ctypes stubs are bypassed on purpose in several programs (re-imported C modules):
-the real fences (uid, rlimits, namespaces) must hold on their own. A table is printed at the end.
+Each run must end as a scored failure: passed 0, fraction exactly 0.0 (never NaN), a reason (an
+error or a failure line), within its timeout plus a margin. Around it we check the host: our process
+and a host "sleeper" are alive, no marker file appeared, nobody connected to the TCP, Unix-path or
+abstract-socket listeners, no sandbox process survived (found by the run id on its command line), the
+per-run cgroup is gone, no forged note got into the result.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
+import math
 import os
-import re
 import secrets
+import shutil
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from training.sandbox import _live_pids_of_uid, run_tests
+from tests.reliability.sandbox_hostile_programs import PROGRAMS, Program, render
+from training.sandbox import run_tests
 
-ROOT = os.geteuid() == 0
+PROJECT = Path(__file__).resolve().parents[2]
+PROGRAMS_FILE = Path(__file__).with_name("sandbox_hostile_programs.py")
 TAG = secrets.token_hex(4)
-MARKER = f"/tmp/sandbox_pwned_{TAG}"
-PROJECT_MARKER = str(Path(__file__).resolve().parents[2] / f"sandbox_pwned_{TAG}")
-SECRET = "S3CR3T-" + secrets.token_hex(6)  # a hidden expected value: never sent to the child
-MARGIN_S = 4.0  # interpreter start-up, namespace setup and reaping on a loaded 2-core machine
+SECRET = "S3CR3T-" + secrets.token_hex(6)  # a hidden expected value (and the keyring payload): never sent
+MARGIN_S = 4.0  # bwrap + interpreter start-up and the teardown on a loaded 2-core machine
 RESULTS: list[tuple[str, str, float]] = []
-
-REIMPORT = "import sys\nfor _m in ('posix', 'os'):\n    sys.modules.pop(_m, None)\nimport posix\n"
-CTYPES = "import sys\nfor _m in ('ctypes', '_ctypes', 'ctypes.util'):\n    sys.modules.pop(_m, None)\nimport ctypes\n"
+KEYCTL, ADD_KEY = 250, 248  # x86_64; the keyring control check is skipped elsewhere
 
 
-def attempt(body: str, prelude: str = "") -> str:
-    """A function `f()` running `body`; any exception means the attack failed ("blocked")."""
-    indented = "\n".join("        " + line for line in body.strip().splitlines())
-    return f"{prelude}\ndef f():\n    try:\n{indented}\n    except BaseException as e:\n        return 'blocked'\n"
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
-PROGRAMS: list[tuple[str, str, float, bool]] = [  # (name, code, timeout_s, needs root)
-    ("read /etc/shadow", attempt("return 'pwned' if open('/etc/shadow').read() else ''"), 3, False),
-    ("os.setuid(0)", attempt("import os\nos.setuid(0)\nreturn 'pwned' if os.getuid() == 0 else ''"), 3, True),
-    ("ptrace the parent (ctypes re-imported)", attempt(
-        "import os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-        "return 'pwned' if libc.ptrace(16, os.getppid(), 0, 0) == 0 else ''", CTYPES), 3, True),
-    ("SIGKILL the parent (posix re-imported)", attempt(
-        "posix.kill(posix.getppid(), 9)\nreturn 'pwned'", REIMPORT), 3, True),
-    # kill(-1) itself succeeds (it reaches the sandbox uid's own processes): pwned only if the parent died.
-    ("kill(-1) every process it can see", attempt(
-        "ppid = posix.getppid()\nposix.kill(-1, 9)\ntry:\n    posix.kill(ppid, 0)\nexcept ProcessLookupError:\n"
-        "    return 'pwned'\nexcept PermissionError:\n    pass\nreturn 'parent alive'", REIMPORT), 3, True),
-    ("write a 1 GB file", attempt(
-        "with open('big', 'wb') as fh:\n    for _ in range(1024):\n        fh.write(b'x' * (1 << 20))\n"
-        "return 'pwned'"), 5, False),
-    ("spawn threads in a loop", attempt(
-        "import threading, time\nn = 0\nwhile n < 100000:\n"
-        "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    n += 1\nreturn 'pwned'"),
-     3, True),
-    ("open fds until it fails", attempt(
-        "fds = [open('/dev/null') for _ in range(100000)]\nreturn 'pwned'"), 3, False),
-    # system() may well run (the ctypes stub is bypassable by design); what it touches must stay inside:
-    # /tmp is the sandbox's private tmpfs, the project folder is hidden, /etc is read-only to the uid.
-    ("ctypes: libc system() (re-imported)", attempt(
-        f"libc = ctypes.CDLL(None)\nlibc.system(b'touch {MARKER} {PROJECT_MARKER} /etc/pwned_{TAG}')\n"
-        "return 'ran'", CTYPES), 3, True),
-    ("read /proc/self/environ and the parent's", attempt(
-        "import os\nseen = open('/proc/self/environ', 'rb').read()\n"
-        "try:\n    seen += open('/proc/%d/environ' % os.getppid(), 'rb').read()\nexcept OSError:\n    pass\n"
-        "return 'pwned' if b'SANDBOX_HOSTILE_SECRET' in seen else ''"), 3, False),
-    ("forge equality: str subclass, builtins patched", (
-        "import builtins\nclass S(str):\n    def __eq__(self, o):\n        return True\n    __hash__ = str.__hash__\n"
-        "builtins.isinstance = lambda *a: True\nbuiltins.str = S\n"
-        "def f():\n    return S('anything')\n"), 3, False),
-    ("sleep past the timeout in a finally block", (
-        "import time\ndef f():\n    try:\n        return 'pwned'\n    finally:\n        time.sleep(60)\n"), 1, False),
-    ("recursion bomb (limit raised to 10**6)", (
-        "import sys\nsys.setrecursionlimit(10**6)\ndef r(n):\n    return r(n + 1)\n"
-        "def f():\n    return r(0)\n"), 2, False),
-    ("dig the expected value out of the harness (gc, frames, marshal)", (
-        "import gc, sys, marshal, pickle\n"
-        "def f():\n    for o in gc.get_objects():\n        try:\n"
-        "            blob = pickle.dumps(o) if isinstance(o, (dict, list, tuple)) else b''\n"
-        "        except Exception:\n            continue\n"
-        "        m = __import__('re').search(rb'S3CR3T-[0-9a-f]{12}', blob)\n"
-        "        if m:\n            return m.group().decode()\n"
-        "    fr = sys._getframe()\n    while fr:\n        for v in fr.f_globals.values():\n"
-        "            if isinstance(v, str) and v.startswith('S3CR3T'):\n                return v\n"
-        "        fr = fr.f_back\n"
-        "    return 'not found'\n"), 3, False),
-    ("__import__('posix').fork", attempt("__import__('posix').fork()\nreturn 'pwned'"), 3, False),
-    ("fork bomb with setsid escape (posix re-imported)", attempt(
-        "import time\nfor _ in range(200):\n    if posix.fork() == 0:\n        posix.setsid()\n"
-        "        time.sleep(60)\n        posix._exit(0)\nreturn 'pwned'", REIMPORT), 2, True),
-    ("raw socket to a loopback listener (_socket re-imported)", attempt(
-        "import sys\nsys.modules.pop('_socket', None)\nimport _socket\ns = _socket.socket()\ns.settimeout(0.5)\n"
-        "s.connect(('127.0.0.1', PORT))\nreturn 'pwned'"), 3, False),
-    ("write outside its cwd", attempt(
-        f"done = []\nfor p in ('{MARKER}', '{PROJECT_MARKER}', '/etc/pwned_{TAG}', '/root/pwned_{TAG}', '../x'):\n"
-        "    try:\n        open(p, 'w').write('x'); done.append(p)\n    except OSError:\n        pass\n"
-        "return 'pwned' if [p for p in done if not p.startswith('/tmp/')] else 'only its private /tmp'"), 3, True),
-    ("allocate 10 GB", attempt("b = bytearray(10 * 1024 ** 3)\nreturn 'pwned'"), 3, False),
-    ("spin the CPU forever", "def f():\n    while True:\n        pass\n", 1, False),
-    ("exit 0 before the tests run", "import os\nos._exit(0)\ndef f():\n    return 'pwned'\n", 3, False),
-    ("unshare/mount via ctypes to regain root", attempt(
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "return 'pwned' if libc.unshare(0x10000000) == 0 and libc.mount(b'none', b'/', b'tmpfs', 0, None) == 0 "
-        "else ''", CTYPES), 3, True),
-    ("read /proc/kcore and /dev/mem", attempt(
-        "for p in ('/proc/kcore', '/dev/mem'):\n    try:\n        if open(p, 'rb').read(16):\n"
-        "            return 'pwned'\n    except OSError:\n        pass\nreturn ''"), 3, False),
-    ("overwrite /etc/passwd", attempt("open('/etc/passwd', 'a').write('evil::0:0::/:/bin/sh\\n')\nreturn 'pwned'"),
-     3, False),
-    # Forging a result line is no more than returning that value: useless without the hidden answer.
-    ("print a fake pass and forge result lines", (
-        "import __main__, os, json\n"
-        "def f():\n    print('OK 1/1 passed')\n"
-        "    os.write(__main__.RES, (__main__.NONCE + ' ' + json.dumps({'t': 'case', 'i': 0, 'ok': True, "
-        "'out': 'pwned'}) + '\\n').encode())\n    return 'nope'\n"), 3, False),
-]
+class Host:
+    """What the programs attack on the host, and how to tell whether they reached it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tcp = self._listener(socket.AF_INET, ("127.0.0.1", 0))
+        tmp.chmod(0o755)
+        self.unix_path = str(tmp / "host.sock")
+        self.unix = self._listener(socket.AF_UNIX, self.unix_path)
+        os.chmod(self.unix_path, 0o777)  # so that only the sandbox, not permissions, keeps a worker out
+        self.abstract = f"rd-sbx-abstract-{TAG}"
+        self.abstract_sock = self._listener(socket.AF_UNIX, "\0" + self.abstract)
+        self.cmdline_secret = f"rd-cmdline-secret-{TAG}"
+        self.sleeper = subprocess.Popen(["/bin/sh", "-c", "sleep 600", self.cmdline_secret], start_new_session=True)
+        self.key_desc = f"rd-sbx-key-{TAG}"
+        self.key_id = self._add_key()
+        self.markers = [f"/tmp/sandbox_pwned_{TAG}", str(PROJECT / f"sandbox_pwned_{TAG}"), f"/etc/pwned_{TAG}",
+                        f"/root/pwned_{TAG}"]
+
+    @staticmethod
+    def _listener(family: int, address: object) -> socket.socket:
+        s = socket.socket(family)
+        s.bind(address)
+        s.listen(5)
+        s.setblocking(False)
+        return s
+
+    def _add_key(self) -> int | None:
+        if os.uname().machine != "x86_64":
+            return None
+        payload = SECRET.encode()
+        kid = _libc().syscall(ADD_KEY, b"user", self.key_desc.encode(), payload, len(payload), -3)
+        return kid if kid > 0 else None  # keyctl may be filtered in this container: nothing to steal then
+
+    def ctx(self, parent_pid: int) -> dict[str, object]:
+        return {"PORT": self.tcp.getsockname()[1], "UNIX_PATH": self.unix_path, "ABSTRACT": self.abstract,
+                "KEY_DESC": self.key_desc, "CMDLINE_SECRET": self.cmdline_secret, "PARENT_PID": parent_pid,
+                "SLEEPER_PID": self.sleeper.pid, "MARKER": self.markers[0], "PROJECT_MARKER": self.markers[1],
+                "TAG": TAG, "PROJECT": str(PROJECT)}
+
+    def breaches(self) -> list[str]:
+        found = [f"wrote {p}" for p in self.markers if os.path.exists(p)]
+        for name, sock in (("TCP", self.tcp), ("Unix path", self.unix), ("abstract Unix", self.abstract_sock)):
+            try:
+                sock.accept()[0].close()
+                found.append(f"connected to the host's {name} listener")
+            except BlockingIOError:
+                pass
+        if self.sleeper.poll() is not None:
+            found.append("killed a host process")
+        return found
+
+    def close(self) -> None:
+        for s in (self.tcp, self.unix, self.abstract_sock):
+            s.close()
+        self.sleeper.kill()
+        self.sleeper.wait()
+        if self.key_id is not None:
+            _libc().syscall(KEYCTL, 9, self.key_id, -3)  # KEYCTL_UNLINK from the session keyring
 
 
-def _uid_of(result) -> int | None:
-    for note in result.notes:
-        m = re.search(r"dedicated uid/gid (\d+)", note)
-        if m:
-            return int(m.group(1))
+@pytest.fixture(scope="module")
+def host(tmp_path_factory) -> Iterator[Host]:
+    h = Host(tmp_path_factory.mktemp("hostile"))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def expected_for(program: Program) -> str:
+    return SECRET if program.expect == "SECRET" else "pwned"
+
+
+def record(program: Program, result, took: float) -> dict:
+    return {"name": program.name, "passed": result.passed, "total": result.total, "fraction": result.fraction,
+            "error": result.error, "failures": result.failures, "notes": result.notes, "took": took,
+            "run_id": result.run_id}
+
+
+def scored_failure_problems(program: Program, rec: dict) -> list[str]:
+    """What is wrong with one run's verdict, as seen by a trainer."""
+    problems = []
+    if rec["passed"] != 0:
+        problems.append(f"scored {rec['passed']}/{rec['total']}: the attack passed")
+    if not isinstance(rec["fraction"], float) or math.isnan(rec["fraction"]) or rec["fraction"] != 0.0:
+        problems.append(f"score {rec['fraction']!r} is not 0.0")
+    if not (rec["error"] or rec["failures"]):
+        problems.append("no reason given")
+    if rec["took"] > program.timeout_s + MARGIN_S:
+        problems.append(f"took {rec['took']:.1f} s")
+    if any("FORGED" in n for n in rec["notes"]):
+        problems.append("a forged note reached the result")
+    if not any("every sandbox process was gone" in n for n in rec["notes"]):
+        problems.append("the parent did not confirm the sandbox was torn down")
+    return problems
+
+
+def survivors(run_ids: list[str]) -> list[int]:
+    """Host processes whose command line carries one of these run ids (the sandbox's argv)."""
+    wanted = [f"rd-sandbox-{r}".encode() for r in run_ids if r]
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(w in cmdline for w in wanted):
+                found.append(int(entry))
+    return found
+
+
+def leftover_cgroups(run_id: str) -> list[str]:
+    return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/**/rd-sandbox-{run_id}")]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_it_contains_the_hostile_program(program: Program, host: Host, monkeypatch):
+    monkeypatch.setenv("SANDBOX_HOSTILE_SECRET", "leak-me")
+    code = render(program.code, host.ctx(os.getpid()))
+    t0 = time.monotonic()
+    result = run_tests(code, "f", [((), expected_for(program))], timeout_s=program.timeout_s)
+    rec = record(program, result, time.monotonic() - t0)
+    RESULTS.append((program.name, _outcome(rec), rec["took"]))
+    problems = scored_failure_problems(program, rec) + host.breaches()
+    problems += [f"process {p} survived" for p in survivors([result.run_id])]
+    problems += [f"cgroup {c} left behind" for c in leftover_cgroups(result.run_id)]
+    assert not problems, (program.name, problems, result)
+
+
+# The unprivileged worker: a spare uid far above real accounts, so "no process of that uid is left"
+# cannot be confused with anybody else's processes.
+SPARE_UID = 1_900_000_000 + secrets.randbelow(1_000_000)
+DRIVER = r"""
+import importlib.util, json, os, sys, time
+spec = importlib.util.spec_from_file_location("programs", sys.argv[1])
+programs = sys.modules["programs"] = importlib.util.module_from_spec(spec)  # dataclasses looks it up
+spec.loader.exec_module(programs)
+sys.path.insert(0, sys.argv[2])
+from training.sandbox import run_tests
+ctx, secret = json.loads(sys.argv[3]), sys.argv[4]
+ctx["PARENT_PID"] = os.getpid()
+for p in programs.PROGRAMS:
+    t0 = time.monotonic()
+    r = run_tests(programs.render(p.code, ctx), "f", [((), secret if p.expect == "SECRET" else "pwned")],
+                  timeout_s=p.timeout_s)
+    print(json.dumps({"name": p.name, "passed": r.passed, "total": r.total, "fraction": r.fraction,
+                      "error": r.error, "failures": r.failures, "notes": r.notes, "took": time.monotonic() - t0,
+                      "run_id": r.run_id, "uid": os.getuid()}), flush=True)
+"""
+
+
+def _unprivileged_python() -> str | None:
+    """An interpreter the spare uid can run (the venv's lives under /root, mode 0700, here)."""
+    probe = "import os, sys; assert os.access(os.path.realpath(sys.executable), os.X_OK)"
+    for candidate in ("/usr/bin/python3", sys.executable):
+        ok = subprocess.run(["setpriv", f"--reuid={SPARE_UID}", f"--regid={SPARE_UID}", "--clear-groups",
+                             candidate, "-I", "-c", probe], capture_output=True, env={})
+        if ok.returncode == 0:
+            return candidate
     return None
 
 
-@pytest.fixture
-def listener():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(5)
-    s.setblocking(False)
-    yield s
-    s.close()
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="dropping to an unprivileged uid needs root and setpriv (util-linux)")
+def test_it_contains_every_hostile_program_as_an_unprivileged_worker(host: Host):
+    python = _unprivileged_python()
+    if python is None:
+        pytest.fail(f"no interpreter runnable by uid {SPARE_UID}: install python3 (Debian) for this test")
+    cmd = ["setpriv", f"--reuid={SPARE_UID}", f"--regid={SPARE_UID}", "--clear-groups", python, "-I", "-c", DRIVER,
+           str(PROGRAMS_FILE), str(PROJECT), json.dumps(host.ctx(0)), SECRET]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd="/",
+                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    records = {r["name"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert out.returncode == 0 and len(records) == len(PROGRAMS), out.stderr[-3000:]
+    problems = {}
+    for program in PROGRAMS:
+        rec = records[program.name]
+        RESULTS.append((f"[uid {SPARE_UID}] {program.name}", _outcome(rec), rec["took"]))
+        found = scored_failure_problems(program, rec) + (["ran as root"] if rec["uid"] == 0 else [])
+        if found:
+            problems[program.name] = found
+    breaches = host.breaches() + [f"process {p} survived" for p in survivors([r["run_id"] for r in records.values()])]
+    breaches += [f"process {p} of uid {SPARE_UID} survived" for p in _pids_of_uid(SPARE_UID)]
+    assert not problems and not breaches, (problems, breaches, sorted(records))
 
 
-@pytest.mark.parametrize("name,code,timeout_s,needs_root", PROGRAMS, ids=[p[0] for p in PROGRAMS])
-def test_it_contains_the_hostile_program(name, code, timeout_s, needs_root, listener, monkeypatch):
-    if needs_root and not ROOT:
-        pytest.skip("this containment (dedicated uid) needs the tests to run as root")
-    monkeypatch.setenv("SANDBOX_HOSTILE_SECRET", "leak-me")
-    code = code.replace("PORT", str(listener.getsockname()[1]))
-    expected = SECRET if "harness" in name or "forge result" in name else "pwned"
-    parent = os.getppid()
-    t0 = time.monotonic()
-    r = run_tests(code, "f", [((), expected)], timeout_s=timeout_s)
-    took = time.monotonic() - t0
-    outcome = f"passed {r.passed}/{r.total}, ran {r.ran}" + (f"; {r.error[:60]}" if r.error else "") + \
-        (f"; {r.failures[0][:50]}" if r.failures and not r.error else "")
-    RESULTS.append((name, outcome, took))
-    assert r.passed == 0, (name, r)
-    assert took < timeout_s + MARGIN_S, f"{name}: took {took:.1f} s"
-    os.kill(parent, 0)  # our parent is alive (and so are we)
-    for path in (MARKER, PROJECT_MARKER, f"/etc/pwned_{TAG}", f"/root/pwned_{TAG}"):
-        assert not os.path.exists(path), f"{name}: wrote {path}"
-    uid = _uid_of(r)
-    if uid is not None:
-        assert _live_pids_of_uid(uid) == [], f"{name}: processes of the sandbox uid survived"
-    with pytest.raises(BlockingIOError):
-        listener.accept()  # nobody connected to the loopback listener
+def _pids_of_uid(uid: int) -> list[int]:
+    """Live processes of `uid`. Zombies are dead: the sandbox init is reparented to the host's init,
+    which may reap it a moment later."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid:
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(entry))
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def _outcome(rec: dict) -> str:
+    why = rec["error"] or (rec["failures"][0] if rec["failures"] else "")
+    return f"passed {rec['passed']}/{rec['total']}; {why[:70]}"
+
+
+def test_it_covers_every_attack_class_with_at_least_40_programs():
+    areas = {p.area for p in PROGRAMS}
+    assert len(PROGRAMS) >= 40 and areas == {"escape", "resources", "channel", "forgery"}
+    assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)  # names identify programs in messages
 
 
 def test_it_prints_the_outcome_table(capsys):
     if not RESULTS:
         pytest.skip("no hostile program ran in this session")
     with capsys.disabled():
-        print(f"\n{'hostile program':<62} {'s':>5}  outcome")
+        print(f"\n{'hostile program':<72} {'s':>5}  outcome")
         for name, outcome, took in RESULTS:
-            print(f"{name:<62} {took:>5.1f}  {outcome}")
-    assert len(RESULTS) >= 20
+            print(f"{name[:72]:<72} {took:>5.2f}  {outcome}")
+        print(f"{len(RESULTS)} runs, {sum(t for *_, t in RESULTS):.1f} s, load {os.getloadavg()[0]:.2f}")
+    assert all(outcome.startswith("passed 0/") for _, outcome, _ in RESULTS)

@@ -1,12 +1,14 @@
-"""The sandbox against hostile snippets: each one must be contained or scored 0.
+"""The sandbox on ordinary and careless code, its verdict rules and its results-channel parser.
 
-Every run is a real child process (about 0.1 s each); the few that wait for a limit use a 1 s budget.
+Every run is a real bubblewrap sandbox (about 0.1-0.3 s each); the few that wait for a limit use a 1 s
+budget. The hostile programs live in tests/reliability/test_sandbox_hostile.py.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
-import re
 import secrets
 import socket
 import tempfile
@@ -15,20 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from training.sandbox import _live_pids_of_uid, _same, run_tests
+from training import sandbox
+from training.environments import ask_to_code as atc
+from training.sandbox import _same, parse_channel, run_tests, seccomp_program
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = [((1, 2), 3), ((2, 2), 4), (("a", "b"), "ab")]
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ROOT = os.geteuid() == 0
-
-
-def _uid_of(result) -> int | None:
-    for note in result.notes:
-        m = re.search(r"dedicated uid/gid (\d+)", note)
-        if m:
-            return int(m.group(1))
-    return None
 
 
 def test_it_passes_correct_code():
@@ -52,8 +48,10 @@ def test_it_compares_like_json_but_keeps_bool_apart_from_int():
 def test_it_records_what_it_enforced():
     r = run_tests(ADD, "add", ADD_TESTS[:1])
     text = " ".join(r.notes)
-    assert "rlimits:" in text and "stubs:" in text
-    assert "network namespace" in text  # either "new" or an explicit "unavailable: <why>"
+    assert "bubblewrap" in text and "namespaces" in text and "seccomp:" in text and "rlimits per process" in text
+    assert "limits: cgroup v1 per run" in text or "limits: no cgroup (" in text  # either way, said explicitly
+    if ROOT:
+        assert "never as root" in text
 
 
 def test_it_hides_the_parent_environment(monkeypatch):
@@ -64,7 +62,8 @@ def test_it_hides_the_parent_environment(monkeypatch):
         "def leak():\n"
         "    found = [v for v in os.environ.values() if 's3cr3t' in v]\n"
         "    try:\n"
-        "        found.append(open('/proc/%d/environ' % os.getppid(), 'rb').read().decode('latin1'))\n"
+        "        parent = open('/proc/%d/environ' % os.getppid(), 'rb').read().decode('latin1')\n"
+        "        found += [parent] if 's3cr3t' in parent else []\n"
         "    except OSError:\n"
         "        pass\n"
         "    return ' '.join(found)\n"
@@ -107,10 +106,8 @@ def test_it_blocks_network_access():
         listener.close()
 
 
-@pytest.mark.skipif(not ROOT, reason="fork containment by dedicated uid needs root")
 def test_it_contains_a_fork_bomb():
-    # The stub on os.fork is bypassed on purpose (fresh posix module): RLIMIT_NPROC on the dedicated
-    # uid bounds the bomb, the wall timeout stops it and the reaper kills every process of the uid.
+    # The stub on os.fork is bypassed on purpose (fresh posix module): seccomp refuses fork itself.
     code = (
         "import sys\n"
         "del sys.modules['posix']\n"
@@ -125,9 +122,8 @@ def test_it_contains_a_fork_bomb():
     t0 = time.monotonic()
     r = run_tests(code, "bomb", [((), 0)], timeout_s=1)
     assert time.monotonic() - t0 < 6
-    assert r.passed == 0 and r.error
-    uid = _uid_of(r)
-    assert uid is not None and _live_pids_of_uid(uid) == []
+    assert r.passed == 0 and (r.error or r.failures)
+    assert "every sandbox process was gone after the run" in r.notes
 
 
 def test_it_blocks_the_plain_fork_and_subprocess_entry_points():
@@ -146,7 +142,6 @@ def test_it_blocks_the_plain_fork_and_subprocess_entry_points():
     assert r.passed == 1, r.failures
 
 
-@pytest.mark.skipif(not ROOT, reason="the mount namespace and dedicated uid need root here")
 def test_it_cannot_write_outside_its_working_directory():
     tag = secrets.token_hex(4)
     targets = [f"/tmp/pwned_{tag}", f"/var/tmp/pwned_{tag}", f"/dev/shm/pwned_{tag}"]
@@ -243,7 +238,6 @@ def test_it_counts_tests_after_an_exit_mid_run_as_failed():
     assert "exited early" in r.error
 
 
-@pytest.mark.skipif(not ROOT, reason="the mount namespace needs root here")
 def test_it_cannot_import_the_hidden_tests():
     code = (
         "import sys\n"
@@ -269,3 +263,104 @@ def test_it_reports_code_that_does_not_define_the_function():
     assert r.passed == 0 and "not defined" in r.error
     r = run_tests("def add(a, b) return a", "add", ADD_TESTS)
     assert r.passed == 0 and "SyntaxError" in r.error
+
+
+# ---------------------------------------------------------------------------------------------
+# Failing closed: no bubblewrap, a harness bug, and the environment's reward on top
+
+
+def test_it_refuses_to_run_without_bubblewrap(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap anywhere on it
+    r = run_tests(ADD, "add", ADD_TESTS)
+    assert (r.passed, r.ran, r.fraction) == (0, 0, 0.0)
+    assert r.error.startswith("sandbox unavailable: bubblewrap not installed")
+
+
+def test_it_scores_a_harness_bug_as_a_failure_instead_of_raising(monkeypatch):
+    def broken(exe):
+        raise RuntimeError("ldd exploded")
+
+    monkeypatch.setattr(sandbox, "_runtime", broken)
+    r = run_tests(ADD, "add", ADD_TESTS)
+    assert (r.passed, r.fraction) == (0, 0.0)
+    assert r.error == "sandbox error: RuntimeError: ldd exploded"
+
+
+def test_it_refuses_an_interpreter_that_does_not_exist():
+    r = run_tests(ADD, "add", ADD_TESTS, python="/nonexistent/python3")
+    assert r.passed == 0 and r.error.startswith("sandbox unavailable: interpreter")
+
+
+@pytest.mark.parametrize("code,reason", [
+    ("import __main__, os\ndef add(a, b):\n    os.ftruncate(__main__.RES, 0)\n    os._exit(0)\n", "results channel"),
+    ("import __main__, os\ndef add(a, b):\n    os.write(__main__.RES, b'[]\\n')\n    return a + b\n",
+     "not a JSON object"),
+    ("import time\ndef add(a, b):\n    time.sleep(60)\n", "timed out"),
+    ("def add(a, b) return a", "SyntaxError"),
+], ids=["truncated channel", "non-object line", "timeout", "syntax error"])
+def test_it_gives_the_environment_a_zero_with_the_reason_never_nan(code, reason):
+    atc.clear_cache()
+    prompt = atc.task_prompt(atc.TASKS_BY_KEY["safe_div"])
+    message = f"```python\n{code.replace('add', 'safe_div')}```"
+    transcript = [*prompt.messages, {"role": "assistant", "content": message}]
+    score = atc.correctness(prompt, transcript)
+    assert score.value == 0.0 and not math.isnan(score.value)
+    assert reason in score.reason and "0/4 hidden tests passed" in score.reason
+
+
+def test_it_counts_correct_outputs_the_parent_compared_even_with_a_timeout_later():
+    code = "import time\ndef f(x):\n    if x == 3:\n        time.sleep(60)\n    return x\n"
+    r = run_tests(code, "f", [((1,), 1), ((2,), 2), ((3,), 3)], timeout_s=1)
+    assert (r.passed, r.ran, r.fraction) == (2, 2, 2 / 3) and r.error.startswith("timed out")
+
+
+# ---------------------------------------------------------------------------------------------
+# The results-channel parser on its own (the hostile suite drives it through real sandboxes)
+
+
+def _lines(*msgs) -> bytes:
+    return "".join((m if isinstance(m, str) else json.dumps(m)) + "\n" for m in msgs).encode()
+
+
+READY, DONE = {"t": "ready"}, {"t": "done"}
+
+
+def _case(i, out="x"):
+    return {"t": "case", "i": i, "ok": True, "out": out}
+
+
+def test_it_parses_a_clean_channel():
+    ch = parse_channel(_lines(READY, _case(0), _case(1), DONE), 2)
+    assert (ch.started, ch.done, ch.anomaly, sorted(ch.cases)) == (True, True, None, [0, 1])
+
+
+@pytest.mark.parametrize("raw,anomaly", [
+    (_lines(READY, "[]"), "not a JSON object (list)"),
+    (_lines(READY, "null"), "not a JSON object (NoneType)"),
+    (_lines(READY, "{bad"), "not JSON"),
+    (_lines(READY, "[" * 5000 + "]" * 5000), "nested deeper than 64 levels"),
+    (_lines(READY, _case(0, "[" * 70 + "]" * 70)), None),  # brackets inside a string are not nesting
+    (_lines(_case(0), DONE), "no start marker"),
+    (_lines(READY, _case(1)), "out of order"),
+    (_lines(READY, _case(0), _case(0)), "duplicated"),
+    (_lines(READY, _case(0), DONE, _case(1)), "after the done marker"),
+    (_lines(READY, {"t": "note", "msg": "forged"}), "unexpected line of kind 'note'"),
+    (_lines(READY, {"t": "case", "i": True, "ok": True, "out": 1}), "malformed case line"),
+    (_lines(READY, {"t": "case", "i": 0, "ok": True}), "malformed case line"),
+    (_lines(READY, {"t": "ready"}), "unexpected line of kind 'ready'"),
+    (_lines(READY, _case(0))[:-1], "truncated (no final newline)"),
+    (_lines(READY) + b"\xff\xfe\n", "not UTF-8"),
+    (_lines(READY) + b"x" * (5 << 20) + b"\n", "over 4 MB"),
+], ids=lambda v: v if isinstance(v, str) or v is None else None)
+def test_it_voids_a_channel_the_harness_would_not_have_written(raw, anomaly):
+    ch = parse_channel(raw, 2)
+    if anomaly is None:
+        assert ch.anomaly is None
+    else:
+        assert ch.anomaly is not None and anomaly in ch.anomaly
+
+
+def test_it_builds_a_seccomp_program_per_architecture():
+    prog = seccomp_program("x86_64")
+    assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 255  # jump offsets are one byte
+    assert seccomp_program("aarch64") is not None and seccomp_program("riscv64") is None

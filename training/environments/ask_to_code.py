@@ -120,6 +120,7 @@ def _task(prompt: Prompt) -> Task | None:
 
 
 _cache: OrderedDict[tuple[str, str], SandboxResult] = OrderedDict()
+INFRASTRUCTURE_ERRORS = ("sandbox setup failed", "sandbox unavailable", "sandbox error")
 _cache_lock = threading.Lock()
 
 
@@ -131,8 +132,8 @@ def hidden_test_result(task: Task, code: str) -> SandboxResult:
             _cache.move_to_end(key)
             return _cache[key]
     result = run_tests(code, task.func_name, task.tests, timeout_s=TEST_TIMEOUT_S)
-    if result.error and result.error.startswith("sandbox setup failed"):
-        return result  # our infrastructure failed, not the code: don't remember it
+    if result.error and result.error.startswith(INFRASTRUCTURE_ERRORS):
+        return result  # maybe our infrastructure failed, not the code: scored 0 now, retried next time
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_SIZE:
@@ -172,8 +173,8 @@ def correctness(prompt: Prompt, transcript: Any) -> Score:
     if i is None:
         return Score(0.0, "no code submitted")
     result = hidden_test_result(task, extract_code(turns[i]) or "")
-    if result.error and result.error.startswith("sandbox setup failed"):
-        return Score(math.nan, result.error[:200])
+    # Every sandbox anomaly, ours included, is a failed submission (0 with the reason), never NaN: a
+    # NaN drops out of the weighted sum and would beat an honest failure (issue 20).
     return Score(result.fraction, summarise(result))
 
 
