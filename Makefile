@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint bench-ingest clean
+.PHONY: demo test install install-dev sandbox-tool lint bench-ingest clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,12 +21,23 @@ install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
+# Model-written code runs only under bubblewrap (docs/sandbox.md): install it when missing and we are
+# root with apt-get; otherwise say so (code execution then refuses to run, it never runs unconfined).
+sandbox-tool:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "bubblewrap (bwrap) is not installed: sandboxed code execution will refuse to run." >&2; \
+	    echo "Install it with: sudo apt-get install bubblewrap" >&2; \
+	  fi; }
+
 # Migrate SQLite, create the demo login, seed the scripted-policy run, queue the tiny-model training
 # chain, start a Celery worker (filesystem broker) and the web server on http://127.0.0.1:8000/.
-demo: install
+demo: install sandbox-tool
 	$(BIN)/python manage.py rundemo
 
-test: install-dev
+test: install-dev sandbox-tool
 	$(BIN)/python -m pytest
 
 lint: install-dev
