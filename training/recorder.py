@@ -29,6 +29,12 @@ messages, prompt included) and `policy_tokens` (tokens the policy sampled), TRL 
 reward functions; the recorder stores the transcript instead of the completion, counts only the
 policy's tokens as the length, and hands the transcript to `state_fn`.
 
+The trainer's settings (reward weights, scale_rewards, multi_objective_aggregation, num_generations,
+loss_type, beta, epsilon, learning rate, model name, steps_per_generation, TRL version) are read from
+the trainer when training starts (`trainer_settings`) and written once through the sink's optional
+`write_settings`: they become the run's reward settings, winning over what the run was created with,
+so every later recomputation (ablation baseline, diagnostics) uses what TRL trained on.
+
 Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
 (background thread) unless you pass `background=False`.
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import math
 from typing import Any, Callable
 
@@ -51,6 +58,9 @@ KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"
 TRUNCATED_COLUMN = "recorder/truncated"
 TRANSCRIPT_COLUMN = "recorder/transcript"  # JSON text: TRL may write extra columns to parquet tables
+
+TRL_ADVANTAGE_EPS = 1e-4  # TRL's constant in the advantage denominator (std + 1e-4), not a setting
+logger = logging.getLogger(__name__)
 
 StateFn = Callable[[str, Any, Any], dict[str, Any] | None]  # (key, prompt, completion) -> env state
 
@@ -123,6 +133,8 @@ class RolloutRecorder(TrainerCallback):
         self.trainer: Trainer | None = None
         self._pending = 0  # train-mode generations scored since the last emission
         self._wrapped_any = False
+        self._settings_written = False
+        self.settings: dict[str, Any] | None = None  # what trainer_settings read at train start
         self.groups_written = 0
 
     # ---- binding to a trainer
@@ -210,6 +222,12 @@ class RolloutRecorder(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._bind_from_stack()
+        if self.trainer is not None and state.is_world_process_zero and not self._settings_written:
+            self._settings_written = True
+            self.settings = trainer_settings(self.trainer)
+            write = getattr(self.sink, "write_settings", None)  # a caller's own sink may not take them
+            if write is not None:
+                write(self.settings)
 
     def _bind_from_stack(self) -> None:
         """`callbacks=[RolloutRecorder(...)]` gives the callback no trainer reference; the Trainer calling
@@ -335,6 +353,74 @@ class RolloutRecorder(TrainerCallback):
         """Drain the queue and close the sink if the recorder created it (a caller's sink stays open)."""
         if self._owns_sink:
             self.sink.close()
+
+
+def trainer_settings(trainer: Any) -> dict[str, Any]:
+    """What a TRL trainer computes its rewards and advantages with, in the shape of a run's
+    `reward_settings` (webapp/runs/reward_settings.py). Read from the trainer's attributes (TRL 1.16
+    names), so what is stored is what it trains on. A setting that cannot be read is logged by name
+    and left out; the rest is recorded."""
+    args = getattr(trainer, "args", None)
+    out: dict[str, Any] = {"source": "trainer", "advantage_epsilon": TRL_ADVANTAGE_EPS}
+    missing: list[str] = []
+
+    def read(name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - another TRL version, another trainer: record the rest
+            missing.append(name)
+            return None
+
+    names = read("reward_func_names", lambda: list(trainer.reward_func_names))
+    weights = read("reward_weights", lambda: [float(w) for w in trainer.reward_weights.tolist()])
+    if names is not None and weights is not None and len(names) == len(weights):
+        out["weights"] = dict(zip(names, weights))
+    scale = read("scale_rewards", lambda: trainer.scale_rewards)
+    if isinstance(scale, bool):  # TRL before 0.22: True = divide by the group std, False = do not
+        scale = "group" if scale else "none"
+    if scale is not None:
+        out["scale_rewards"] = str(scale)
+    # TRL before multi_objective_aggregation existed always summed first.
+    out["aggregation"] = str(getattr(trainer, "multi_objective_aggregation", None) or "sum_then_normalize")
+    size = read("num_generations", lambda: int(trainer.num_generations))
+    if size is not None:
+        out["group_size"] = size
+    facts = {
+        "trainer_class": lambda: type(trainer).__name__,
+        "trl_version": lambda: _version("trl"),
+        "transformers_version": lambda: _version("transformers"),
+        "model_name": lambda: _model_name(trainer),
+        "loss_type": lambda: trainer.loss_type,
+        "beta": lambda: float(trainer.beta),
+        "epsilon": lambda: float(trainer.epsilon_low),
+        "epsilon_high": lambda: float(trainer.epsilon_high),
+        "learning_rate": lambda: float(args.learning_rate),
+        "num_generations": lambda: int(trainer.num_generations),
+        "steps_per_generation": lambda: int(args.steps_per_generation),
+        "num_iterations": lambda: int(trainer.num_iterations),
+        "temperature": lambda: float(trainer.temperature),
+        "max_completion_length": lambda: int(trainer.max_completion_length),
+        "scale_rewards": lambda: out["scale_rewards"],
+        "multi_objective_aggregation": lambda: out["aggregation"],
+    }
+    trainer_facts = {name: read(name, fn) for name, fn in facts.items()}
+    out["trainer"] = {k: v for k, v in trainer_facts.items() if v is not None}
+    if missing:
+        logger.warning("recorder: could not read the trainer's %s; recording the other settings", ", ".join(missing))
+        out["trainer"]["unreadable"] = ", ".join(missing)
+    logger.info("recorder: trainer settings %s", json.dumps(out, default=str))
+    return out
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def _model_name(trainer: Any) -> str:
+    config = trainer.model.config
+    return str(getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", ""))
 
 
 def record(trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> RolloutRecorder:

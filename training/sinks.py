@@ -5,9 +5,14 @@ A sink implements the `Sink` protocol. Records use the ingestion format the web 
     group   = {"step", "key", "prompt", "split", "rollouts": [{"index", "completion" | "transcript",
                "rewards": {name: {"value", "reason"}}, "advantage", "length", "truncated", ...}]}
     metrics = {"step", "values": {TRL's logged keys: float}}
+    settings = {"weights": {name: w}, "scale_rewards", "aggregation", "advantage_epsilon", "group_size",
+                "trainer": {name: scalar}, "source"}   (the run's reward_settings; written once, at train start)
 
-- `JsonlSink(path)`: one JSON object per line, {"type": "group"|"metrics"|"log"|"progress", ...}; the
-  offline format, importable later.
+A sink may also implement `write_settings(settings)` (every sink here does); the recorder calls it
+when the trainer starts, and skips a sink without it.
+
+- `JsonlSink(path)`: one JSON object per line, {"type": "settings"|"group"|"metrics"|"log"|"progress", ...};
+  the offline format, importable later (the "settings" header becomes the run's reward settings).
 - `MemorySink()`: keeps everything in lists (tests).
 - `HttpSink(base_url, token, run_id)`: POSTs to the app's API through `training.client.Client`, batched,
   retried with exponential backoff, never raising into training; whatever cannot be delivered goes to a
@@ -89,6 +94,9 @@ class DiscardSink:
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         pass
 
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        pass
+
     def log(self, line: str) -> None:
         pass
 
@@ -103,6 +111,7 @@ class MemorySink:
     def __init__(self) -> None:
         self.groups: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
+        self.settings: list[dict[str, Any]] = []
         self.logs: list[str] = []
         self.progress_events: list[tuple[int, int]] = []
         self.closed = False
@@ -112,6 +121,9 @@ class MemorySink:
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self.metrics.append({"step": int(step), "values": storable(dict(values))})
+
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        self.settings.append(storable(dict(settings)))
 
     def log(self, line: str) -> None:
         self.logs.append(line)
@@ -144,6 +156,9 @@ class JsonlSink:
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self._write([{"type": "metrics", "step": int(step), "values": dict(values)}])
 
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        self._write([{"type": "settings", **settings}])
+
     def log(self, line: str) -> None:
         self._write([{"type": "log", "line": line, "time": time.time()}])
 
@@ -157,9 +172,10 @@ class JsonlSink:
 
 
 def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
-    """Split a JsonlSink file back into {"groups", "metrics", "logs", "progress"} (type field removed)."""
-    out: dict[str, list[Any]] = {"groups": [], "metrics": [], "logs": [], "progress": []}
-    plural = {"group": "groups", "metrics": "metrics", "log": "logs", "progress": "progress"}
+    """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"} (type field
+    removed)."""
+    out: dict[str, list[Any]] = {"settings": [], "groups": [], "metrics": [], "logs": [], "progress": []}
+    plural = {"settings": "settings", "group": "groups", "metrics": "metrics", "log": "logs", "progress": "progress"}
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
@@ -210,8 +226,9 @@ class HttpSink:
         self._metrics: list[dict[str, Any]] = []
         self._down_until = 0.0
         self._oldest: float | None = None  # monotonic time of the oldest unsent record
-        self.sent = {"groups": 0, "metrics": 0}
-        self.spooled = {"groups": 0, "metrics": 0}
+        self.sent = {"groups": 0, "metrics": 0, "settings": 0}
+        self.spooled = {"groups": 0, "metrics": 0, "settings": 0}
+        self.settings_changed: list[str] = []  # what the server said the trainer's settings replaced
 
     @property
     def base_url(self) -> str:
@@ -233,6 +250,10 @@ class HttpSink:
             self._oldest = now
         if buffered >= self.batch_size or now - self._oldest >= self.flush_interval:
             self.flush()
+
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        """Sent at once (training is starting; nothing is buffered yet), spooled like a batch if it fails."""
+        self._deliver("settings", storable(dict(settings)), 1)
 
     def log(self, line: str) -> None:
         logger.info(line)
@@ -275,12 +296,14 @@ class HttpSink:
     def send(self, kind: str, payload: dict[str, Any]) -> Literal["sent", "rejected", "down"]:
         """`post`, telling apart a batch the server refused ("rejected": it would be refused again as is)
         from a server that could not be reached or failed ("down": the same batch may go later)."""
-        send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics}.get(kind)
-        if send is None or not isinstance(payload, dict) or not isinstance(payload.get(kind), list):
+        send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics,
+                "settings": self._post_settings}.get(kind)
+        body = payload if kind == "settings" else payload.get(kind) if isinstance(payload, dict) else None
+        if send is None or not isinstance(payload, dict) or not isinstance(body, dict if kind == "settings" else list):
             logger.error("HttpSink: not a %r batch; kept unsent", kind)
             return "rejected"
         try:
-            send(self.run_id, payload[kind])  # type: ignore[arg-type]  # the client formats the id into the URL
+            send(self.run_id, body)  # type: ignore[arg-type]  # the client formats the id into the URL
             return "sent"
         except ApiError as e:
             if not e.retryable:  # a 4xx repeats identically on retry: keep the batch for a human, say why
@@ -293,6 +316,12 @@ class HttpSink:
             logger.exception("HttpSink: %s failed; spooling", kind)
         self._down_until = time.monotonic() + self.cooldown
         return "down"
+
+    def _post_settings(self, run_id: str, settings: dict[str, Any]) -> None:
+        answer = self.client.post_settings(run_id, settings)  # type: ignore[arg-type]
+        self.settings_changed = list(answer.get("changed") or [])
+        for line in self.settings_changed:  # the trainer wins; say what it replaced
+            logger.warning("HttpSink: run %s: the trainer's %s", self.run_id, line)
 
     def _spool(self, kind: str, payload: dict[str, Any]) -> None:
         try:
@@ -372,6 +401,10 @@ class BatchingSink:
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self._put(("write_metrics", (step, dict(values))))
+
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        if hasattr(self.inner, "write_settings"):  # an inner sink without it simply does not take them
+            self._put(("write_settings", (dict(settings),)))
 
     def log(self, line: str) -> None:
         self._put(("log", (line,)))

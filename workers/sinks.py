@@ -31,6 +31,19 @@ class DatabaseSink:
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         record_metrics(self.run, {"metrics": [{"step": step, "values": values}]})
 
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        """The trainer's reward settings become the run's (they win over the launch config's, logged)."""
+        from webapp.runs import reward_settings
+
+        names = list(self.run.environment.components.values_list("name", flat=True)) if self.run.environment_id else []
+        try:
+            clean = reward_settings.validate(storable(settings), names)
+        except reward_settings.SettingsError as e:
+            self.log(f"the trainer's reward settings were refused: {e}")
+            log.error("reward settings refused for run %s: %s", self.run.id, e)
+            return
+        reward_settings.apply(self.run, clean, clean.get("source") or "trainer")
+
     def log(self, line: str) -> None:
         self.run.append_log(line.rstrip("\n") + "\n")
 

@@ -113,6 +113,10 @@ class Tee:
         for s in self.sinks:
             s.write_metrics(step, values)
 
+    def write_settings(self, settings: dict[str, Any]) -> None:
+        for s in self.sinks:
+            getattr(s, "write_settings", lambda _: None)(settings)
+
     def log(self, line: str) -> None:
         for s in self.sinks:
             s.log(line)
@@ -231,7 +235,7 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
     main(grpo_config(tiny_model, tmp_path / "db"), sink=Tee(DatabaseSink(db_run.id), via_db))
 
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
-    assert http_sink.spooled == {"groups": 0, "metrics": 0} and not spool.exists()
+    assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0} and not spool.exists()
     assert http_sink.sent["groups"] == 4 and http_sink.sent["metrics"] == len(via_http.metrics)
 
     # Each run stores exactly what its own recorder captured (TRL's advantages, every component).
@@ -292,8 +296,8 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
     assert killed_at == [2] and app_server.proc.poll() is not None
     assert elapsed < 180  # a hang guard; the cost of the outage itself is bounded just below
-    assert http_sink.sent == {"groups": 2, "metrics": 0}
-    assert http_sink.spooled == {"groups": 2, "metrics": len(tee.metrics)}
+    assert http_sink.sent == {"groups": 2, "metrics": 0, "settings": 1}  # the settings went first
+    assert http_sink.spooled == {"groups": 2, "metrics": len(tee.metrics), "settings": 0}
     entries = [json.loads(line) for line in spool.read_text().splitlines()]
     assert [e["kind"] for e in entries].count("groups") == 1 and len(entries) > 2  # step 2's groups + metrics
     # The dead server cost one round of retries; the cooldown sent every later batch straight to the spool.
@@ -389,3 +393,97 @@ def test_it_stores_a_completion_with_a_nul_character_instead_of_losing_its_batch
         assert rollout.completion == "a\ufffdb" and rollout.transcript[0]["content"] == "a\ufffdb"
         assert rollout.group.prompt[0]["content"] == "draw\ufffd"
         assert rollout.scores.get().reason == "odd \ufffd"
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer's reward settings: what is stored is what TRL trained on (issue 14)
+
+THREE_ENV = "recorder-three"
+TRAINED_WEIGHTS = [0.5, 2.0, -1.5]  # none of them the environment's defaults (all 1.0)
+
+
+def length_share(prompt: Prompt, completion: Any) -> Score:
+    return Score(len(completion_text(completion)) / 100.0, "length / 100")
+
+
+class ThreeComponentEnv(VaryingEnv):
+    name = THREE_ENV
+    components = [
+        Component("distinct_chars", 1.0, distinct_chars, kind="outcome"),
+        Component("has_digit", 1.0, has_digit, kind="behavioural"),
+        Component("length_share", 1.0, length_share, kind="penalty"),
+    ]
+
+
+def assert_faithful(run_id: int, weights: dict[str, float], scale: str) -> None:
+    """The ablation baseline recomputed from the run's stored settings and scores is TRL's own advantage
+    (max |Δ| < 1e-6), the identity ablation changes nothing, and each stored aggregate is TRL's weighted sum."""
+    import numpy as np
+
+    from training import stats
+    from webapp.diagnostics import services
+    from webapp.rollouts.models import Rollout
+    from webapp.runs.models import Run
+
+    run = Run.objects.get(id=run_id)
+    assert run.reward_weights() == weights
+    assert run.advantage_settings()["scale_rewards"] == scale and run.advantage_settings()["group_size"] == 4
+    data = services.load_run_arrays(run)
+    base = services.run_settings(run)
+    again = stats.compute_advantages(data.matrix, data.weights, data.group_ids, scale_rewards=base.scale_rewards,
+                                     aggregation=base.aggregation, batch_ids=data.steps, eps=base.eps)
+    rows = dict(Rollout.objects.filter(run=run).values_list("id", "advantage"))
+    rewards = dict(Rollout.objects.filter(run=run).values_list("id", "reward"))
+    ids = data.rollout_ids.tolist()
+    trl_advantages = np.array([rows[i] for i in ids])
+    assert np.abs(again.advantages - trl_advantages).max() < 1e-6
+    assert np.any(np.abs(trl_advantages) > 0.1)  # not a comparison of zeros
+    stored_reward = np.array([np.nan if rewards[i] is None else rewards[i] for i in ids])
+    weighted_sum = np.nansum(data.matrix * np.array(list(weights.values()))[None, :], axis=1)
+    np.testing.assert_allclose(stored_reward, weighted_sum, atol=1e-6)
+    identity = services.run_ablation(run, services.parse_spec({}, run))
+    assert identity["max_abs_delta"] == 0.0
+    named = services.run_ablation(run, services.parse_spec({"weights": weights, "scale_rewards": scale}, run))
+    assert named["max_abs_delta"] < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
+        app_server, trainer_token, tiny_model, tmp_path, monkeypatch, scale):
+    from django.core.management import call_command
+
+    from training import environments
+    from training.client import Client
+    from training.grpo import main
+    from training.sinks import JsonlSink
+    from webapp.runs.models import Run
+
+    monkeypatch.setitem(environments._REGISTRY, THREE_ENV, f"{__name__}:ThreeComponentEnv")
+    comps = [{"name": c.name, "weight": c.weight} for c in ThreeComponentEnv.components]
+    # The environment exists with weight 1.0 everywhere; the run is created with those weights.
+    run_id = Client(app_server.url, trainer_token, retries=0).create_run(f"three-{scale}", environment=THREE_ENV,
+                                                                        components=comps, kind="grpo")
+    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl")
+    jsonl = tmp_path / "rollouts.jsonl"
+    config = grpo_config(tiny_model, tmp_path / "out")
+    config.env, config.reward_weights, config.scale_rewards = THREE_ENV, TRAINED_WEIGHTS, scale
+    main(config, sink=Tee(http_sink, JsonlSink(jsonl)))
+    http_sink.close()
+    assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0}
+
+    weights = dict(zip([c["name"] for c in comps], TRAINED_WEIGHTS))
+    # Over HTTP: the trainer's settings won over the creation-time weights, and the run's log says so.
+    run = Run.objects.get(id=run_id)
+    assert "weight of has_digit: 2 replaces 1" in run.log_tail
+    trainer = run.reward_settings["trainer"]
+    assert trainer["loss_type"] == "dapo" and trainer["beta"] == 0.0 and trainer["learning_rate"] == 1e-3
+    assert trainer["trl_version"] and trainer["model_name"] and trainer["steps_per_generation"] == 1
+    assert_faithful(run_id, weights, scale)
+
+    # Through JSONL: the header carries the same settings into an import on the same environment.
+    call_command("import_rollouts", str(jsonl), run=f"three-{scale}-jsonl", format="jsonl",
+                 environment=THREE_ENV, no_progress=True)
+    imported = Run.objects.get(name=f"three-{scale}-jsonl")
+    assert_faithful(imported.id, weights, scale)
+    assert stored(imported.id).keys() == stored(run_id).keys()

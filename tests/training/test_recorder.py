@@ -128,7 +128,8 @@ def test_it_spools_when_the_server_is_down_and_upload_resumes(tmp_path):
     sink.write_groups([_group(2, "b")])  # the server is known down: straight to the spool
     sink.write_metrics(2, {"loss": 0.1})
     sink.close()
-    assert sink.spooled == {"groups": 2, "metrics": 1} and sink.sent == {"groups": 0, "metrics": 0}
+    assert sink.spooled == {"groups": 2, "metrics": 1, "settings": 0}
+    assert sink.sent == {"groups": 0, "metrics": 0, "settings": 0}
     assert len(spool.read_text().splitlines()) == 3
 
     assert upload_spool(spool, url, "KEY", "run-1", retries=0, timeout=1) == {"sent": 0, "left": 3}
@@ -266,3 +267,81 @@ def test_it_works_as_a_plain_callback_in_someone_elses_script(tiny_model, tmp_pa
     np.testing.assert_allclose(recorded, [a for adv in trl_advantages for a in adv], atol=1e-5)
     assert data["groups"][0]["rollouts"][0]["rewards"]["distinct_chars"]["reason"]
     assert {m["step"] for m in data["metrics"]} == {1, 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer's settings, captured at train start
+
+
+@pytest.mark.slow
+def test_it_writes_the_trainers_settings_as_the_jsonl_header(tiny_model, tmp_path):
+    from training.recorder import RolloutRecorder
+
+    path = tmp_path / "rollouts.jsonl"
+    trainer = _grpo_trainer(tiny_model, tmp_path, callbacks=[RolloutRecorder(jsonl=str(path))], max_steps=1,
+                            scale_rewards="batch", beta=0.04, loss_type="grpo")
+    trl_advantages = _spy_on_advantages(trainer)
+    trainer.train()
+
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first["type"] == "settings"  # before any group: an import applies it first
+    settings = read_jsonl_sink(path)["settings"]
+    assert len(settings) == 1
+    s = settings[0]
+    assert s["weights"] == {"distinct_chars": 1.0, "has_digit": 0.5}
+    assert (s["scale_rewards"], s["aggregation"], s["group_size"], s["advantage_epsilon"]) == (
+        "batch", "sum_then_normalize", 4, 1e-4)
+    import trl
+
+    assert s["trainer"]["trl_version"] == trl.__version__ and s["trainer"]["model_name"] == tiny_model
+    assert (s["trainer"]["loss_type"], s["trainer"]["beta"], s["trainer"]["learning_rate"]) == ("grpo", 0.04, 1e-3)
+    assert s["trainer"]["steps_per_generation"] == 1 and s["trainer"]["epsilon"] == 0.2
+
+    # The header is enough to reproduce TRL's advantages from the recorded components.
+    from training.stats import compute_advantages
+
+    rollouts = [r for g in read_jsonl_sink(path)["groups"] for r in g["rollouts"]]
+    names = list(s["weights"])
+    matrix = np.array([[np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"] for n in names]
+                       for r in rollouts])
+    again = compute_advantages(matrix, list(s["weights"].values()), group_size=s["group_size"],
+                               scale_rewards=s["scale_rewards"], eps=s["advantage_epsilon"])
+    np.testing.assert_allclose(again.advantages, trl_advantages[0], atol=1e-5)
+    group_only = compute_advantages(matrix, list(s["weights"].values()), group_size=4)
+    assert np.abs(group_only.advantages - np.array(trl_advantages[0])).max() > 1e-3  # the setting matters
+
+
+def test_it_records_the_settings_it_can_read_and_names_the_others(caplog):
+    from training.recorder import trainer_settings
+
+    class OldTrainer:  # a trainer of another TRL release: no weights tensor, boolean scale_rewards
+        reward_func_names = ["a", "b"]
+        scale_rewards = False
+        num_generations = 8
+        loss_type = "grpo"
+
+    with caplog.at_level("WARNING"):
+        s = trainer_settings(OldTrainer())
+    assert s["scale_rewards"] == "none" and s["group_size"] == 8 and s["aggregation"] == "sum_then_normalize"
+    assert "weights" not in s and s["trainer"]["loss_type"] == "grpo"
+    assert "reward_weights" in s["trainer"]["unreadable"] and "beta" in s["trainer"]["unreadable"]
+    assert "could not read the trainer's reward_weights" in caplog.text
+
+
+def test_it_posts_settings_at_once_and_spools_them_when_the_server_is_down(tmp_path):
+    api = _Api()
+    try:
+        sink = HttpSink(api.url, "KEY", 7, spool_path=tmp_path / "spool.jsonl")
+        sink.write_settings({"weights": {"a": 0.5}, "scale_rewards": "none"})
+    finally:
+        api.stop()
+    assert api.received == [("/api/v1/runs/7/settings/", "Token KEY", {"weights": {"a": 0.5}, "scale_rewards": "none"})]
+    down = HttpSink(api.url, "KEY", 7, spool_path=tmp_path / "spool.jsonl", retries=0, timeout=1)
+    down.write_settings({"scale_rewards": "batch"})
+    assert down.spooled["settings"] == 1
+    api = _Api()
+    try:
+        assert upload_spool(tmp_path / "spool.jsonl", api.url, "KEY", 7) == {"sent": 1, "left": 0}
+    finally:
+        api.stop()
+    assert api.received[0][0] == "/api/v1/runs/7/settings/" and api.received[0][2] == {"scale_rewards": "batch"}

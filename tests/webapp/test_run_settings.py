@@ -120,3 +120,35 @@ def test_it_recomputes_the_trainers_advantages_from_the_runs_settings(run, scale
     assert any(abs(a) > 0.1 for a in stored.values())  # not a vacuous comparison of zeros
     identity = services.run_ablation(run, services.parse_spec({}, run))
     assert identity["max_abs_delta"] < 1e-9
+
+
+def _jsonl(path, *records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_it_imports_the_jsonl_header_as_the_runs_settings(db, tmp_path, capsys):
+    from django.core.management import call_command
+
+    group = {"type": "group", **make_group(0, "p", [{"acc": 1.0, "fmt": 0.0}, {"acc": 0.0, "fmt": 1.0}])}
+    header = {"type": "settings", "weights": {"acc": 0.5, "fmt": 2.0}, "scale_rewards": "none", "group_size": 2,
+              "source": "trainer", "trainer": {"loss_type": "dapo"}}
+    call_command("import_rollouts", _jsonl(tmp_path / "r.jsonl", header, group), run="imp", format="jsonl",
+                 no_progress=True)
+    run = Run.objects.get(name="imp")
+    assert run.reward_weights() == {"acc": 0.5, "fmt": 2.0}
+    assert run.advantage_settings()["scale_rewards"] == "none"
+    assert sorted(Rollout.objects.filter(run=run).values_list("advantage", flat=True)) == [-0.75, 0.75]
+    assert "the trainer's reward settings win: weight of fmt: 2 replaces 1" in capsys.readouterr().out
+
+
+def test_it_stops_at_a_bad_settings_header_naming_its_line_and_field(db, tmp_path):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    group = {"type": "group", **make_group(0, "p", [{"acc": 1.0}, {"acc": 0.0}])}
+    path = _jsonl(tmp_path / "r.jsonl", group, {"type": "settings", "scale_rewards": "sometimes"}, group)
+    with pytest.raises(CommandError, match=r"r\.jsonl:2: settings\.scale_rewards: must be one of"):
+        call_command("import_rollouts", path, run="imp", format="jsonl", components=["acc"], no_progress=True)
+    run = Run.objects.get(name="imp")
+    assert run.reward_settings == {} and Group.objects.filter(run=run).count() == 1  # the group before it

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.importers.base import BadRecord, GroupItem, Item, MetricsItem, Reader, ReaderError, RecordError
+from training.importers.base import (
+    BadRecord,
+    GroupItem,
+    Item,
+    MetricsItem,
+    Reader,
+    ReaderError,
+    RecordError,
+    SettingsItem,
+)
 from training.importers.byoo import ByooReader
 from training.importers.jsonl import JsonlReader
 from training.importers.prime_rl import PrimeRLReader
@@ -32,4 +41,4 @@ def open_reader(fmt: str, path: str | Path, *, components: list[str] | None = No
 
 
 __all__ = ["READERS", "BadRecord", "GroupItem", "Item", "MetricsItem", "Reader", "ReaderError", "RecordError",
-           "open_reader"]
+           "SettingsItem", "open_reader"]

@@ -7,6 +7,7 @@ reader yields, in file order:
 - `GroupItem`: one complete group record (every rollout of it), with the file and line/row it came
   from, so that a later validation error can name the exact line;
 - `MetricsItem`: per-step trainer metrics (only the JSONL sink format carries them);
+- `SettingsItem`: the reward settings the trainer used (weights, scale_rewards, group size...), first;
 - `BadRecord`: a record that could not be read, with its file and line. When the group of a bad
   record is known, the whole group is dropped with it (one `BadRecord` for the bad line, one for
   the good lines dropped alongside): nothing downstream ever sees half a group.
@@ -76,6 +77,19 @@ class MetricsItem:
 
 
 @dataclass
+class SettingsItem:
+    """The reward settings the trainer trained with (the JSONL sink's "settings" header, or the settings a
+    reader found beside the data): they become the run's reward settings before its groups are stored."""
+
+    record: dict[str, Any]  # the run's reward_settings shape (webapp/runs/reward_settings.py)
+    file: str
+    line: int | None
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+
+@dataclass
 class BadRecord:
     file: str
     line: int | None
@@ -86,7 +100,7 @@ class BadRecord:
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
-Item = GroupItem | MetricsItem | BadRecord
+Item = GroupItem | MetricsItem | SettingsItem | BadRecord
 
 
 @dataclass

@@ -3,8 +3,9 @@
 writes).
 
 The offline file of `training.sinks.JsonlSink` is read too: its lines carry a "type" field; "group"
-lines are groups, "metrics" lines are per-step metrics ({"step", "values"}), "log" and "progress"
-lines are ignored. Records are passed through as they are; the ingestion service validates them and
+lines are groups, "metrics" lines are per-step metrics ({"step", "values"}), the "settings" header
+is the reward settings the trainer trained with (they become the run's), "log" and "progress" lines
+are ignored. Records are passed through as they are; the ingestion service validates them and
 the import command maps its errors back to the line.
 """
 
@@ -23,6 +24,7 @@ from training.importers.base import (
     Progress,
     Reader,
     RecordError,
+    SettingsItem,
     jsonl_files,
     jsonl_lines,
     parse_json_object,
@@ -54,15 +56,17 @@ class JsonlReader(Reader):
                 if item is not None:
                     yield item
 
-    def _item(self, obj: dict[str, Any], name: str, lineno: int) -> GroupItem | MetricsItem | None:
+    def _item(self, obj: dict[str, Any], name: str, lineno: int) -> GroupItem | MetricsItem | SettingsItem | None:
         kind = obj.pop("type", "group")
         if kind == "group":
             return GroupItem(obj, name, lineno)
         if kind == "metrics":
             return MetricsItem({"step": obj.get("step"), "values": obj.get("values")}, name, lineno)
+        if kind == "settings":
+            return SettingsItem(obj, name, lineno)
         if kind in IGNORED_TYPES:
             return None
-        raise RecordError(f"type: must be group or metrics (or log/progress, ignored), got {kind!r}")
+        raise RecordError(f"type: must be group, metrics or settings (or log/progress, ignored), got {kind!r}")
 
     def sample_components(self, limit: int = 200) -> list[str]:
         names: dict[str, None] = {}

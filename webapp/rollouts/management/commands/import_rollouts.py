@@ -20,7 +20,16 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from training.importers import READERS, BadRecord, GroupItem, MetricsItem, Reader, ReaderError, open_reader
+from training.importers import (
+    READERS,
+    BadRecord,
+    GroupItem,
+    MetricsItem,
+    Reader,
+    ReaderError,
+    SettingsItem,
+    open_reader,
+)
 from webapp.rollouts.ingest import IngestError, ingest_groups, run_components
 from webapp.rollouts.services import (
     RunNameConflict,
@@ -29,6 +38,7 @@ from webapp.rollouts.services import (
     get_or_create_run,
     validate_environment_spec,
 )
+from webapp.runs import reward_settings
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -47,6 +57,7 @@ class ImportStats:
     already_stored: int = 0
     skipped_records: int = 0
     errors: list[str] = field(default_factory=list)
+    settings_changed: list[str] = field(default_factory=list)  # what the trainer's settings replaced
 
     def line(self) -> str:
         return f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} skipped records)"
@@ -78,6 +89,10 @@ class Importer:
                     raise ImportStopped(f"{item.where()}: {item.message}")
             elif isinstance(item, MetricsItem):
                 metrics.append(item)
+            elif isinstance(item, SettingsItem):
+                self._flush(groups, metrics)  # settings apply from here on: store what came before first
+                groups, metrics = [], []
+                self._settings(item)
             else:
                 groups.append(item)
             if len(groups) >= self.batch_groups or len(metrics) >= self.batch_groups:
@@ -124,6 +139,24 @@ class Importer:
                     first = min(bad)
                     raise ImportStopped(self._describe(batch[first], bad[first])) from None
                 batch = [item for i, item in enumerate(batch) if i not in bad]
+
+    def _settings(self, item: SettingsItem) -> None:
+        """The trainer's reward settings (the JSONL sink's header) become the run's: they win over what the
+        run was created with, and the run's log says what they replaced."""
+        weights = item.record.get("weights")
+        if self.grow_components and isinstance(weights, dict) and self.run.environment_id:
+            new = [str(n) for n in weights if n not in self._known and _valid_component(str(n))]
+            if new:  # reward functions that have not scored a group yet are components all the same
+                ensure_environment(self.run.environment.name, [_component(n) for n in new])
+                self._known.update(new)
+        try:
+            clean = reward_settings.validate(item.record, sorted(self._known), path="settings")
+        except reward_settings.SettingsError as e:
+            self._bad(item.where(), f"{e.field}: {e.message}", 1)
+            if self.on_error == "stop":
+                raise ImportStopped(f"{item.where()}: {e.field}: {e.message}") from None
+            return
+        self.stats.settings_changed += reward_settings.apply(self.run, clean, clean.get("source") or "import")
 
     def _attribute(self, e: IngestError, kind: str, batch: list[Any]) -> dict[int, list[tuple[int | None, str]]]:
         """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items, report
@@ -250,6 +283,8 @@ class Command(BaseCommand):
         finally:
             bar.close()
         self._save(run, reader, importer.stats, o, stopped)
+        for line in importer.stats.settings_changed:
+            self.stdout.write(f"the trainer's reward settings win: {line}")
         if importer.stats.already_stored:
             self.stdout.write(f"{importer.stats.already_stored} groups were already stored (not imported twice)")
         self.stdout.write(importer.stats.line())
