@@ -30,6 +30,8 @@ No Django here.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -39,7 +41,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,15 +271,42 @@ def _as_value(out: Any) -> tuple[Any, str]:
     return out, ""
 
 
+_handler_installed = False
+
+
+@contextlib.contextmanager
+def deadlines() -> Iterator[None]:
+    """Install the time-limit handler once around many `score_one` calls (installing it per call costs
+    about as much as a cheap component)."""
+    global _handler_installed
+    if _handler_installed or not _can_alarm():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    _handler_installed = True
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        _handler_installed = False
+
+
+def _can_alarm() -> bool:
+    return threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+
 def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, completion: Any,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> Scored:
     """Call the component on one rollout, failing closed. The time limit interrupts the call when we are
     on the main thread (a Celery worker's task, a command); elsewhere an over-long call is still refused
     after it returns."""
-    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    use_alarm = _can_alarm()
+    own_handler = use_alarm and not _handler_installed
     t0 = time.monotonic()
-    if use_alarm:
+    if own_handler:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
+    if use_alarm:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         out = fn(prompt, completion, **params)
@@ -288,6 +317,7 @@ def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, co
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if own_handler:
             signal.signal(signal.SIGALRM, previous)
     if time.monotonic() - t0 > timeout_s:
         return Scored(None, f"failed: took longer than {timeout_s:g} s", False)
@@ -300,14 +330,19 @@ def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, co
     return Scored(float(value), reason[:MAX_REASON], True)
 
 
-def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
-    """The environment's Prompt (with its hidden spec) for a stored group, through the environment
-    module's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
+@functools.lru_cache(maxsize=64)
+def _rebuilder(environment: str) -> Callable[[str, Any], Prompt | None] | None:
     from training.environments import get_environment
 
     try:
         env = get_environment(environment)
     except KeyError:
         return None
-    rebuild = getattr(importlib.import_module(type(env).__module__), "stored_prompt", None)
+    return getattr(importlib.import_module(type(env).__module__), "stored_prompt", None)
+
+
+def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
+    """The environment's Prompt (with its hidden spec) for a stored group, through the environment
+    module's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
+    rebuild = _rebuilder(environment)
     return None if rebuild is None else rebuild(key, prompt)

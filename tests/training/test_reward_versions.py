@@ -152,3 +152,13 @@ def test_it_rebuilds_stored_prompts_of_both_environments():
     p = AskToCodeEnv().prompts("train", 1)[0]
     assert rv.prompt_for("ask_to_code", p.key, p.messages) == p
     assert rv.prompt_for("unknown_env", "k", "") is None
+
+
+def test_it_keeps_the_deadline_inside_a_shared_handler_and_restores_the_old_one():
+    import signal
+
+    before = signal.getsignal(signal.SIGALRM)
+    with rv.deadlines():
+        assert "longer than 0.2 s" in rv.score_one(_slow, {}, PROMPT, "[]", timeout_s=0.2).reason
+        assert rv.score_one(lambda p, c: 1.0, {}, PROMPT, "", timeout_s=0.2).ok
+    assert signal.getsignal(signal.SIGALRM) is before

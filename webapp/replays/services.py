@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
@@ -215,28 +215,47 @@ def _prepare(replay: Replay) -> list[_Version]:
     return out
 
 
+ScoreRow = tuple[int, int, int, float, bool, str]  # replay, rollout, component, value, ok, reason
+
+
 def score_groups(replay: Replay, group_ids: list[int], versions: list[_Version],
-                 timeout_s: float = rv.DEFAULT_TIMEOUT_S) -> tuple[list[ReplayScore], int]:
-    """The replayed values of the groups' rollouts (unsaved rows) and how many rollouts had a failure."""
+                 timeout_s: float = rv.DEFAULT_TIMEOUT_S) -> tuple[list[ScoreRow], int]:
+    """The replayed values of the groups' rollouts (rows to store) and how many rollouts had a failure."""
     env_name = replay.run.environment.name
     prompts = {gid: rv.prompt_for(env_name, key, prompt)
                for gid, key, prompt in Group.objects.filter(id__in=group_ids).values_list("id", "key", "prompt")}
-    rows: list[ReplayScore] = []
+    rows: list[ScoreRow] = []
     failed = 0
-    for rid, gid, transcript in (Rollout.objects.filter(group_id__in=group_ids).order_by("id")
-                                 .values_list("id", "group_id", "transcript").iterator(chunk_size=500)):
-        prompt = prompts.get(gid)
-        bad = False
-        for v in versions:
-            if prompt is None:
-                out = rv.Scored(None, f"failed: the {env_name} environment cannot rebuild this group's prompt", False)
-            else:
-                out = rv.score_one(v.fn, v.params, prompt, transcript, timeout_s)
-            bad |= not out.ok
-            rows.append(ReplayScore(replay_id=replay.id, rollout_id=rid, component_id=v.component.id,
-                                    value=out.value if out.ok else v.fail_value, ok=out.ok, reason=out.reason))
-        failed += bad
+    with rv.deadlines():
+        for rid, gid, transcript in (Rollout.objects.filter(group_id__in=group_ids).order_by("id")
+                                     .values_list("id", "group_id", "transcript").iterator(chunk_size=500)):
+            prompt = prompts.get(gid)
+            bad = False
+            for v in versions:
+                if prompt is None:
+                    out = rv.Scored(None, f"failed: the {env_name} environment cannot rebuild this group's prompt",
+                                    False)
+                else:
+                    out = rv.score_one(v.fn, v.params, prompt, transcript, timeout_s)
+                bad |= not out.ok
+                rows.append((replay.id, rid, v.component.id, out.value if out.ok else v.fail_value, out.ok,
+                             out.reason))
+            failed += bad
     return rows, failed
+
+
+def write_scores(rows: list[ScoreRow]) -> None:
+    """Store score rows inside the caller's transaction: COPY on Postgres (no model instances: a fifth of
+    a chunk's time went to building them), bulk_create elsewhere."""
+    if connection.vendor != "postgresql":
+        ReplayScore.objects.bulk_create([ReplayScore(replay_id=r[0], rollout_id=r[1], component_id=r[2], value=r[3],
+                                                     ok=r[4], reason=r[5]) for r in rows], batch_size=5000)
+        return
+    with connection.wrap_database_errors, connection.cursor() as django_cur:
+        with django_cur.cursor.copy("COPY replays_replayscore (replay_id, rollout_id, component_id, value, ok, "
+                                    "reason) FROM STDIN") as cp:
+            for row in rows:
+                cp.write_row(row)
 
 
 def claim_chunk(replay_id: int, worker: str) -> ReplayChunk | None:
@@ -269,7 +288,7 @@ def process_chunk(replay: Replay, chunk: ReplayChunk, versions: list[_Version] |
             if not mine.update(status=ReplayChunk.Status.DONE, n_failed=failed,
                                seconds=time.perf_counter() - t0):
                 return  # declared stale and claimed by another worker meanwhile: its result counts, not ours
-            ReplayScore.objects.bulk_create(rows, batch_size=5000)
+            write_scores(rows)
             Replay.objects.filter(id=replay.id).update(done=F("done") + chunk.n_rollouts, failed=F("failed") + failed)
     except Exception as e:  # a failed chunk stores nothing: the transaction above rolled back whole
         log.exception("replay %s chunk %s failed", replay.id, chunk.index)
@@ -348,6 +367,8 @@ def advantage_settings(run: Run) -> dict[str, Any]:
 
 
 def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    if ids.size == 0:
+        return np.full(wanted.shape, -1, dtype=np.int64)
     order = np.argsort(ids, kind="stable")
     at = np.minimum(np.searchsorted(ids, wanted, sorter=order), max(ids.size - 1, 0))
     found = ids[order[at]] == wanted if ids.size else np.zeros(wanted.shape, dtype=bool)
