@@ -46,13 +46,14 @@ import inspect
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 from transformers import Trainer, TrainerCallback
 
 from training.common import numeric_metrics
 from training.rewards import REASON_PREFIX
-from training.sinks import BatchingSink, HttpSink, JsonlSink, Sink
+from training.sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sink
 
 KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"
@@ -228,6 +229,18 @@ class RolloutRecorder(TrainerCallback):
             write = getattr(self.sink, "write_settings", None)  # a caller's own sink may not take them
             if write is not None:
                 write(self.settings)
+            if getattr(args, "log_completions", False):
+                self._write_settings_file(args.output_dir)
+
+    def _write_settings_file(self, output_dir: str) -> None:
+        """Beside TRL's completions/ parquet files, so `import_rollouts --format trl` knows the reward
+        functions, weights and group size."""
+        try:
+            path = Path(output_dir) / SETTINGS_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.settings, indent=2), encoding="utf-8")
+        except OSError as e:  # never raise into training
+            logger.error("recorder: could not write %s: %s", SETTINGS_FILE, e)
 
     def _bind_from_stack(self) -> None:
         """`callbacks=[RolloutRecorder(...)]` gives the callback no trainer reference; the Trainer calling

@@ -39,6 +39,8 @@ from training.client import ApiError, Client
 
 logger = logging.getLogger(__name__)
 
+SETTINGS_FILE = "reward_settings.json"  # the recorder's settings, beside TRL's completions/ in an output_dir
+
 
 @runtime_checkable
 class Sink(Protocol):

@@ -314,3 +314,86 @@ def test_it_reads_nan_as_not_scored():
 
     obj = parse_json_object(b'{"score": NaN}')
     assert math.isnan(obj["score"]) and finite_or_none(obj["score"]) is None
+
+
+def test_it_keeps_the_recorders_log_extra_columns_out_of_the_components(tmp_path):
+    cols = trl_rows(0, ["A"], 2)
+    write_trl(tmp_path, 0, ["A"], g=2, **{"recorder/length": [12, 7], "recorder/truncated": [False, True],
+                                          "reason/correct": ["right", "wrong"]})
+    reader = open_reader("trl", tmp_path)
+    (g,), bad, _ = items(reader)
+    assert bad == [] and reader.sample_components() == ["correct", "format"]
+    r = g.record["rollouts"][1]
+    assert list(r["rewards"]) == ["correct", "format"] and r["state"]["extra"]["recorder/length"] == 7
+    assert "reward" not in r  # no weights known: the run's weights make the aggregate at ingestion
+    weighted = open_reader("trl", tmp_path, weights={"correct": 2.0, "format": -0.5})
+    (g,), _, _ = items(weighted)
+    assert g.record["rollouts"][1]["reward"] == pytest.approx(2.0 * cols["correct"][1] - 0.5 * cols["format"][1])
+
+
+def test_it_cleans_trl_text_as_the_recorders_sink_does(tmp_path):
+    from training.sinks import storable
+
+    prompt = [{"role": "user", "content": "draw\x00 it"}]
+    write_trl(tmp_path, 0, [prompt], g=2, completion=["a\x00b", "plain"])  # parquet cannot hold a lone surrogate
+    (g,), bad, _ = items(open_reader("trl", tmp_path))
+    assert bad == []
+    assert g.record["prompt"][0]["content"] == "draw\ufffd it"
+    assert [r["completion"] for r in g.record["rollouts"]] == [storable("a\x00b"), "plain"] == ["a\ufffdb", "plain"]
+
+
+def test_it_reads_the_recorders_settings_file_beside_the_completions(tmp_path):
+    write_trl(tmp_path, 0, ["A", "B"], g=2, completion=[f"c{i}" for i in range(4)], prompt=["A"] * 4)
+    (tmp_path / "reward_settings.json").write_text(json.dumps({"weights": {"correct": 3.0}, "group_size": 2,
+                                                                "scale_rewards": "batch"}))
+    reader = open_reader("trl", tmp_path / "completions")
+    groups, bad, _ = items(reader)
+    assert bad == [] and [len(g.record["rollouts"]) for g in groups] == [2, 2]  # one prompt drawn twice
+    assert reader.sample_components() == ["correct"]  # only the reward functions the trainer weighted
+    assert reader.settings()["scale_rewards"] == "batch"
+    (tmp_path / "reward_settings.json").write_text("[1, 2]")
+    with pytest.raises(ReaderError, match="reward_settings.json: must be a JSON object"):
+        open_reader("trl", tmp_path)
+
+
+@pytest.mark.slow
+def test_it_imports_a_real_trl_run_with_its_weights_groups_and_only_its_reward_functions(tiny_model, tmp_path):
+    """TRL's own completions parquet (log_completions) from a real GRPO run on the tiny model, with the
+    recorder attached: its log_extra columns are in the parquet, and one prompt is drawn twice per step."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from training.recorder import RolloutRecorder
+    from training.sinks import MemorySink
+
+    def distinct_chars(prompts, completions, **kwargs):
+        return [len(set(c)) / 40.0 for c in completions]
+
+    def has_digit(prompts, completions, **kwargs):
+        return [None if i % 4 == 0 else float(any(ch.isdigit() for ch in c)) for i, c in enumerate(completions)]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=8,  # 2 prompts x 4
+        max_completion_length=12, learning_rate=1e-3, logging_steps=1, max_steps=2,  # 2 steps: 2 parquet files
+        reward_weights=[2.0, -1.5], log_completions=True, use_cpu=True, bf16=False,
+        activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True, seed=0)
+    same = [{"prompt": "Draw a diagram:"}] * 8  # every step draws this prompt twice: 8 consecutive rows
+    trainer = GRPOTrainer(model=tiny_model, reward_funcs=[distinct_chars, has_digit], args=args,
+                          train_dataset=Dataset.from_list(same))
+    sink = MemorySink()
+    RolloutRecorder.attach(trainer, sink)
+    trainer.train()
+
+    reader = open_reader("trl", tmp_path / "out")
+    assert set(pq.read_schema(reader.files()[0]).names) >= {"recorder/length", "distinct_chars"}
+    groups, bad, _ = items(reader)
+    assert bad == [] and reader.sample_components() == ["distinct_chars", "has_digit"]
+    assert [len(g.record["rollouts"]) for g in groups] == [4] * 4  # split by G from the settings file
+    assert reader.settings()["weights"] == {"distinct_chars": 2.0, "has_digit": -1.5}
+    recorded = {(g["step"], r["completion"]): r for g in sink.groups for r in g["rollouts"]}
+    for g in groups:
+        for r in g.record["rollouts"]:
+            expected = recorded[(g.record["step"], r["completion"])]
+            assert r["reward"] == pytest.approx(expected["reward"], abs=1e-6)  # TRL's weighted sum
+            assert r["advantage"] == pytest.approx(expected["advantage"], abs=1e-6)
+            assert set(r["rewards"]) == {"distinct_chars", "has_digit"}

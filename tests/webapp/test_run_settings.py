@@ -152,3 +152,21 @@ def test_it_stops_at_a_bad_settings_header_naming_its_line_and_field(db, tmp_pat
         call_command("import_rollouts", path, run="imp", format="jsonl", components=["acc"], no_progress=True)
     run = Run.objects.get(name="imp")
     assert run.reward_settings == {} and Group.objects.filter(run=run).count() == 1  # the group before it
+
+
+def test_it_imports_trl_parquet_with_the_recorders_settings_and_a_nul(db, tmp_path):
+    from django.core.management import call_command
+
+    from tests.training.test_importers import trl_rows, write_trl
+
+    cols = trl_rows(0, ["A"], 2)
+    write_trl(tmp_path, 0, ["A"], g=2, completion=["a\x00b", "c"], **{"recorder/length": [3, 1]})
+    (tmp_path / "reward_settings.json").write_text(json.dumps(
+        {"weights": {"correct": 0.5, "format": 2.0}, "scale_rewards": "batch", "group_size": 2, "source": "trainer"}))
+    call_command("import_rollouts", str(tmp_path), run="trl-imp", format="trl", no_progress=True)
+    run = Run.objects.get(name="trl-imp")
+    assert run.reward_weights() == {"correct": 0.5, "format": 2.0}  # no recorder/length component
+    assert run.advantage_settings()["scale_rewards"] == "batch"
+    rows = list(Rollout.objects.filter(run=run).order_by("index").values_list("completion", "reward"))
+    assert rows[0][0] == "a\ufffdb"
+    assert [r for _, r in rows] == pytest.approx([0.5 * cols["correct"][i] + 2.0 * cols["format"][i] for i in (0, 1)])

@@ -34,10 +34,10 @@ READERS: dict[str, type[Reader]] = {
 
 
 def open_reader(fmt: str, path: str | Path, *, components: list[str] | None = None,
-                group_size: int | None = None) -> Reader:
+                group_size: int | None = None, weights: dict[str, float] | None = None) -> Reader:
     if fmt not in READERS:
         raise ReaderError(f"format: must be one of {', '.join(READERS)}, got {fmt!r}")
-    return READERS[fmt](Path(path), components=components, group_size=group_size)
+    return READERS[fmt](Path(path), components=components, group_size=group_size, weights=weights)
 
 
 __all__ = ["READERS", "BadRecord", "GroupItem", "Item", "MetricsItem", "Reader", "ReaderError", "RecordError",

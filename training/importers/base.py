@@ -111,6 +111,7 @@ class Reader(ABC):
     path: Path
     components: list[str] | None = None
     group_size: int | None = None  # when given, groups of another size are bad records
+    weights: dict[str, float] | None = None  # the trainer's reward weights by component, when the user gives them
     format: str = field(default="", init=False)
     grouping: str = field(default="", init=False)  # how the grouping was inferred, stored on the run
     advantage: str = field(default="", init=False)  # where the advantages come from
@@ -123,6 +124,18 @@ class Reader(ABC):
             raise ReaderError("group_size: must be a positive integer")
         if self.components is not None:
             self.components = [component_name(c) for c in self.components]
+        if self.weights is not None:
+            self.weights = {component_name(k): float(v) for k, v in self.weights.items()}
+
+    def settings(self) -> dict[str, Any] | None:
+        """The reward settings the trainer used, as far as the dump or the user says (the run's
+        reward_settings shape); the import applies them before the first group. None: nothing known."""
+        out: dict[str, Any] = {}
+        if self.weights:
+            out["weights"] = dict(self.weights)
+        if self.group_size is not None:
+            out["group_size"] = self.group_size
+        return out or None
 
     @abstractmethod
     def files(self) -> list[Path]:
@@ -270,20 +283,28 @@ def split_numbers(values: dict[str, Any], components: list[str] | None) -> tuple
     return rewards, rest
 
 
-def fill_advantages(rollouts: list[dict[str, Any]]) -> str:
+def fill_advantages(rollouts: list[dict[str, Any]], *, eps: float = stats.EPS, scale: bool = True) -> str:
     """Give every rollout an advantage when the source has none: the GRPO advantage of the aggregate
-    reward inside the group, (r - mean) / (std + 1e-4), through training/stats (TRL's formula).
-    Returns "given" or "computed". Raises RecordError when only some rollouts carry one."""
+    reward inside the group, (r - mean) / (std + eps), through training/stats (TRL's formula; verl's
+    with eps 1e-6, and no division when `scale` is False). Returns "given" or "computed". Raises
+    RecordError when only some rollouts carry one."""
     given = sum(r.get("advantage") is not None for r in rollouts)
     if given == len(rollouts):
         return "given"
     if given:
         raise RecordError(f"advantage: given for {given} of the group's {len(rollouts)} rollouts; give all or none")
     rewards = np.array([np.nan if r.get("reward") is None else r["reward"] for r in rollouts], dtype=np.float64)
-    result = stats.compute_advantages(rewards[:, None], [1.0], np.zeros(len(rollouts), dtype=np.int64))
+    result = stats.compute_advantages(rewards[:, None], [1.0], np.zeros(len(rollouts), dtype=np.int64),
+                                      scale_rewards="group" if scale else "none", eps=eps)
     for r, a in zip(rollouts, result.advantages.tolist()):
         r["advantage"] = a
     return "computed"
+
+
+def weighted_reward(rewards: dict[str, float | None], weights: dict[str, float]) -> float | None:
+    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None when none did."""
+    scored = [(v, weights.get(k, 0.0)) for k, v in rewards.items() if v is not None]
+    return float(sum(v * w for v, w in scored)) if scored else None
 
 
 def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:

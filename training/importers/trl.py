@@ -11,11 +11,20 @@ Columns, from TRL 1.16's `GRPOTrainer.log` (trl/trainer/grpo_trainer.py):
     advantage   the advantage TRL computed for the row
 
 No group id is written. TRL lays out the G = num_generations completions of a prompt consecutively,
-so a group is a run of consecutive rows with the same prompt at the same step (split into runs of
-`group_size` rows when a prompt was drawn twice in a row and the size is given). A group is complete
-when the prompt changes or the file ends. Reward columns are told apart from `log_extra` columns by
-type (numeric, not bool) unless `components` names them; every other column goes into the rollout's
-state. Advantages are TRL's own.
+so a group is a run of consecutive rows with the same prompt at the same step, split into runs of
+G rows when a prompt was drawn twice in a row. A group is complete when the prompt changes or the
+file ends. Advantages are TRL's own.
+
+The trainer's settings: the RolloutRecorder writes `reward_settings.json` (sinks.SETTINGS_FILE) into
+the output_dir at train start when `log_completions` is on; this reader looks for it beside and above
+the parquet files. From it come the reward functions (only they are components: every other column,
+e.g. a `log_extra` column, goes into the rollout's state), their weights (each rollout's aggregate is
+TRL's weighted sum) and G. Without the file: `components`, `weights` and `group_size` given by the
+user, else the numeric columns that are not the recorder's own log_extra columns (prefixes
+`recorder/` and `reason/`), weights from the run, and no splitting of a repeated prompt.
+
+Text is cleaned exactly as the recorder's sinks clean it (`sinks.storable`: NUL and lone surrogates
+become U+FFFD), so a completion the recorder would have stored is stored by the import too.
 
 TRL keeps the last generation batch between logging steps (`_logs` is a deque, not cleared), so with
 `steps_per_generation > 1` consecutive files can hold the same rows under different steps: a file
@@ -51,9 +60,12 @@ from training.importers.base import (
     is_number,
     prompt_value,
     stable_hash,
+    weighted_reward,
 )
+from training.sinks import SETTINGS_FILE, storable
 
 KNOWN = ("step", "prompt", "completion", "advantage")
+RECORDER_EXTRA = ("recorder/", "reason/")  # the RolloutRecorder's log_extra columns: never reward functions
 ROWS_PER_BATCH = 1024  # parquet rows decoded at a time: memory stays flat whatever the file size
 _STEP_IN_NAME = re.compile(r"completions_(\d+)\.parquet$")
 
@@ -67,6 +79,18 @@ class TRLReader(Reader):
                          "(TRL log_completions parquet has no group id)")
         self.advantage = "given: TRL's advantage column"
         self.duplicates: list[str] = []  # files skipped as a repeat of the previous generation batch
+        self.settings_file, self._settings = _find_settings(self.path)
+        found = self._settings or {}
+        if self.weights is None and isinstance(found.get("weights"), dict):
+            self.weights = {component_name(k): float(v) for k, v in found["weights"].items() if is_number(v)}
+        if self.group_size is None and isinstance(found.get("group_size"), int) and found["group_size"] > 0:
+            self.group_size = found["group_size"]
+
+    def settings(self) -> dict[str, Any] | None:
+        """The recorder's settings file, with what the user gave winning over it."""
+        own = super().settings() or {}
+        merged = {**(self._settings or {}), **own}
+        return merged or None
 
     def files(self) -> list[Path]:
         if self.path.is_file():
@@ -79,9 +103,11 @@ class TRLReader(Reader):
         return found
 
     def component_columns(self, schema: pa.Schema) -> list[str]:
-        if self.components is not None:
-            return [c for c in schema.names if c not in KNOWN and component_name(c) in set(self.components)]
-        return [f.name for f in schema if f.name not in KNOWN and _is_numeric(f.type)]
+        named = self.components if self.components is not None else list(self.weights or {}) or None
+        if named is not None:  # the reward functions are known: nothing else is a component
+            return [c for c in schema.names if c not in KNOWN and component_name(c) in set(named)]
+        return [f.name for f in schema
+                if f.name not in KNOWN and _is_numeric(f.type) and not f.name.startswith(RECORDER_EXTRA)]
 
     def sample_components(self, limit: int = 200) -> list[str]:
         names: dict[str, None] = {}
@@ -172,7 +198,7 @@ class TRLReader(Reader):
             self._seen[run_key] = n + 1
             key = f"p-{phash}" if n == 0 else f"p-{phash}#{n}"
             rollouts = [{"index": i, **row["rollout"]} for i, (_, row) in enumerate(chunk)]
-            record = {"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts}
+            record = storable({"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts})
             yield GroupItem(record, name, chunk[0][0], [r for r, _ in chunk])
 
     def _rollout(self, rec: dict[str, Any], comps: list[str], extras: list[str]) -> dict[str, Any]:
@@ -186,6 +212,8 @@ class TRLReader(Reader):
                 raise RecordError(f"{c}: must be a number, got {type(v).__name__}")
             rewards[component_name(c)] = finite_or_none(v)
         rollout["rewards"] = rewards
+        if self.weights:
+            rollout["reward"] = weighted_reward(rewards, self.weights)
         adv = rec.get("advantage")
         if adv is not None:
             if not is_number(adv):
@@ -195,6 +223,23 @@ class TRLReader(Reader):
         if extra:
             rollout["state"] = {"extra": json.loads(json.dumps(extra, default=str))}  # JSON-safe (dates, bytes)
         return rollout
+
+
+def _find_settings(path: Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The recorder's settings file in the output_dir: beside the parquet files or up to two folders above
+    (output_dir/completions/completions_N.parquet). A file that is not a JSON object is named in the error."""
+    start = path.parent if path.is_file() else path
+    for folder in (start, start.parent, start.parent.parent):
+        candidate = folder / SETTINGS_FILE
+        if candidate.is_file():
+            try:
+                data = json.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise ReaderError(f"{candidate}: not a JSON settings file ({e})") from None
+            if not isinstance(data, dict):
+                raise ReaderError(f"{candidate}: must be a JSON object of reward settings")
+            return candidate, data
+    return None, None
 
 
 def _is_numeric(t: pa.DataType) -> bool:

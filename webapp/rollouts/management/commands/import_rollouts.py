@@ -81,6 +81,10 @@ class Importer:
     def run_import(self, progress: Any = None) -> ImportStats:
         groups: list[GroupItem] = []
         metrics: list[MetricsItem] = []
+        known = self.reader.settings()  # the trainer's settings found beside the dump, or given by the user
+        if known:
+            where = getattr(self.reader, "settings_file", None) or "--weights/--group-size"
+            self._settings(SettingsItem(known, str(where), None))
         for item in self.reader.read(progress):
             if isinstance(item, BadRecord):
                 self._bad(item.where(), item.message, item.records)
@@ -243,6 +247,23 @@ def _names(raw: str) -> list[str]:
     return names
 
 
+def _weights(raw: str) -> dict[str, float]:
+    """--weights correct=1,format=0.5 -> {"correct": 1.0, "format": 0.5}."""
+    out = {}
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        name, eq, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not eq or not name.strip() or weight != weight or weight in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected name=number, comma-separated; got {part!r}")
+        out[name.strip()] = weight
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one name=weight")
+    return out
+
+
 class Command(BaseCommand):
     help = "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) into a run."
 
@@ -259,11 +280,15 @@ class Command(BaseCommand):
         parser.add_argument("--batch-groups", type=_positive, default=200, help="groups per transaction")
         parser.add_argument("--group-size", type=_positive,
                             help="expected rollouts per group (num_generations); splits repeated prompts")
+        parser.add_argument("--weights", type=_weights,
+                            help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
+                                 "reward_settings.json in the output_dir gives them)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handle(self, *args: Any, **o: Any) -> None:
         try:
-            reader = open_reader(o["format"], o["file"], components=o["components"], group_size=o["group_size"])
+            reader = open_reader(o["format"], o["file"], components=o["components"], group_size=o["group_size"],
+                                 weights=o["weights"])
             reader.files()  # a folder without files of the format fails here, before a run is created
         except ReaderError as e:
             raise CommandError(str(e)) from None
