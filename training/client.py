@@ -72,17 +72,29 @@ class Client:
         return self._request("GET", "/api/v1/runs/")["runs"]
 
     def find_run(self, name: str) -> dict[str, Any] | None:
-        """The newest run with this name, or None."""
-        return next((r for r in self.list_runs() if r["name"] == name), None)
+        """The newest run with this name, or None (the server filters by name: any age)."""
+        q = urllib.parse.urlencode({"name": name})
+        return next((r for r in self._request("GET", f"/api/v1/runs/?{q}")["runs"] if r["name"] == name), None)
 
     def create_run(self, name: str, environment: str, components: list[str | dict[str, Any]] | None = None,
-                   config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "") -> int:
+                   config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "",
+                   reward_settings: dict[str, Any] | None = None) -> int:
         """Create a run (and its environment, or the components it lacks). `components` are names or
-        {"name", "weight", "kind", "min_value", "max_value", "description"}. Returns the run id."""
+        {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here is this
+        run's weight even when the environment exists with another. `reward_settings` may add
+        scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`). Returns the run id."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
-        body = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
-                "environment": {"name": environment, "components": comps}}
+        body: dict[str, Any] = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
+                                "environment": {"name": environment, "components": comps}}
+        if reward_settings:
+            body["reward_settings"] = reward_settings
         return int(self._request("POST", "/api/v1/runs/", body, idempotent=False)["id"])
+
+    def post_settings(self, run_id: int, settings: dict[str, Any]) -> dict[str, Any]:
+        """Store the reward settings a trainer trains with: {"weights": {component: w}, "scale_rewards",
+        "aggregation", "advantage_epsilon", "group_size", "trainer": {name: scalar}, "source"}. They win
+        over the run's; returns {"reward_settings": merged, "changed": [one line per value replaced]}."""
+        return self._request("POST", f"/api/v1/runs/{run_id}/settings/", settings)
 
     def finish(self, run_id: int) -> dict[str, Any]:
         return self._request("POST", f"/api/v1/runs/{run_id}/finish/")
