@@ -20,7 +20,10 @@ nothing here returns NaN. Notes are written by the parent only.
 * one size-limited tmpfs, `/sandbox`, as the working folder (`/tmp` points to it), and a tiny
   `/dev/shm`;
 * new user, PID, network, IPC, UTS (and cgroup, where the kernel allows) namespaces, no further user
-  namespaces, `--cap-drop ALL`, a new session, `--die-with-parent`;
+  namespaces, `--cap-drop ALL`, a new session, `--die-with-parent`, a read-only `/proc`;
+* never host root: as root, bwrap itself runs as a dedicated random uid per run (the interpreter is
+  hard-linked into a root-owned /var/tmp folder when that uid cannot reach it, e.g. a pyenv under
+  /root); otherwise it runs as the caller. Inside, the code is "nobody" (65534);
 * a seccomp filter (`SECCOMP_DENY` below): no keyrings, memfd, SysV shm, mounts, namespaces, ptrace,
   bpf, io_uring...; and no new processes at all: `clone` only with CLONE_THREAD, so a submission is one
   process and its threads;
@@ -153,13 +156,12 @@ def _run(code: str, func_name: str, tests: Sequence[tuple[Sequence[Any], Any]], 
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap not installed (apt-get install bubblewrap)")
-    runtime = _runtime(os.path.realpath(python))
+    version_note = _bwrap_note(bwrap)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if os.geteuid() == 0 else None
-    if uid is not None:
-        runtime = _for_others(runtime)
+    runtime = _sandbox_runtime(python, uid)
     payload = json.dumps({"code": code, "func_name": func_name, "inputs": [list(args) for args, _ in tests],
                           "rlimits": limits.rlimits()})
-    notes = [_bwrap_note(bwrap), *runtime.notes, _uid_note(uid)]
+    notes = [version_note, *runtime.notes, _uid_note(uid)]
     # Parent-only files: the child reaches them through inherited fds, never by path (0711: bwrap, run
     # as the sandbox uid, may traverse it to bind the empty file, but not list it).
     base = Path(tempfile.mkdtemp(prefix="sandbox-"))
@@ -196,6 +198,18 @@ class _Runtime:
 _PROBE = ("import sys, sysconfig, json; print(json.dumps({'prefix': sys.base_prefix, 'stdlib': "
           "sysconfig.get_paths()['stdlib'], 'dynload': [p for p in sys.path if p.endswith('lib-dynload')], "
           "'version': '%d.%d' % sys.version_info[:2]}))")
+
+
+def _sandbox_runtime(python: str, uid: int | None) -> _Runtime:
+    for _ in range(2):
+        runtime = _runtime(os.path.realpath(python))
+        if uid is not None:
+            runtime = _for_others(runtime)
+        if all(os.path.exists(host) for host, _ in runtime.binds):
+            return runtime
+        _runtime.cache_clear()  # an upgrade or a /var/tmp clean-up moved files under the cache: look again
+        _for_others.cache_clear()
+    raise SandboxUnavailable(f"the runtime files of {python} keep disappearing")
 
 
 @functools.lru_cache(maxsize=8)
@@ -246,11 +260,18 @@ def _shared_libraries(objects: list[str]) -> tuple[dict[str, str], str]:
     return libs, loader
 
 
+_BWRAP_MIN = (0, 8, 0)  # --disable-userns, and --size for tmpfs (Debian 12 ships 0.8.0)
+
+
 @functools.lru_cache(maxsize=4)
 def _bwrap_note(bwrap: str) -> str:
-    version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-    return (f"{version or 'bubblewrap'}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user "
-            "namespaces, no capabilities, new session, dies with its parent, read-only /proc")
+    """Also the version check: an older bwrap cannot size the tmpfs, so it is refused, not used."""
+    out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    found = tuple(int(x) for x in re.findall(r"\d+", out)[:3])
+    if found < _BWRAP_MIN:
+        raise SandboxUnavailable(f"bubblewrap >= {'.'.join(map(str, _BWRAP_MIN))} needed, found {out!r}")
+    return (f"{out}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user namespaces, "
+            "no capabilities, new session, dies with its parent, read-only /proc")
 
 
 def _uid_note(uid: int | None) -> str:

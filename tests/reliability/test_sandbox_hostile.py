@@ -72,7 +72,11 @@ class Host:
             return None
         payload = SECRET.encode()
         kid = _libc().syscall(ADD_KEY, b"user", self.key_desc.encode(), payload, len(payload), -3)
-        return kid if kid > 0 else None  # keyctl may be filtered in this container: nothing to steal then
+        if kid <= 0:
+            return None  # keyctl may be filtered in this container: nothing to steal then
+        # Control: outside the sandbox the key is found through the session keyring bwrap inherits.
+        assert _libc().syscall(KEYCTL, 10, -3, b"user", self.key_desc.encode(), 0) == kid
+        return kid
 
     def ctx(self, parent_pid: int) -> dict[str, object]:
         return {"PORT": self.tcp.getsockname()[1], "UNIX_PATH": self.unix_path, "ABSTRACT": self.abstract,

@@ -276,6 +276,16 @@ def test_it_refuses_to_run_without_bubblewrap(monkeypatch, tmp_path):
     assert r.error.startswith("sandbox unavailable: bubblewrap not installed")
 
 
+def test_it_refuses_a_bubblewrap_too_old_to_size_its_tmpfs(monkeypatch, tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho bubblewrap 0.6.1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = run_tests(ADD, "add", ADD_TESTS)
+    assert (r.passed, r.fraction) == (0, 0.0)
+    assert r.error == "sandbox unavailable: bubblewrap >= 0.8.0 needed, found 'bubblewrap 0.6.1'"
+
+
 def test_it_scores_a_harness_bug_as_a_failure_instead_of_raising(monkeypatch):
     def broken(exe):
         raise RuntimeError("ldd exploded")
