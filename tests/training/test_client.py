@@ -59,6 +59,15 @@ def test_it_creates_a_run_posts_and_reads_it_back(api):
     assert finished["status"] == "succeeded"
 
 
+def test_it_finds_a_run_by_name_however_old_it_is(api):
+    from webapp.runs.models import Run
+
+    old_id = api.create_run("old-run", environment="client-env", components=["correct"])
+    Run.objects.bulk_create([Run(name=f"newer-{i}") for i in range(501)])  # past the list's 500 newest
+    assert api.find_run("old-run")["id"] == old_id
+    assert api.find_run("nope") is None and api.find_run("newer-3")["name"] == "newer-3"
+
+
 def test_it_iterates_rollouts_across_pages_following_the_cursor(api):
     run_id = api.create_run("paged", environment="paged-env", components=["correct", "format"])
     api.post_groups(run_id, [group(s, f"k{s}", [0.1 * s, 0.05 * s + 0.3]) for s in range(5)])
