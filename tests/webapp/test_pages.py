@@ -152,7 +152,7 @@ def test_it_charts_reward_components_and_zero_std_per_step(client_as, seeded):
     figs = _figures(resp)
     assert figs["reward"]["data"][2]["x"] == [0, 1, 2]
     # each step: 3 groups, two of them (tied, unscorable) have zero std
-    assert figs["zero-std"]["data"][0]["y"] == pytest.approx([2 / 3] * 3)
+    assert figs["zero-std"]["data"][0]["y"] == pytest.approx([2 / 3] * 3, rel=1e-4)  # charts keep 5 digits
     std_traces = {t["name"]: t for t in figs["std-0"]["data"]}
     assert "within-group std (mean over groups)" in std_traces
     assert any(name.startswith("batch std") for name in std_traces)
@@ -311,7 +311,8 @@ def test_it_escapes_and_truncates_the_preview(client_as, run):
     ingest_groups(run, {"groups": [g]})
     body = client_as("viewer").get(reverse("rollouts-explorer", args=[run.id])).content.decode()
     assert "<script>window.__pwned" not in body and "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in body
-    assert re.search(r"padding( pad\w*)?…</a>", body)
+    # A long transcript shows its head and its tail (the stored preview), not the middle.
+    assert re.search(r"&lt;/textarea&gt;( padding)+ … (padding )+padding</a>", body)
 
 
 def test_it_hides_the_label_filter_until_labels_exist(client_as, seeded):

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from training import stats
-from webapp.rollouts import packed
+from webapp.rollouts import packed, text
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.runs.models import Run
 
@@ -53,6 +53,8 @@ class _Rollout:
     finish_reason: str
     parse_error: str
     state: Any
+    summary: text.TextSummary | None = None  # preview columns, set once the batch is valid
+    search_text: str = ""
 
 
 @dataclass
@@ -315,6 +317,10 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
         raise IngestError(errs.items)
     for group in groups:
         group.prompt_text = _flatten_prompt(group.prompt)
+        for r in group.rollouts:
+            r.summary = text.summarize(r.transcript, group.prompt)
+            r.search_text = text.search_document(group.prompt_text, group.prompt, r.transcript,
+                                                 [reason for _, reason in r.rewards.values()])
     return groups
 
 
@@ -471,6 +477,12 @@ class _OrmWriter:
                         finish_reason=r.finish_reason,
                         parse_error=r.parse_error,
                         state=r.state,
+                        preview_head=r.summary.head,
+                        preview_tail=r.summary.tail,
+                        n_turns=r.summary.turns,
+                        n_tool_calls=r.summary.tool_calls,
+                        text_chars=r.summary.chars,
+                        search_text=r.search_text,
                     )
                 )
         Rollout.objects.bulk_create(rollouts, batch_size=500)
@@ -548,7 +560,8 @@ class _CopyWriter:
                     cp.write_row([row[k] for k in g_cols])
             reward, advantage, matrix = c["reward"].tolist(), c["advantage"].tolist(), c["matrix"].tolist()
             r_cols = ("id", "group_id", "run_id", "step", "split", "index", "transcript", "completion", "reward",
-                      "advantage", "length", "truncated", "finish_reason", "parse_error", "state")
+                      "advantage", "length", "truncated", "finish_reason", "parse_error", "state", "preview_head",
+                      "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text")
             score_rows = []
             comp_ids = [comp.id for comp in comps]
             names = [comp.name for comp in comps]
@@ -559,11 +572,13 @@ class _CopyWriter:
                     for r in g.rollouts:
                         rid = rollout_ids[i]
                         rw, adv = reward[i], advantage[i]
+                        sm = r.summary
                         cp.write_row((
                             rid, group_ids[gi], run_id, g.step, g.split, r.index, dumps(r.transcript),
                             r.completion, None if rw != rw else rw, None if adv != adv else adv, r.length,
                             r.truncated, r.finish_reason, r.parse_error,
                             None if r.state is None else dumps(r.state),
+                            sm.head, sm.tail, sm.turns, sm.tool_calls, sm.chars, r.search_text,
                         ))
                         vals = matrix[i]
                         rewards = r.rewards

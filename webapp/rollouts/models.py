@@ -114,6 +114,21 @@ class Rollout(models.Model):
     finish_reason = models.CharField(max_length=50, blank=True)
     parse_error = models.TextField(blank=True)
     state = models.JSONField(null=True, blank=True)  # environment state, e.g. the diagram canvas
+    # Built at ingest by webapp/rollouts/text.py, so list pages never read the transcript (often 10-200 KB).
+    # Database defaults too: a raw COPY without them (a restore, a bench floor) still stores the row.
+    preview_head = models.TextField(blank=True, default="", db_default="")  # first 300 chars of agent text
+    preview_tail = models.TextField(blank=True, default="", db_default="")  # last 300 ("" when head has all)
+    n_turns = models.IntegerField(default=0, db_default=0)  # assistant messages
+    n_tool_calls = models.IntegerField(default=0, db_default=0)
+    text_chars = models.IntegerField(default=0, db_default=0)  # characters of visible agent text
+    # Prompt + every message (tool calls and results) + reward reasons, whitespace collapsed. Postgres:
+    # a pg_trgm GIN index on UPPER(search_text) (migration 0007; docs/performance.md says why trigram).
+    search_text = models.TextField(blank=True, default="", db_default="")
+
+    # What list pages (explorer, group, queues, exports listings) load: never transcript, state, search_text.
+    LIST_FIELDS = ("id", "group", "run", "step", "split", "index", "completion", "reward", "advantage",
+                   "length", "truncated", "finish_reason", "parse_error", "preview_head", "preview_tail",
+                   "n_turns", "n_tool_calls", "text_chars")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["group", "index"], name="rollout_unique_index")]

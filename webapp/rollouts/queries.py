@@ -15,9 +15,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
+from django.db.models.functions import Greatest, Length, StrIndex, Substr, Upper
+from django.utils.safestring import SafeString
 
 from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchError, SearchQuery, highlight, parse_query
 from webapp.runs.models import Run
 
 BUILTIN_SORTS = ("reward", "advantage", "length", "step")
@@ -39,7 +42,8 @@ class ExplorerQuery:
     step_max: int | None = None
     split: str | None = None
     zero_std_only: bool = False
-    text: str = ""
+    text: str = ""  # the search query as typed (q=)
+    search: SearchQuery | None = None  # parsed from `text` (webapp/rollouts/text.py)
     ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # component -> (lo, hi)
     label: str | None = None  # annotation label slug (the annotations app interprets it)
     annotated: bool | None = None
@@ -62,7 +66,11 @@ class ExplorerQuery:
         if q.split not in (None, "train", "holdout"):
             raise QueryError("split", "must be train or holdout")
         q.zero_std_only = params.get("zero_std") in ("1", "true", "on")
-        q.text = (params.get("q") or "")[:200]
+        q.text = params.get("q") or ""
+        try:
+            q.search = parse_query(q.text)
+        except SearchError as e:
+            raise QueryError("q", str(e)) from None
         for name in components:
             lo, hi = _float_param(params, f"min_{name}"), _float_param(params, f"max_{name}")
             if lo is not None or hi is not None:
@@ -187,6 +195,7 @@ class ExplorerRow:
     sort_value: float | None
     values: dict[str, float | None]  # every component's value (None: not scored / unscorable)
     group_std: float | None  # the group's within-group std of the sorted component (or of the reward)
+    snippet: SafeString | None = None  # search only: escaped text around the match, terms in <mark>
 
 
 @dataclass
@@ -208,8 +217,13 @@ def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], pref
         cond &= Q(**{f"{prefix}split": q.split})
     if q.zero_std_only:
         cond &= Q(**{f"{prefix}group__zero_std": True})
-    if q.text:
-        cond &= Q(**{f"{prefix}completion__icontains": q.text})
+    if q.search is not None:
+        # Case-insensitive substrings of the whole rollout's search text. Postgres: UPPER(...) LIKE, which
+        # the trigram GIN index on UPPER(search_text) serves; SQLite: a scan (the demo's size).
+        for term in q.search.include:
+            cond &= Q(**{f"{prefix}search_text__icontains": term})
+        for term in q.search.exclude:
+            cond &= ~Q(**{f"{prefix}search_text__icontains": term})
     return cond
 
 
@@ -248,16 +262,35 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
         hits = keyset_fetch(qs, q.sort, "id", q.order, q.cursor, q.limit + 1)
     more = len(hits) > q.limit
     hits = hits[: q.limit]
-    rows = _hydrate(hits, comps_list, comps.get(q.sort))
+    rows = _hydrate(hits, comps_list, comps.get(q.sort), q.search)
     next_cursor = encode_cursor(hits[-1][1], hits[-1][0]) if more and hits else None
     return ExplorerPage(rows=rows, next_cursor=next_cursor, components=comps_list)
 
 
+def _list_rollouts(ids: list[int], search: SearchQuery | None) -> dict[int, Rollout]:
+    """The page's rollouts with the list columns only (never transcript, state or search text); for a
+    search, the database cuts a snippet around the first match of the most specific term."""
+    qs = Rollout.objects.only(*Rollout.LIST_FIELDS)
+    if search is not None:
+        pos = StrIndex(Upper("search_text"), Value(search.first.upper()))
+        qs = qs.annotate(match_at=pos, doc_chars=Length("search_text")).annotate(
+            snippet_from=Greatest(F("match_at") - SNIPPET_BEFORE, Value(1)),
+        ).annotate(snippet_text=Substr("search_text", F("snippet_from"), SNIPPET_CHARS))
+    return qs.in_bulk(ids)
+
+
+def _snippet(r: Rollout, search: SearchQuery | None) -> SafeString | None:
+    if search is None:
+        return None
+    return highlight(r.snippet_text, search, r.snippet_from > 1, r.snippet_from + SNIPPET_CHARS - 1 < r.doc_chars)
+
+
 def _hydrate(
-    hits: list[tuple[int, Any]], comps: list[RewardComponent], sorted_comp: RewardComponent | None
+    hits: list[tuple[int, Any]], comps: list[RewardComponent], sorted_comp: RewardComponent | None,
+    search: SearchQuery | None = None,
 ) -> list[ExplorerRow]:
     ids = [h[0] for h in hits]
-    by_id = Rollout.objects.in_bulk(ids)
+    by_id = _list_rollouts(ids, search)
     values: dict[int, dict[str, float | None]] = {i: {} for i in ids}
     names = {c.id: c.name for c in comps}
     scores = RewardScore.objects.filter(rollout_id__in=ids).values_list("rollout_id", "component_id", "value")
@@ -275,7 +308,8 @@ def _hydrate(
 
         stds = dict(Group.objects.filter(id__in=group_ids).values_list("id", "reward_std"))
     return [
-        ExplorerRow(rollout=by_id[rid], sort_value=v, values=values[rid], group_std=stds.get(by_id[rid].group_id))
+        ExplorerRow(rollout=by_id[rid], sort_value=v, values=values[rid], group_std=stds.get(by_id[rid].group_id),
+                    snippet=_snippet(by_id[rid], search))
         for rid, v in hits
         if rid in by_id
     ]

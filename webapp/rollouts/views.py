@@ -37,6 +37,7 @@ from webapp.rollouts.templatetags.rollout_tags import bar, preview
 from webapp.runs.models import Run
 
 NO_SIGNAL_PAGE = 50
+FOLD_CHARS, FOLD_HEAD = 3000, 1200  # messages longer than FOLD_CHARS show FOLD_HEAD characters, then unfold
 
 
 def _is_partial(request: HttpRequest) -> bool:
@@ -90,7 +91,8 @@ def _table_rows(page: Any, components: list[RewardComponent], q: ExplorerQuery, 
     for row in page.rows:
         r = row.rollout
         rows.append({
-            "id": r.id, "step": r.step, "holdout": r.split == "holdout", "preview": preview(r.completion),
+            "id": r.id, "step": r.step, "holdout": r.split == "holdout", "preview": _preview(r),
+            "snippet": row.snippet, "turns": r.n_turns, "tool_calls": r.n_tool_calls,
             "reward": r.reward, "advantage": r.advantage, "length": r.length, "group_std": row.group_std,
             "zero_group": row.group_std is not None and row.group_std <= ZERO_STD_ATOL,
             "sort_value": "" if row.sort_value is None else row.sort_value,
@@ -98,6 +100,14 @@ def _table_rows(page: Any, components: list[RewardComponent], q: ExplorerQuery, 
             "bars": [(c.name == q.sort, bar(row.values.get(c.name), c)) for c in components],
         })
     return rows
+
+
+def _preview(r: Rollout) -> str:
+    """Head … tail of the stored preview (plain text: the template escapes it)."""
+    if r.preview_tail:
+        head, tail = r.preview_head[:101].rsplit(" ", 1)[0], r.preview_tail[-101:].split(" ", 1)[-1]
+        return f"{head} … {tail}"  # whole words; stored as one line already
+    return preview(r.preview_head or r.completion)
 
 
 def _sort_links(q: ExplorerQuery, components: list[RewardComponent]) -> dict[str, dict[str, str]]:
@@ -139,7 +149,8 @@ def group_view(request: HttpRequest, group_id: int) -> HttpResponse:
     require_role(request, "viewer")
     group = get_object_or_404(Group.objects.select_related("run", "run__environment"), id=group_id)
     components = run_components(group.run)
-    rollouts = sorted(group.rollouts.defer("state"), key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index))
+    rollouts = sorted(group.rollouts.only(*Rollout.LIST_FIELDS),
+                      key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index))
     scores = _scores_by_rollout([r.id for r in rollouts])
     values = {r.id: {cid: s.value for cid, s in scores[r.id].items()} for r in rollouts}
     stats = {s.component_id: s for s in GroupComponentStat.objects.filter(group=group)}
@@ -291,8 +302,11 @@ def _messages(transcript: Any) -> list[dict[str, Any]]:
             calls.append({"name": str(fn.get("name", "")) if isinstance(fn, dict) else "",
                           "arguments": fn.get("arguments", fn) if isinstance(fn, dict) else call,
                           "id": str(call.get("id", "")) if isinstance(call, dict) else ""})
-        content = m.get("content")
-        out.append({"role": str(m.get("role", "")), "content": content if isinstance(content, str) else "",
+        content = m.get("content") if isinstance(m.get("content"), str) else ""
+        # A long message (a tool result of a whole file or log) shows its head; the rest unfolds.
+        folded = len(content) > FOLD_CHARS
+        out.append({"role": str(m.get("role", "")), "content": content[:FOLD_HEAD] if folded else content,
+                    "rest": content[FOLD_HEAD:] if folded else "", "rest_chars": len(content) - FOLD_HEAD,
                     "name": str(m.get("name") or m.get("tool_call_id") or ""), "tool_calls": calls})
     return out
 
@@ -300,7 +314,8 @@ def _messages(transcript: Any) -> list[dict[str, Any]]:
 @require_safe
 def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
     require_role(request, "viewer")
-    rollout = get_object_or_404(Rollout.objects.select_related("group", "run", "run__environment"), id=rollout_id)
+    rollout = get_object_or_404(Rollout.objects.select_related("group", "run", "run__environment")
+                                .defer("search_text"), id=rollout_id)
     run, group = rollout.run, rollout.group
     components = run_components(run)
     scores = _scores_by_rollout([rollout.id])[rollout.id]

@@ -1,0 +1,151 @@
+"""What a rollout shows on list pages and what search reads, built once at ingest.
+
+- The preview: the first and last PREVIEW_CHARS characters of the transcript's visible agent text
+  (every message after the prompt: assistant text, tool calls as `name(arguments)`, tool results), the
+  number of agent turns (assistant messages), tool calls and visible characters. List pages read these
+  columns, never the transcript or the state (Rollout.LIST_FIELDS).
+- The search document: the prompt, every message of the transcript (tool-call arguments and tool
+  results included) and the reward reasons, as one text column (Rollout.search_text). Postgres indexes
+  it with a pg_trgm GIN index (docs/performance.md says why not tsvector); SQLite scans it.
+
+A search query is parsed here, the same way for both databases: words and "quoted phrases" must all
+occur (case-insensitive substrings), -word must not. Highlighting escapes every piece of model text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+PREVIEW_CHARS = 300
+PROMPT_ROLES = ("system", "user", "developer")
+MAX_QUERY_CHARS = 1000  # past this a query is refused (400): every term is an index probe
+MAX_TERMS = 12
+MIN_TERM_CHARS = 3  # a trigram index cannot serve shorter words
+SNIPPET_BEFORE, SNIPPET_CHARS = 40, 200  # the match stays visible in a one-line table cell
+
+
+@dataclass(frozen=True)
+class TextSummary:
+    head: str
+    tail: str
+    turns: int
+    tool_calls: int
+    chars: int
+
+
+def _arguments(call: Any) -> tuple[str, str]:
+    fn = call.get("function", call) if isinstance(call, dict) else {}
+    if not isinstance(fn, dict):
+        return "", str(fn)
+    args = fn.get("arguments", "")
+    return str(fn.get("name", "")), args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+
+
+def message_texts(m: dict[str, Any]) -> list[str]:
+    """The visible pieces of one message: its content, then each tool call as `name(arguments)`."""
+    out = [m["content"]] if isinstance(m.get("content"), str) and m["content"] else []
+    for call in m.get("tool_calls") or ():
+        name, args = _arguments(call)
+        out.append(f"{name}({args})")
+    return out
+
+
+def agent_messages(transcript: list[dict[str, Any]], prompt: Any) -> list[dict[str, Any]]:
+    """The transcript after its prompt: after the group's prompt messages when it starts with them,
+    else after its leading system/user/developer messages; the whole transcript when nothing is left."""
+    if isinstance(prompt, list) and prompt and transcript[: len(prompt)] == prompt:
+        rest = transcript[len(prompt):]
+    else:
+        start = 0
+        while start < len(transcript) and transcript[start].get("role") in PROMPT_ROLES:
+            start += 1
+        rest = transcript[start:]
+    return rest or transcript
+
+
+def summarize(transcript: list[dict[str, Any]], prompt: Any) -> TextSummary:
+    agent = agent_messages(transcript, prompt)
+    text = " ".join(piece for m in agent for piece in message_texts(m))
+    text = " ".join(text.split())  # one line: list pages show it in a table cell
+    turns = sum(m.get("role") == "assistant" for m in transcript)
+    calls = sum(len(m.get("tool_calls") or ()) for m in transcript)
+    if len(text) <= 2 * PREVIEW_CHARS:
+        return TextSummary(text, "", turns, calls, len(text))
+    return TextSummary(text[:PREVIEW_CHARS], text[-PREVIEW_CHARS:], turns, calls, len(text))
+
+
+def search_document(prompt_text: str, prompt: Any, transcript: list[dict[str, Any]], reasons: list[str]) -> str:
+    """Everything search finds: the prompt, every message (tool calls and results too), the reasons.
+    A transcript that repeats the prompt messages does not store them twice."""
+    messages = transcript
+    if isinstance(prompt, list) and prompt and transcript[: len(prompt)] == prompt:
+        messages = transcript[len(prompt):]
+    parts = [prompt_text]
+    for m in messages:
+        parts.extend(message_texts(m))
+    parts.extend(r for r in reasons if r)
+    # Whitespace collapsed: a "quoted phrase" matches across the line breaks of a traceback.
+    return " ".join(" ".join(parts).split())
+
+
+class SearchError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    include: tuple[str, ...]  # every one must occur
+    exclude: tuple[str, ...]  # none may occur
+
+    @property
+    def first(self) -> str:
+        return max(self.include, key=len)  # the snippet centres on the most specific term
+
+
+_TOKEN = re.compile(r'(-?)"([^"]*)"?|(\S+)')
+
+
+def parse_query(raw: str) -> SearchQuery | None:
+    """None for an empty query. Raises SearchError (a 400 naming `q`) for a query no index can serve."""
+    if not raw or not raw.strip():
+        return None
+    if len(raw) > MAX_QUERY_CHARS:
+        raise SearchError(f"at most {MAX_QUERY_CHARS} characters (got {len(raw)})")
+    if "\x00" in raw:
+        raise SearchError("must not contain NUL characters")
+    include, exclude = [], []
+    for neg, phrase, word in _TOKEN.findall(raw):
+        if word:
+            negative = word.startswith("-") and len(word) > 1
+            term = word[1:] if negative else word
+        else:
+            negative, term = bool(neg), " ".join(phrase.split())
+        if term:
+            (exclude if negative else include).append(term)
+    if not include:
+        raise SearchError("give at least one word to look for (a query of only -exclusions would scan every row)")
+    if len(include) + len(exclude) > MAX_TERMS:
+        raise SearchError(f"at most {MAX_TERMS} terms")
+    if max(len(t) for t in include) < MIN_TERM_CHARS:
+        # Shorter words are checked on the rows a longer one found; alone they would scan every row.
+        raise SearchError(f"give at least one word of {MIN_TERM_CHARS} or more characters")
+    return SearchQuery(tuple(dict.fromkeys(include)), tuple(dict.fromkeys(exclude)))
+
+
+def highlight(snippet: str, query: SearchQuery, clipped_start: bool, clipped_end: bool) -> SafeString:
+    """The snippet as HTML: model text escaped, every included term wrapped in <mark>."""
+    text = " ".join(snippet.split())
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(query.include, key=len, reverse=True)), re.I)
+    out, pos = [], 0
+    for m in pattern.finditer(text):
+        out.append(escape(text[pos:m.start()]))
+        out.append(f"<mark>{escape(m.group(0))}</mark>")
+        pos = m.end()
+    out.append(escape(text[pos:]))
+    return mark_safe(("… " if clipped_start else "") + "".join(out) + (" …" if clipped_end else ""))
