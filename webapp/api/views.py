@@ -23,7 +23,13 @@ from webapp.api.errors import error_response
 from webapp.rollouts.ingest import IngestError, ingest_groups, unstorable_text
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore
 from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
-from webapp.rollouts.services import SpecError, create_run, ensure_environment, validate_environment_spec
+from webapp.rollouts.services import (
+    SpecError,
+    create_run,
+    ensure_environment,
+    get_or_create_run,
+    validate_environment_spec,
+)
 from webapp.runs import reward_settings
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
@@ -66,7 +72,12 @@ _UNSTORABLE_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
 
 
 def _can_write(request: Request, run: Run | None = None) -> bool:
-    return has_role(request.user, "trainer") or (run is not None and run.owner_id == request.user.id)
+    """Trainers write to any run; a run's owner to their own while they keep at least the annotator role
+    (a viewer changes nothing, owner or not). Roles are read on every request, token or session alike
+    (the token's user row is loaded afresh per request), so a demotion takes effect on the next call."""
+    if has_role(request.user, "trainer"):
+        return True
+    return run is not None and run.owner_id == request.user.id and has_role(request.user, "annotator")
 
 
 def _forbidden() -> Response:
@@ -94,18 +105,7 @@ def runs(request: Request) -> Response:
     if not _can_write(request):
         return _forbidden()
     try:
-        body = parse_body(request)
-        if not isinstance(body, dict):
-            raise SpecError("body", "must be a JSON object")
-        name = body.get("name")
-        if not isinstance(name, str) or not name.strip() or len(name) > 200:
-            raise SpecError("name", "must be a non-empty string of at most 200 characters")
-        kind = body.get("kind", "import")
-        if kind not in Run.Kind.values:
-            raise SpecError("kind", f"must be one of {', '.join(Run.Kind.values)}")
-        config = body.get("config", {})
-        if not isinstance(config, dict):
-            raise SpecError("config", "must be an object")
+        body = _run_body(parse_body(request))
         env_name, comps = validate_environment_spec(body.get("environment"))
         settings = _creation_settings(body, env_name, comps)
     except BodyError as e:
@@ -113,12 +113,62 @@ def runs(request: Request) -> Response:
     except (SpecError, reward_settings.SettingsError) as e:
         return error_response([{"field": e.field, "error": e.message}])
     env = ensure_environment(env_name, comps)
-    run = create_run(name=name.strip(), kind=kind, environment=env, config=config, owner=request.user,
-                     base_model=str(body.get("base_model", ""))[:500], status=Run.Status.RUNNING)
-    if settings:
+    fields = dict(name=body["name"].strip(), kind=body.get("kind", "import"), environment=env,
+                  config=body.get("config", {}), owner=request.user, base_model=body.get("base_model", ""))
+    created = True
+    if body.get("get_or_create"):
+        found = _get_or_create(request, fields)
+        if isinstance(found, Response):
+            return found
+        run, created = found
+    else:
+        run = create_run(**fields, status=Run.Status.RUNNING)
+    if settings and created:
         run.reward_settings = settings
         run.save(update_fields=["reward_settings"])
-    return Response({"id": run.id}, status=status.HTTP_201_CREATED)
+    return Response({"id": run.id, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+RUN_FIELDS = {"name": str, "kind": str, "config": dict, "environment": dict, "base_model": str,
+              "reward_settings": dict, "get_or_create": bool}
+_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
+
+
+def _run_body(body: Any) -> dict[str, Any]:
+    """The create-run body, checked key by key: unknown keys and wrong types are refused by name."""
+    if not isinstance(body, dict):
+        raise SpecError("body", "must be a JSON object")
+    for key, value in body.items():
+        if key not in RUN_FIELDS:
+            raise SpecError(str(key)[:100] or '""', f"unknown field; expected {', '.join(RUN_FIELDS)}")
+        if not isinstance(value, RUN_FIELDS[key]):
+            raise SpecError(key, f"must be {_TYPE_NAMES[RUN_FIELDS[key]]}")
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise SpecError("name", "must be a non-empty string of at most 200 characters")
+    if body.get("kind", "import") not in Run.Kind.values:
+        raise SpecError("kind", f"must be one of {', '.join(Run.Kind.values)}")
+    if len(body.get("base_model", "")) > 500:
+        raise SpecError("base_model", "must be at most 500 characters")
+    return body
+
+
+def _get_or_create(request: Request, fields: dict[str, Any]) -> tuple[Run, bool] | Response:
+    """`"get_or_create": true`: the run with this name if there is one, else a new one. Safe to retry
+    and to race: every caller naming one run gets the same run (rollouts.services.get_or_create_run)."""
+    try:
+        run, created = get_or_create_run(**fields)
+    except SpecError as e:
+        return error_response([{"field": e.field, "error": e.message}], status.HTTP_409_CONFLICT)
+    if created:
+        return run, True
+    if run.environment_id != fields["environment"].id:
+        used = run.environment.name if run.environment_id else None
+        return error_response([{"field": "environment", "error": f"run {run.id} named {run.name!r} uses "
+                                f"environment {used!r}"}], status.HTTP_409_CONFLICT)
+    if not _can_write(request, run):
+        return _forbidden()
+    return run, False
 
 
 def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str, Any]]) -> dict[str, Any]:

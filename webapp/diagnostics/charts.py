@@ -1,12 +1,14 @@
 """Plotly figure dicts for the diagnostics pages. Pure functions over plain data: no queries, no request.
 
 Figures follow webapp/runs/charts.py's convention ({"data", "layout"}, drawn by static/js/app.js from a
-`json_script` blob), so component names reach plotly as JSON data and never become markup.
+`json_script` blob); every builder is `@escaped`, because plotly renders HTML in names and titles.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from webapp.runs.charts import escaped  # component and run names are user- and model-controlled
 
 Figure = dict[str, Any]
 
@@ -51,6 +53,7 @@ def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {"shapes": shapes, "annotations": notes} if shapes else {}
 
 
+@escaped
 def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
     """Fraction of groups where each component (and the aggregate reward) is constant, per step."""
     steps = agg["steps"]
@@ -63,6 +66,7 @@ def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None =
                                             **onset_marks(findings))}
 
 
+@escaped
 def at_max_figure(over_time: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
     """Per step of the window: each component's share of rollouts at the top of its range (saturation),
     with the findings' onsets marked."""
@@ -79,14 +83,17 @@ def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
             for i, (name, s) in enumerate(agg["components"].items())]
 
 
+@escaped
 def within_std_figure(agg: dict[str, Any]) -> Figure:
     return {"data": _per_component(agg, "std"), "layout": _layout("Mean within-group std per component", "std")}
 
 
+@escaped
 def component_mean_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
     return {"data": _per_component(agg, "mean"), "layout": _layout("Component means", "mean", **onset_marks(findings))}
 
 
+@escaped
 def share_figure(health: dict[str, Any]) -> Figure:
     """Each component's share of the advantage next to its share of the weights."""
     comps = health["components"]
@@ -103,6 +110,7 @@ def share_figure(health: dict[str, Any]) -> Figure:
     }
 
 
+@escaped
 def corr_figure(health: dict[str, Any]) -> Figure:
     labels = health["corr_labels"]
     z = health["corr"]
@@ -116,6 +124,7 @@ def corr_figure(health: dict[str, Any]) -> Figure:
     }
 
 
+@escaped
 def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
     """One bar group per metric, one bar per ablation."""
     metrics = [("mean_abs_delta", "mean |Δ adv|"), ("sign_flip_frac", "sign flips"),
@@ -126,6 +135,7 @@ def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
     return {"data": data, "layout": _layout("Ablations side by side", "", x_title="", barmode="group")}
 
 
+@escaped
 def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
     """Reward mean per step for each run, and one figure per component with each run's mean."""
     dashes = ("solid", "dash", "dot", "dashdot")

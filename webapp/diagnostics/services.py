@@ -547,7 +547,8 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
     extra = set(raw) - {"drop", "weights", "scale_rewards", "aggregation"}
     if extra:
         raise SpecError(f"spec.{sorted(extra)[0]}", "unknown key; expected drop, weights, scale_rewards, aggregation")
-    drop = raw.get("drop") or []
+    # Absent or null means "as the run"; any other value must have the right type ({} is not a default).
+    drop = [] if raw.get("drop") is None else raw["drop"]
     if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
         raise SpecError("spec.drop", "must be a list of component names")
     for d in drop:
@@ -555,7 +556,7 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
             raise SpecError("spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})")
     if names and len(set(drop)) == len(names):
         raise SpecError("spec.drop", "cannot drop every component: nothing would be left to reward")
-    weights = raw.get("weights") or {}
+    weights = {} if raw.get("weights") is None else raw["weights"]
     if not isinstance(weights, dict):
         raise SpecError("spec.weights", "must be an object of component name -> number")
     clean: dict[str, float] = {}
@@ -565,11 +566,11 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
             raise SpecError(f"spec.weights.{name}", "must be a finite number")
         clean[name] = float(w)
-    scale = raw.get("scale_rewards") or base.scale_rewards
-    if scale not in SCALES:
+    scale = base.scale_rewards if raw.get("scale_rewards") is None else raw["scale_rewards"]
+    if not isinstance(scale, str) or scale not in SCALES:
         raise SpecError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
-    agg = raw.get("aggregation") or base.aggregation
-    if agg not in AGGREGATIONS:
+    agg = base.aggregation if raw.get("aggregation") is None else raw["aggregation"]
+    if not isinstance(agg, str) or agg not in AGGREGATIONS:
         raise SpecError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
     return abl.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
 

@@ -196,11 +196,27 @@ def _parse_rewards(raw: Any, path: str, components: set[str], errs: _Errors) -> 
     return out
 
 
+BATCH_FIELDS = ("groups",)
+GROUP_FIELDS = ("step", "key", "prompt", "split", "rollouts")
+ROLLOUT_FIELDS = ("index", "completion", "transcript", "rewards", "advantage", "reward", "length", "truncated",
+                  "finish_reason", "parse_error", "state")
+
+
+def _unknown_fields(obj: dict[str, Any], allowed: tuple[str, ...], path: str, errs: _Errors) -> None:
+    """A misspelt field would otherwise be dropped without a word (and its data with it)."""
+    for key in obj:
+        if key not in allowed:
+            name = str(key)[:100] or '""'
+            where = f"{path}.{name}" if path else name
+            errs.add(where, f"unknown field; expected {', '.join(allowed)}")
+
+
 def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> _Rollout | None:
     if not isinstance(r, dict):
         errs.add(path, "must be an object")
         return None
     n0 = len(errs.items)
+    _unknown_fields(r, ROLLOUT_FIELDS, path, errs)
     index = r.get("index")
     if not _is_int(index) or index < 0:
         errs.add(f"{path}.index", f"must be a non-negative integer (at most {MAX_INT})")
@@ -264,6 +280,7 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
     errs = _Errors()
     if not isinstance(body, dict) or not isinstance(body.get("groups"), list):
         raise IngestError([{"field": "groups", "error": "must be a list of groups"}])
+    _unknown_fields(body, BATCH_FIELDS, "", errs)
     max_size = settings.INGEST_MAX_GROUP_SIZE
     groups: list[_Group] = []
     seen: set[tuple[int, str]] = set()
@@ -276,6 +293,7 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
         if bad is not None:
             errs.add(*bad)
             continue
+        _unknown_fields(g, GROUP_FIELDS, gp, errs)
         step, key, prompt = g.get("step"), g.get("key"), g.get("prompt")
         if not _is_int(step) or step < 0:
             errs.add(f"{gp}.step", f"must be a non-negative integer (at most {MAX_INT})")

@@ -22,9 +22,21 @@ class SpecError(ValueError):
         super().__init__(f"{field_name}: {message}")
 
 
+ENVIRONMENT_FIELDS = ("name", "components")
+COMPONENT_FIELDS = ("name", "weight", "kind", "min_value", "max_value", "description", "source_hash")
+
+
+def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            name = str(key)[:100] or '""'
+            raise SpecError(f"{path}.{name}", f"unknown field; expected {', '.join(allowed)}")
+
+
 def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str, list[dict[str, Any]]]:
     if not isinstance(spec, dict):
         raise SpecError(path, "must be an object with name and components")
+    _no_unknown_keys(spec, ENVIRONMENT_FIELDS, path)
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise SpecError(f"{path}.name", "must be a non-empty string of at most 200 characters")
@@ -36,6 +48,10 @@ def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str
         p = f"{path}.components[{i}]"
         if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
             raise SpecError(f"{p}.name", "must be a non-empty string")
+        _no_unknown_keys(c, COMPONENT_FIELDS, p)
+        for key in ("description", "source_hash"):
+            if not isinstance(c.get(key, ""), str):
+                raise SpecError(f"{p}.{key}", "must be a string")
         if len(c["name"]) > 200 or not all(ch.isalnum() or ch in "_-./" for ch in c["name"]):
             raise SpecError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
         if c["name"] in seen:

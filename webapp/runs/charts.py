@@ -2,12 +2,17 @@
 
 Each figure is {"data": [...], "layout": {...}} ready for `Plotly.newPlot`; static/js/app.js draws
 every `[data-chart]` element and turns a click on a point into the explorer filtered to that step.
-Text in figures (component and metric names) reaches plotly as JSON data, which plotly renders as
-text, and the page embeds it with `json_script`, so no name can become markup.
+Text in figures (component, metric and run names) is user- and model-controlled, and plotly renders a
+subset of HTML in trace names, titles, annotations, hover text and category labels (a metric named
+`<a href=//x>y</a>` became a link): every builder's figure passes through `escape_figure`. The page
+embeds the figures with `json_script`, so nothing becomes markup outside plotly either.
 """
 
 from __future__ import annotations
 
+import functools
+import html
+from collections.abc import Callable
 from typing import Any
 
 from webapp.runs.queries import ComponentSeries, DashboardData, Series
@@ -19,6 +24,34 @@ BATCH_VS_GROUP = (
     "Batch std (TRL's rewards/<name>/std) spreads over every rollout of the step, across prompts; "
     "within-group std is what GRPO divides by — only it makes an advantage."
 )
+
+
+# Keys whose strings plotly draws as (HTML-interpreting) text: trace and legend names, figure, axis,
+# legend and colorbar titles, annotation, hover and bar texts, category labels on axes, tick labels.
+TEXT_KEYS = frozenset({"name", "text", "title", "hovertext", "x", "y", "z", "labels", "ticktext",
+                       "legendgrouptitle"})
+
+
+def escape_figure(value: Any, text: bool = False) -> Any:
+    """A copy of a figure (or a dict/list of figures) with every string under a TEXT_KEYS key
+    HTML-escaped. Plotly turns &lt; &amp; back into characters when it draws, so a name reads as typed
+    and never becomes a tag. Style values (colors, modes, templates) are left alone."""
+    if isinstance(value, str):
+        return html.escape(value, quote=False) if text else value
+    if isinstance(value, dict):
+        return {k: escape_figure(v, k in TEXT_KEYS) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_figure(v, text) for v in value]
+    return value
+
+
+def escaped(builder: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for figure builders: what they return is passed through `escape_figure`."""
+    @functools.wraps(builder)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        return escape_figure(builder(*args, **kwargs))
+
+    return build
 
 
 def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
@@ -48,6 +81,7 @@ def _line(x: list[int], y: list[float | None], name: str, color: str, **extra: A
     return trace
 
 
+@escaped
 def reward_figure(reward: Series) -> Figure:
     """Aggregate reward mean per step with a ±1 std band (the std over the step's rollouts)."""
     upper = [None if m is None or s is None else m + s for m, s in zip(reward.mean, reward.std)]
@@ -68,6 +102,7 @@ def reward_figure(reward: Series) -> Figure:
     }
 
 
+@escaped
 def zero_std_figure(steps: list[int], overall: list[float | None], components: list[ComponentSeries]) -> Figure:
     """Fraction of groups with no signal per step: the aggregate (no advantage at all) and each component."""
     data = [_line(steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4})]
@@ -78,6 +113,7 @@ def zero_std_figure(steps: list[int], overall: list[float | None], components: l
                                             yaxis={"range": [0, 1.02], "title": {"text": "fraction"}})}
 
 
+@escaped
 def component_mean_figure(cs: ComponentSeries, color: str) -> Figure:
     return {
         "data": [_line(cs.steps, cs.mean, f"{cs.name} mean", color)],
@@ -85,6 +121,7 @@ def component_mean_figure(cs: ComponentSeries, color: str) -> Figure:
     }
 
 
+@escaped
 def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
     """Within-group std (drives advantages) beside the batch std (what TRL logs), same axis."""
     batch_label = "batch std (trainer log)" if cs.batch_std_source == "trainer" else "batch std (over the step)"
@@ -98,6 +135,7 @@ def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
     }
 
 
+@escaped
 def metric_figure(name: str, steps: list[int], values: list[float | None], color: str) -> Figure:
     return {"data": [_line(steps, values, name, color)], "layout": _layout(name, "", showlegend=False)}
 

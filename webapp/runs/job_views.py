@@ -16,6 +16,7 @@ from webapp.accounts.roles import require_role
 from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
+from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
@@ -179,9 +180,10 @@ def eval_summary(runs: list[Run]) -> dict | None:
                        for r in rows],
               "layout": {"title": {"text": "held-out component means"}, "barmode": "group", "height": 320,
                          "margin": {"t": 40, "r": 10}}}
-    return {"names": names, "rows": rows, "figure": figure}
+    return {"names": names, "rows": rows, "figure": escape_figure(figure)}  # run and component names
 
 
+@escaped
 def compare_figures(runs: list[Run]) -> list[dict]:
     """Overlay per-step curves: the aggregate reward mean (from groups) and each component's mean."""
     reward = {"data": [], "layout": {"title": {"text": "reward mean per step"}, "xaxis": {"title": {"text": "step"}},
