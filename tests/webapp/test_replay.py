@@ -214,3 +214,24 @@ def test_it_ranks_with_ties_sharing_the_best_rank():
 
     ranks = group_ranks(np.array([1.0, 3.0, 3.0, np.nan, 2.0, 0.5]), np.array([0, 0, 0, 0, 1, 1]))
     assert ranks.tolist() == [3, 1, 1, 4, 1, 2]
+
+
+def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.replays import services
+    from webapp.replays.models import ReplayChunk
+
+    settings.REPLAY_CHUNK_ROLLOUTS = 36
+    replay = services.create_replay(drun, {"versions": STRICT})
+    dead = services.claim_chunk(replay.id, "worker-that-died")
+    assert services.claim_chunk(replay.id, "w2") is None  # fresh claims are respected
+    ReplayChunk.objects.filter(id=dead.id).update(claimed_at=timezone.now() - timedelta(hours=1))
+    again = services.claim_chunk(replay.id, "w2")
+    assert again.id == dead.id and again.worker == "w2"
+    services.process_chunk(replay, again, None)
+    services.process_chunk(replay, dead, None)  # the first worker comes back late: nothing is stored twice
+    replay.refresh_from_db()
+    assert replay.done == 36 and replay.scores.count() == 36

@@ -119,3 +119,28 @@ def test_it_starts_lists_and_checks_replays_through_the_api(hacked, personas, ap
     verdict = viewer.get(f"/api/v1/replays/{rid}/regress/").json()
     assert verdict["ok"] is True and verdict["headline"]["hacks"] == 1 and verdict["rows"][0]["rank_after"] == 3
     assert viewer.get(url).json()["replays"][0]["status"] == "succeeded"
+
+
+@pytest.mark.slow
+def test_it_sets_the_process_exit_status(transactional_db, personas):
+    """The real command line, as CI would run it: exit 1 while a hack outranks its median, 0 once fixed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import database_url_for_children
+
+    run = fx.diagram_run(personas["trainer"])
+    fx.ingest(run, [fx.group_record(0, "spam", [fx.EDGE_SPAM, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE])])
+    fx.annotate(run.rollouts.get(index=0).id, "reward-hacking", personas["annotator"])
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DATABASE_URL=database_url_for_children())
+    codes = {}
+    for label in ("semantic_coverage", "semantic_coverage@no_extras"):  # as deployed: the hack stays best
+        replay = _done_replay(run, [{"version": label}])
+        proc = subprocess.run([sys.executable, "manage.py", "reward_regress", str(run.id), "--replay", str(replay.id)],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        codes[label] = (proc.returncode, proc.stdout + proc.stderr)
+    assert codes["semantic_coverage"][0] == 1 and "FAIL rollout" in codes["semantic_coverage"][1]
+    assert codes["semantic_coverage@no_extras"][0] == 0, codes["semantic_coverage@no_extras"][1]
