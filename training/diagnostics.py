@@ -370,6 +370,9 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
         if c.name in skip or not (c.zero_std_frac >= t.dead_zero_std) or h.n_groups < t.min_groups:
             continue
         heavy = abs(c.weight) / total_w >= 0.3
+        if _never_left_floor(c):
+            out.append(_never_varies(c, h, heavy))
+            continue
         if c.at_max >= 0.9:
             fix = "It is already satisfied everywhere: drop it, or keep it as a filter/gate rather than a reward."
         elif c.at_min >= 0.9:
@@ -387,10 +390,35 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
     return out
 
 
+def _never_left_floor(c: ComponentHealth) -> bool:
+    """At its minimum in every rollout (so constant in every group): not one success to learn from."""
+    return c.zero_std_frac >= 1.0 and c.at_min >= 1.0
+
+
+def _never_varies(c: ComponentHealth, h: HealthReport, heavy: bool) -> Finding:
+    # A scorer stuck on one value has as often never run (a harness that returns before executing the
+    # submission) as it has faced an impossible task: the values cannot tell these apart, the reasons can.
+    return Finding(
+        code="dead_component", severity="critical" if heavy else "warning", component=c.name, sort=c.name,
+        title=f"'{c.name}' scored {c.mean:g} in every rollout from step {h.step_min}: it never varies, so it produces "
+              f"no advantage whatever its weight ({c.weight:g}).",
+        detail=f"{h.n_rollouts} rollouts in {h.n_groups} groups over steps {h.step_min}-{h.step_max}, all at its "
+               f"minimum {c.lo:g}; share of the advantage {_pct(c.share)}.",
+        fix="Check that its verifier actually runs: a scorer that never varies has often never executed the "
+            "submission (read this component's reason in a few transcripts). If it does run, the task is out of "
+            "reach: SFT on teacher traces first, or add partial credit. Dropping it in an ablation should change "
+            "nothing; compare with a run where it works.",
+        evidence={"zero_std_frac": c.zero_std_frac, "at_min": c.at_min, "share": c.share, "weight": c.weight,
+                  "value": c.mean},
+    )
+
+
 def detect_unreachable(h: HealthReport, t: Thresholds) -> list[Finding]:
     out = []
     for c in h.components:
         if c.kind != "outcome" or not (c.at_min >= t.unreachable_at_min) or h.n_groups < t.min_groups:
+            continue
+        if _never_left_floor(c):  # not one success: detect_dead says so, with the verifier as a suspect
             continue
         out.append(Finding(
             code="unreachable_reward", severity="critical", component=c.name, sort=c.name, order="desc",
@@ -807,16 +835,21 @@ def step_table(data: RunArrays) -> StepTable:
                      cum={name: _cum(v) for name, v in per_step.items()})
 
 
-def _state_findings(h: HealthReport, t: Thresholds) -> list[Finding]:
-    """The detectors of a state (what the components are like over a range of steps), worst-specific first."""
-    trivial = detect_trivial_outputs(h, t)
+def _state_findings(h: HealthReport, t: Thresholds, stuck: frozenset[str] = frozenset()) -> list[Finding]:
+    """The detectors of a state (what the components are like over a range of steps), worst-specific first.
+    `stuck`: components at their floor in every rollout of the whole window. When the task components are
+    all stuck from the start, the policy never had a task signal to give up on: that is a scorer that never
+    varies (detect_dead says so, verifier first), not valid-but-trivial or prompt-ignoring outputs."""
+    sem_names = {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
+    task_stuck = bool(sem_names) and sem_names <= stuck
+    trivial = detect_trivial_outputs(h, t) if not task_stuck else []
     findings = detect_unreachable(h, t) + detect_saturation(h, t) + trivial
     # A component already explained by a more specific finding is not repeated as "dead".
     explained = {f.component for f in findings if f.component}
     if trivial:
         explained |= {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
     findings += detect_dead(h, t, skip=explained)
-    if not trivial:
+    if not trivial and not task_stuck:
         findings += detect_ignores_prompt(h, t)
     return findings
 
@@ -861,17 +894,18 @@ def state_onsets(table: StepTable, t: Thresholds, kinds: dict[str, str] | None =
     if s == 0:
         return []
     last = s - _hold(table, t)
+    stuck = frozenset(c.name for c in table.health(0, s, kinds).components if _never_left_floor(c))
     seen: dict[tuple[str, str | None], int] = {}
     for i in _candidates(last, t):
-        for f in _state_findings(table.health(i, s, kinds), t):
+        for f in _state_findings(table.health(i, s, kinds), t, stuck):
             seen.setdefault(_key(f), i)
     out = []
     for key, first in seen.items():
         def holds(a: int, b: int, key: tuple[str, str | None] = key) -> bool:
-            return any(_key(f) == key for f in _state_findings(table.health(a, b, kinds), t))
+            return any(_key(f) == key for f in _state_findings(table.health(a, b, kinds), t, stuck))
 
         i = _refine(table, t, holds, first, last)
-        f = next(f for f in _state_findings(table.health(i, s, kinds), t) if _key(f) == key)
+        f = next(f for f in _state_findings(table.health(i, s, kinds), t, stuck) if _key(f) == key)
         f.onset_step = int(table.steps[i])
         out.append(f)
     return _exclusive(out, kinds or {c.name: c.kind for c in table.components})

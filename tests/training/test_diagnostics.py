@@ -503,8 +503,10 @@ def test_it_finds_unreachable_and_trivial_outputs_without_kinds() -> None:
     def unreachable(rng, step, G):
         return np.column_stack([rng.random(G) < 0.01, rng.random(G) < 0.6]).astype(float), rng.integers(5, 9, G)
 
-    def trivial(rng, step, G):
-        return np.column_stack([np.zeros(G), np.ones(G) if step >= 4 else rng.random(G) < 0.5]), rng.integers(5, 9, G)
+    def trivial(rng, step, G):  # the task varied, then from step 4 only the validity check is passed
+        after = step >= 4
+        passes = np.zeros(G) if after else rng.random(G) < 0.4
+        return np.column_stack([passes, np.ones(G) if after else rng.random(G) < 0.5]), rng.integers(5, 9, G)
 
     assert finding(dg.diagnose(synth(comps, unreachable)), "unreachable_reward", "passes").severity == "critical"
     f = finding(dg.diagnose(synth(comps, trivial)), "trivial_outputs")
@@ -539,3 +541,14 @@ def test_it_bounds_the_onset_search_on_a_long_run() -> None:
     data = ask_to_code_like(steps=3000, onset=1200, groups=1)
     f = finding(dg.diagnose(data), "saturation", "asked_before_coding")
     assert abs(f.onset_step - 1200) <= 15
+
+
+def test_it_suspects_the_verifier_when_an_outcome_never_leaves_its_floor() -> None:
+    def gen(rng, step, G):  # correctness is 0 for every rollout: the harness never ran the code
+        pen = -(rng.random(G) < 0.3).astype(float)
+        return np.column_stack([np.zeros(G), rng.random(G) < 0.6, pen]).astype(float), np.full(G, 9)
+
+    d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
+    f = finding(d, "dead_component", "correct")
+    assert f.severity == "critical" and "unreachable_reward" not in codes(d)
+    assert f.title.startswith("'correct' scored 0 in every rollout from step 0") and "verifier actually runs" in f.fix

@@ -1,6 +1,12 @@
-"""Create the demo login and a scripted-policy run of the diagram environment. Safe to re-run."""
+"""Create the demo logins, a scripted-policy run of the diagram environment, and the failure stories of
+the ask-before-coding environment (training/demo_stories.py): a run whose verifier never runs the code
+and its fixed twin, each with a saved ablation dropping 'correctness'; a second user (annotator), a
+review queue both users annotated, and a DPO dataset exported from it. Safe to re-run: what exists is
+kept, nothing is duplicated, and stored runs are not generated again."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 from django.contrib.auth import get_user_model
@@ -8,16 +14,32 @@ from django.core.management.base import BaseCommand
 from tqdm import tqdm
 
 from training.demo import generate_groups, linear_schedule
+from training.demo_stories import story_groups
 from training.environments import get_environment
 from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.accounts.roles import set_role
 from webapp.rollouts.ingest import ingest_groups
+from webapp.rollouts.models import Group
 from webapp.rollouts.services import create_run, environment_from_training
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
+log = logging.getLogger(__name__)
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+ANNOTATOR, ANNOTATOR_PASSWORD = "annotator", "annotator-password"
 RUN_NAME = "diagram · scripted policy (demo)"
+BROKEN_RUN = "ask_to_code · verifier never runs the code (demo)"
+FIXED_RUN = "ask_to_code · verifier fixed (demo)"
+STORY = {"steps": 30, "groups_per_step": 4, "G": 6, "saturate_at": 5}
+ABLATION_NAME = "drop correctness"
+QUEUE_NAME = "ask_to_code · first review (demo)"
+DATASET_NAME = "ask_to_code-dpo-demo"
+# What each annotator calls a transcript, by the scripted policy's style (the rollout's state); the
+# annotator differs on every fourth item so the queue shows real (dis)agreement.
+LABEL_BY_STYLE = {"loop": "loop-repetition", "guess": "premature-completion", "irrelevant": "premature-completion",
+                  "ask_late": "good", "solve": "good"}
+SECOND_OPINION = {"loop-repetition": "premature-completion", "premature-completion": "ignores-prompt",
+                  "ignores-prompt": "premature-completion", "good": "false-negative-reward"}
 
 
 def trl_style_metrics(groups: list[dict], names: list[str], weights: dict[str, float]) -> list[dict]:
@@ -48,12 +70,7 @@ class Command(BaseCommand):
         parser.add_argument("--G", type=int, default=8)
 
     def handle(self, *args, steps: int, groups_per_step: int, G: int, **options):
-        user, created = get_user_model().objects.get_or_create(username=DEMO_USER)
-        if created:
-            user.set_password(DEMO_PASSWORD)
-            user.is_staff = user.is_superuser = True
-            user.save()
-            set_role(user, "admin")
+        user = _user(DEMO_USER, DEMO_PASSWORD, "admin")
         env = get_environment("diagram")
         db_env = environment_from_training(env)
         run = Run.objects.filter(name=RUN_NAME).first() or create_run(
@@ -71,4 +88,106 @@ class Command(BaseCommand):
         run.set_progress(steps, steps)
         run.mark_succeeded()
         self.stdout.write(f"demo run {run.id}: {stored} new groups ({len(groups)} in all)")
-        self.stdout.write(f"demo login: {DEMO_USER} / {DEMO_PASSWORD}")
+        self._stories(user)
+        self.stdout.write(f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}")
+
+    def _stories(self, user) -> None:
+        annotator = _user(ANNOTATOR, ANNOTATOR_PASSWORD, "annotator")
+        db_env = environment_from_training(get_environment("ask_to_code"))
+        broken = _story_run(BROKEN_RUN, db_env, user, broken=True)
+        fixed = _story_run(FIXED_RUN, db_env, user, broken=False, parent=broken)
+        for run in (broken, fixed):
+            ablation = _drop_correctness(run, user)
+            verdict = (ablation.results.get("verdict") or {}).get("text", "")
+            self.stdout.write(f"story run {run.id} ({run.name}): /diagnostics/runs/{run.id}/  ablation: {verdict}")
+        self.stdout.write(f"side by side: /diagnostics/runs/{broken.id}/overlay/{fixed.id}/")
+        queue = _review_queue(fixed, user, annotator)
+        self.stdout.write(f"review queue {queue.id} ({queue.name}), annotated by {DEMO_USER} and {ANNOTATOR}")
+        dataset = _dpo_dataset(queue, user)
+        if dataset is not None:
+            self.stdout.write(f"DPO dataset {dataset.name} v{dataset.version}: {dataset.records.count()} records")
+
+
+def _user(username: str, password: str, role: str):
+    user, created = get_user_model().objects.get_or_create(username=username)
+    if created:
+        user.set_password(password)
+        user.is_staff = user.is_superuser = role == "admin"
+        user.save()
+        set_role(user, role)
+    return user
+
+
+def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None) -> Run:
+    """The story's run, generated and ingested once (a re-run finds every group stored and skips it)."""
+    run = Run.objects.filter(name=name).first() or create_run(
+        name=name, kind=Run.Kind.IMPORT, environment=db_env, owner=user, status=Run.Status.RUNNING, parent=parent,
+        config={"policy": "ScriptedAskPolicy", "story": "broken verifier" if broken else "fixed verifier",
+                "scale_rewards": "group", **STORY},
+    )
+    expected = STORY["steps"] * STORY["groups_per_step"]
+    if Group.objects.filter(run=run).count() < expected:
+        groups = story_groups(broken, **STORY)
+        ingest_groups(run, {"groups": groups})
+        env = get_environment("ask_to_code")
+        names = [c.name for c in env.components]
+        record_metrics(run, {"metrics": trl_style_metrics(groups, names, {c.name: c.weight for c in env.components})})
+        run.set_progress(STORY["steps"], STORY["steps"])
+        run.mark_succeeded()
+    return run
+
+
+def _drop_correctness(run: Run, user):
+    from webapp.diagnostics import services
+    from webapp.diagnostics.models import Ablation
+
+    found = Ablation.objects.filter(run=run, name=ABLATION_NAME).first()
+    if found is not None:
+        return found
+    spec = services.parse_spec({"drop": ["correctness"]}, run)
+    return Ablation.objects.create(run=run, name=ABLATION_NAME, spec=spec.as_dict(),
+                                   results=services.run_ablation(run, spec), created_by=user)
+
+
+def _label_for(rollout, position: int, second: bool) -> str:
+    state = rollout.state or {}
+    style = state.get("policy_style", "")
+    tests = state.get("tests") or {}
+    if style == "ask_first":
+        label = "good" if tests.get("total") and tests.get("passed") == tests.get("total") else "ignores-prompt"
+    else:
+        label = LABEL_BY_STYLE.get(style, "good")
+    return SECOND_OPINION.get(label, label) if second and position % 4 == 3 else label
+
+
+def _review_queue(run: Run, user, annotator):
+    from webapp.annotations import services as annotations
+    from webapp.annotations.models import Annotation, Label, ReviewQueue
+
+    queue = ReviewQueue.objects.filter(run=run, name=QUEUE_NAME).first() or annotations.create_queue(
+        name=QUEUE_NAME, run=run, source=ReviewQueue.Source.RANDOM, params={}, limit=16, seed=0, overlap=2,
+        created_by=user, assignees=[user, annotator])
+    labels = {lab.slug: lab for lab in Label.objects.all()}
+    done = set(Annotation.objects.filter(rollout__queue_items__queue=queue).values_list("rollout_id", "author_id"))
+    for item in queue.items.select_related("rollout").order_by("position"):
+        for author, second in ((user, False), (annotator, True)):
+            slug = _label_for(item.rollout, item.position, second)
+            if slug in labels and (item.rollout_id, author.id) not in done:  # a re-run annotates nothing again
+                annotations.save_annotation(item.rollout, author, label=labels[slug], note=f"demo: {slug}")
+    return queue
+
+
+def _dpo_dataset(queue, user):
+    from webapp.annotations.export import export_dataset
+    from webapp.annotations.models import Dataset
+    from webapp.annotations.services import AnnotationError
+
+    found = Dataset.objects.filter(name=DATASET_NAME).order_by("-version").first()
+    if found is not None:
+        return found
+    try:
+        return export_dataset(name=DATASET_NAME, kind=Dataset.Kind.DPO, fmt=Dataset.Format.CONVERSATIONAL,
+                              source="queue", user=user, queue=queue)
+    except AnnotationError as e:  # the demo still works without it; say why
+        log.warning("demo DPO dataset not exported: %s", e)
+        return None

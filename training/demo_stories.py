@@ -1,0 +1,62 @@
+"""The demo's failure stories, from the multi-turn ask-before-coding environment and its simulated user.
+
+Two scripted runs of the same policy schedule (records in the ingestion format):
+
+- broken: the correctness verifier never runs the submitted code (the harness returns before the tests:
+  correctness is 0 for every rollout, as in the real case the design is built on), so the only signal
+  left is behavioural: from `saturate_at` on the policy always asks a relevant question first, and
+  'asked_before_coding' sits at its maximum in every group, while the code it writes never improves.
+- fixed: the same environment with the verifier running the hidden tests in the sandbox. The policy
+  also learns to ask first (the behavioural reward saturates just as early) and, with correctness
+  varying inside groups, writes the right code more and more often.
+
+Dropping 'correctness' in an ablation changes nothing in the broken run (it never varied) and a lot in
+the fixed one. Episodes use only the environment's public entry points (prompts, ScriptedAskPolicy,
+rollout_record), so the code runs in whatever sandbox `training.sandbox` provides. No Django here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from training.environments.ask_to_code import STYLES, AskToCodeEnv, ScriptedAskPolicy, rollout_record
+
+# The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the scripted
+# policy writes one of two codes per task, so a few tasks keep seeding to seconds.
+STORY_TASKS = 6
+BROKEN_REASON = "verifier bug: the harness returned before running the hidden tests (0 of 0 run)"
+ASKING_STYLES = ("solve", "ask_first", "loop")  # a relevant question in the first turn: asked_before_coding = 1
+
+
+def style_for(rng: random.Random, step: int, steps: int, saturate_at: int, broken: bool) -> str:
+    """The scripted policy's behaviour at `step`: anything at first; from `saturate_at` on it always asks
+    first. With a working verifier the share of right code ("solve") grows; without one it never does."""
+    if step < saturate_at:
+        return rng.choice(STYLES)
+    if broken:
+        return rng.choices(ASKING_STYLES, weights=(0.3, 0.5, 0.2))[0]
+    progress = (step - saturate_at) / max(steps - 1 - saturate_at, 1)
+    solve = 0.3 + 0.5 * progress
+    return rng.choices(ASKING_STYLES, weights=(solve, 0.85 - solve, 0.15))[0]
+
+
+def story_groups(broken: bool, steps: int = 30, groups_per_step: int = 4, G: int = 6, saturate_at: int = 5,
+                 seed: int = 0) -> list[dict[str, Any]]:
+    env = AskToCodeEnv()
+    prompts = env.prompts("train", STORY_TASKS, seed)
+    rng = random.Random(seed)
+    records = []
+    for step in range(steps):
+        for g in range(groups_per_step):
+            prompt = prompts[(step * groups_per_step + g) % len(prompts)]
+            rollouts = []
+            for i in range(G):
+                policy = ScriptedAskPolicy(style_for(rng, step, steps, saturate_at, broken), seed=rng.randrange(2**31))
+                rec = rollout_record(env, prompt, i, policy)
+                if broken:
+                    rec["rewards"]["correctness"] = {"value": 0.0, "reason": BROKEN_REASON}
+                rollouts.append(rec)
+            records.append({"step": step, "key": prompt.key, "prompt": prompt.text, "split": prompt.split,
+                            "rollouts": rollouts})
+    return records
