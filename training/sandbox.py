@@ -287,7 +287,9 @@ def _for_others(runtime: _Runtime) -> _Runtime:
     todo = tuple((host, inner) for host, inner in runtime.binds if not _readable_by_others(host))
     if not todo:
         return runtime
-    stage = _STAGE_ROOT / f"rd-sandbox-runtime-{hashlib.sha256(repr((_STAGE_LAYOUT, todo)).encode()).hexdigest()[:16]}"
+    # Keyed by paths and modification times: a reinstalled interpreter gets a fresh folder.
+    key = repr((_STAGE_LAYOUT, todo, [os.stat(host).st_mtime_ns for host, _ in todo]))
+    stage = _STAGE_ROOT / f"rd-sandbox-runtime-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if not os.path.lexists(stage):
         _build_stage(stage, todo)
     st = os.lstat(stage)
