@@ -69,7 +69,7 @@ def _f(x: Any) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def _hist(old: np.ndarray, new: np.ndarray, bins: int = 20) -> dict[str, list[float]]:
+def _hist(old: np.ndarray, new: np.ndarray, bins: int = 12) -> dict[str, list[float]]:
     both = np.concatenate([old[np.isfinite(old)], new[np.isfinite(new)]])
     if not both.size:
         return {"edges": [], "old": [], "new": []}
