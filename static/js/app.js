@@ -35,10 +35,18 @@
       });
     }, {rootMargin: "300px 0px"}) : null;
     section._observer = observer;
+    var now = [];
     section.querySelectorAll("[data-chart]").forEach(function (el) {
-      if (!observer || el.getBoundingClientRect().top < window.innerHeight) drawOne(section, el);
+      if (!observer || el.getBoundingClientRect().top < window.innerHeight) now.push(el);
       else observer.observe(el);
     });
+    // One chart per frame: the page paints and answers input between charts instead of after all of them.
+    (function next() {
+      var el = now.shift();
+      if (!el) return;
+      drawOne(section, el);
+      window.requestAnimationFrame(next);
+    })();
     live(section);
   }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from webapp.runs import charts
 from webapp.runs.queries import ComponentSeries, DashboardData, Series
 
@@ -24,7 +26,7 @@ def _data() -> DashboardData:
 def test_it_draws_the_reward_mean_with_a_std_band_that_skips_missing_values():
     fig = charts.reward_figure(_data().reward)
     upper, lower, mean, std = fig["data"]
-    assert upper["y"][0] == 0.1 + 0.2 and lower["y"][0] == 0.1 - 0.2
+    assert upper["y"][0] == pytest.approx(0.1 + 0.2) and lower["y"][0] == pytest.approx(0.1 - 0.2)
     assert upper["y"][1:] == [None, None] and lower["fill"] == "tonexty"
     assert mean["y"] == [0.1, 0.5, None] and std["yaxis"] == "y2"
     assert fig["layout"]["yaxis2"]["overlaying"] == "y"
@@ -68,3 +70,8 @@ def test_it_scales_a_sparkline_into_its_box():
     flat = charts.sparkline_points([0.3, 0.3], width=10, height=10, pad=0)
     assert flat == "0.0,10.0 10.0,10.0"  # a constant curve lies flat instead of dividing by zero
     assert charts.sparkline_points([]) == ""
+
+
+def test_it_keeps_five_significant_digits_in_chart_values():
+    trace = charts._line([0, 1, 2], [1 / 3, 2.5e-7 / 3, None], "x", "#000")
+    assert trace["y"] == [0.33333, 8.3333e-08, None]  # small values (a KL of 1e-7) keep their digits

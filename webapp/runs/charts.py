@@ -72,9 +72,16 @@ def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
     return layout
 
 
+SIGNIFICANT = 5  # digits kept in chart values: a 500-step dashboard's JSON halves, the hover still reads exact
+
+
+def _short(values: list[float | None]) -> list[float | None]:
+    return [None if v is None else float(f"{v:.{SIGNIFICANT}g}") for v in values]
+
+
 def _line(x: list[int], y: list[float | None], name: str, color: str, **extra: Any) -> dict[str, Any]:
     trace: dict[str, Any] = {
-        "type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": list(y),
+        "type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": _short(y),
         "name": name, "line": {"color": color, "width": 1.8}, "marker": {"size": 4},
     }
     trace.update(extra)
