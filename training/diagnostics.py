@@ -773,12 +773,18 @@ class StepTable:
         and the aggregate zero-std fraction, as JSON; long runs thinned to about `max_points` steps."""
         s = self.steps.size
         idx = np.arange(s) if s <= max_points else np.unique(np.linspace(0, s - 1, max_points).round().astype(int))
-        hs = [self.health(int(i), int(i) + 1) for i in idx]
-        comp = {c.name: {key: [_json_float(getattr(h.components[j], key)) for h in hs]
-                         for key in ("zero_std_frac", "at_max", "at_min", "share")}
-                for j, c in enumerate(self.components)}
-        return {"steps": self.steps[idx].tolist(), "components": comp,
-                "reward_zero_std_frac": [_json_float(h.reward_zero_std_frac) for h in hs]}
+        one = {name: (c[1:] - c[:-1])[idx] for name, c in self.cum.items()}  # each step's own sums
+        w = np.array([c.weight for c in self.components], dtype=np.float64)
+        cw = one["cov"] @ w  # (steps, K): the advantage_shares formula, every step at once
+        total = cw @ w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where((total > 1e-12)[:, None], w[None, :] * cw / total[:, None], np.nan)
+            cols = {"zero_std_frac": one["zero"] / one["groups"], "at_max": one["at_max"] / one["scored"],
+                    "at_min": one["at_min"] / one["scored"], "share": share}
+            reward_zero = one["r_zero"] / one["r_groups"]
+        f = lambda a: [_json_float(x) for x in a.tolist()]  # noqa: E731
+        comp = {c.name: {key: f(v[:, j]) for key, v in cols.items()} for j, c in enumerate(self.components)}
+        return {"steps": self.steps[idx].tolist(), "components": comp, "reward_zero_std_frac": f(reward_zero)}
 
 
 def _by_step(sidx: np.ndarray, values: np.ndarray, s: int) -> np.ndarray:

@@ -425,6 +425,12 @@ def test_it_pools_per_step_health_into_the_whole_window_numbers() -> None:
             assert getattr(a, key) == pytest.approx(getattr(b, key), abs=1e-9), (a.name, key)
     assert pooled.reward_zero_std_frac == pytest.approx(whole.reward_zero_std_frac)
     assert pooled.n_groups == whole.n_groups and pooled.step_min == 0 and pooled.step_max == 19
+    series = table.series()  # vectorised over steps: the same numbers as the health of each single step
+    for i in (0, 7, 19):
+        one = table.health(i, i + 1)
+        for j, c in enumerate(one.components):
+            for key in ("zero_std_frac", "at_max", "at_min", "share"):
+                assert series["components"][c.name][key][i] == pytest.approx(getattr(c, key)), (i, c.name, key)
 
 
 def test_it_reports_per_step_component_health_over_time() -> None:
