@@ -147,3 +147,13 @@ def test_it_lets_an_owner_demoted_to_annotator_keep_writing_to_their_own_run_onl
     assert c.post(f"/api/v1/runs/{mine}/groups/", batch, format="json").status_code == 201
     Run.objects.filter(id=run.id).update(owner=personas["admin"])
     assert c.post(f"/api/v1/runs/{run.id}/groups/", batch, format="json").status_code == 403
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"metrics": [], "extra": 1}, "extra"),
+    ({"metrics": [{"step": 0, "values": {"loss": 1.0}, "vals": {}}]}, "metrics[0].vals"),
+])
+def test_it_refuses_unknown_fields_in_metrics(api, personas, run, body, field):
+    res = api(personas["trainer"]).post(f"/api/v1/runs/{run.id}/metrics/", body, format="json")
+    assert res.status_code == 400 and errors_of(res)[0]["field"] == field
+    assert not run.metrics.exists()

@@ -13,16 +13,28 @@ from webapp.runs.models import Run, StepMetric
 MAX_NAME = 200
 
 
+def _unknown(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> list[dict[str, str]]:
+    """Errors for keys a client may have misspelt: stored as given, they would vanish without a word."""
+    out = []
+    for key in obj:
+        if key not in allowed:
+            name = str(key)[:100] or '""'
+            out.append({"field": f"{path}.{name}" if path else name,
+                        "error": f"unknown field; expected {', '.join(allowed)}"})
+    return out
+
+
 def validate_metrics(body: Any) -> list[tuple[int, str, float | None]]:
     if not isinstance(body, dict) or not isinstance(body.get("metrics"), list):
         raise IngestError([{"field": "metrics", "error": "must be a list of {step, values}"}])
     rows: list[tuple[int, str, float | None]] = []
-    errors = []
+    errors = _unknown(body, ("metrics",), "")
     for i, m in enumerate(body["metrics"]):
         p = f"metrics[{i}]"
         if not isinstance(m, dict):
             errors.append({"field": p, "error": "must be an object with step and values"})
             continue
+        errors += _unknown(m, ("step", "values"), p)
         step, values = m.get("step"), m.get("values")
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT:
             errors.append({"field": f"{p}.step", "error": f"must be a non-negative integer (at most {MAX_INT})"})
