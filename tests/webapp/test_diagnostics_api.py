@@ -172,3 +172,9 @@ def test_it_says_not_enough_groups_on_the_page(client_as, run):
     ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 0}, {"correct": 1}])]})
     html = client_as("viewer").get(f"/diagnostics/runs/{run.id}/").content.decode()
     assert "Not enough groups to judge" in html
+
+
+def test_it_says_not_enough_data_on_the_run_dashboard(client_as, run):
+    ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 0}, {"correct": 1}])]})
+    html = client_as("viewer").get(f"/runs/{run.id}/").content.decode()
+    assert 'diag-status not_enough_data">not enough data<' in html and "Not enough groups to judge" in html

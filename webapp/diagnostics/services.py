@@ -478,8 +478,10 @@ def slot_summary(run: Run) -> dict[str, Any]:
     h = d["health"]
     findings = with_links(run.id, d["findings"])
     severities = {f["severity"] for f in findings}
+    worst = "critical" if "critical" in severities else "warning" if severities else "healthy"
     out = {
-        "status": "critical" if "critical" in severities else "warning" if severities else "healthy",
+        "status": d.get("status") or worst,  # "not_enough_data": too few groups to judge (first steps, bad input)
+        "note": d.get("note"),
         "n_rollouts": h["n_rollouts"], "step_min": h["step_min"], "step_max": h["step_max"],
         "components": [{k: c[k] for k in ("name", "kind", "weight", "share", "zero_std_frac", "at_max", "at_min")}
                        for c in h["components"]],
