@@ -82,6 +82,13 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "rollouts-explorer": ("viewer", NONE),
     "rollouts-no-signal": ("viewer", NONE),
     "rollouts-group": ("viewer", NONE),
+    "replays-run": ("viewer", "trainer"),
+    "replays-detail": ("viewer", NONE),
+    "replays-progress": ("viewer", NONE),
+    "replays-cancel": (NONE, "trainer"),
+    "api-run-replays": ("viewer", "trainer"),
+    "api-replay": ("viewer", NONE),
+    "api-replay-regress": ("viewer", NONE),
 }
 # Cells that differ from the role ladder on purpose.
 OVERRIDES = {("annotations-delete", "POST", "trainer"): "403"}  # only the author or an admin deletes
@@ -131,6 +138,11 @@ def world(run, personas, make_user):
     ablation = Ablation.objects.create(run=run, name="drop format", spec={"drop": ["format"], "weights": {},
                                              "scale_rewards": "group", "aggregation": "sum_then_normalize"},
                                        results={}, created_by=personas["trainer"])
+    from webapp.replays import services as replays
+    from webapp.replays.models import Replay
+
+    replay = Replay.objects.create(run=run, name="r", versions=[], status="succeeded")
+    Replay.objects.filter(id=replay.id).update(results=replays.pack_results(replays.compute_results(replay)))
     outsider = make_user("outsider", "annotator")
     token = Token.objects.create(user=outsider)
     return {
@@ -138,6 +150,7 @@ def world(run, personas, make_user):
         "rollout_id": rollout.id, "annotation_id": annotation.id, "queue_id": queue.id,
         "position": queue.items.order_by("position").first().position, "label_id": label.id,
         "dataset_id": dataset.id, "ablation_id": ablation.id, "kind": "grpo", "token": token.key,
+        "replay_id": replay.id,
     }
 
 
