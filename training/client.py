@@ -90,6 +90,20 @@ class Client:
             body["reward_settings"] = reward_settings
         return int(self._request("POST", "/api/v1/runs/", body, idempotent=False)["id"])
 
+    def get_or_create_run(self, name: str, environment: str, components: list[str | dict[str, Any]] | None = None,
+                          config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "",
+                          reward_settings: dict[str, Any] | None = None) -> tuple[int, bool]:
+        """The run named `name`, created (as `create_run`) when no run has it: (run id, created). Atomic on
+        the server, so many processes naming one run land in one run, and safe to retry. Components the
+        environment lacks are added to it; `reward_settings` apply only to a run created here."""
+        comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
+        body: dict[str, Any] = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
+                                "environment": {"name": environment, "components": comps}, "get_or_create": True}
+        if reward_settings:
+            body["reward_settings"] = reward_settings
+        answer = self._request("POST", "/api/v1/runs/", body)
+        return int(answer["id"]), bool(answer.get("created"))
+
     def post_settings(self, run_id: int, settings: dict[str, Any]) -> dict[str, Any]:
         """Store the reward settings a trainer trains with: {"weights": {component: w}, "scale_rewards",
         "aggregation", "advantage_epsilon", "group_size", "trainer": {name: scalar}, "source"}. They win
