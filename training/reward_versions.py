@@ -31,6 +31,7 @@ No Django here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -346,3 +347,24 @@ def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
     module's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
     rebuild = _rebuilder(environment)
     return None if rebuild is None else rebuild(key, prompt)
+
+
+def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
+    """`env` with the given versions (ComponentVersion.as_dict() form, as a replay stores them) in place of
+    its components' functions, for a training job that should optimise the replayed reward. Weights, kinds
+    and ranges stay; a version whose source changed since it was recorded is refused (VersionError)."""
+    by_name = {v["component"]: v for v in versions}
+    unknown = set(by_name) - {c.name for c in env.components}
+    if unknown:
+        raise VersionError("reward_versions", f"{sorted(unknown)[0]!r} is not a component of {env.name}")
+    components = []
+    for comp in env.components:
+        v = by_name.get(comp.name)
+        if v is not None:
+            fn = resolve(v["target"])
+            if v.get("source_hash") and source_hash(fn) != v["source_hash"]:
+                raise VersionError("reward_versions", f"{v['target']} changed since the version was recorded")
+            comp = dataclasses.replace(comp, fn=functools.partial(fn, **(v.get("params") or {})))
+        components.append(comp)
+    env.components = components
+    return env

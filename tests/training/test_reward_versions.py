@@ -162,3 +162,17 @@ def test_it_keeps_the_deadline_inside_a_shared_handler_and_restores_the_old_one(
         assert "longer than 0.2 s" in rv.score_one(_slow, {}, PROMPT, "[]", timeout_s=0.2).reason
         assert rv.score_one(lambda p, c: 1.0, {}, PROMPT, "", timeout_s=0.2).ok
     assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_it_swaps_a_replayed_version_into_an_environment_for_training():
+    env = diagram.DiagramEnvironment()
+    strict = rv.lookup("diagram", "semantic_coverage@strict").as_dict()
+    partial = _answer(["Build", "Test", "Deploy"], [("Build", "Test")])
+    assert env.score(PROMPT, partial)["semantic_coverage"].value == pytest.approx(0.75)
+    rv.apply_versions(env, [strict])
+    assert env.score(PROMPT, partial)["semantic_coverage"].value == 0.0
+    assert [c.weight for c in env.components] == [c.weight for c in diagram.COMPONENTS]
+    with pytest.raises(rv.VersionError):
+        rv.apply_versions(diagram.DiagramEnvironment(), [{**strict, "source_hash": "0" * 16}])
+    with pytest.raises(rv.VersionError):
+        rv.apply_versions(diagram.DiagramEnvironment(), [{**strict, "component": "nope"}])
