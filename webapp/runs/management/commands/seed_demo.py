@@ -78,16 +78,21 @@ class Command(BaseCommand):
             config={"policy": "ScriptedDiagramPolicy", "skill": "0.2 -> 0.9", "steps": steps, "G": G,
                     "groups_per_step": groups_per_step, "scale_rewards": "group"},
         )
-        groups = generate_groups(env, ScriptedDiagramPolicy(seed=0, skill=0.2), steps, groups_per_step, G=G, seed=0,
-                                 skill_schedule=linear_schedule(0.2, 0.9, steps), holdout_groups=4)
-        stored = 0
-        for i in tqdm(range(0, len(groups), 50), desc="ingesting demo groups", unit="batch"):
-            stored += ingest_groups(run, {"groups": groups[i:i + 50]}).groups
-        names = [c.name for c in env.components]
-        record_metrics(run, {"metrics": trl_style_metrics(groups, names, {c.name: c.weight for c in env.components})})
-        run.set_progress(steps, steps)
-        run.mark_succeeded()
-        self.stdout.write(f"demo run {run.id}: {stored} new groups ({len(groups)} in all)")
+        holdout = 4
+        if Group.objects.filter(run=run).count() >= steps * (groups_per_step + holdout):
+            self.stdout.write(f"demo run {run.id}: already stored")  # a re-run of make demo generates nothing
+        else:
+            groups = generate_groups(env, ScriptedDiagramPolicy(seed=0, skill=0.2), steps, groups_per_step, G=G,
+                                     seed=0, skill_schedule=linear_schedule(0.2, 0.9, steps), holdout_groups=holdout)
+            stored = 0
+            for i in tqdm(range(0, len(groups), 50), desc="ingesting demo groups", unit="batch"):
+                stored += ingest_groups(run, {"groups": groups[i:i + 50]}).groups
+            names = [c.name for c in env.components]
+            weights = {c.name: c.weight for c in env.components}
+            record_metrics(run, {"metrics": trl_style_metrics(groups, names, weights)})
+            run.set_progress(steps, steps)
+            run.mark_succeeded()
+            self.stdout.write(f"demo run {run.id}: {stored} new groups ({len(groups)} in all)")
         self._stories(user)
         self.stdout.write(f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}")
 
