@@ -76,6 +76,41 @@ def seed(n: int):
     return run
 
 
+def seed_sandboxed(n: int):
+    """An ask_to_code run whose `correctness` replay re-runs every submitted program in the sandbox."""
+    from training.environments import ask_to_code as atc
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.services import create_run, environment_from_training
+    from webapp.runs.models import Run
+
+    name = f"bench-replay-sandbox-{n}"
+    run = Run.objects.filter(name=name).first()
+    if run is not None:
+        return run
+    env = atc.AskToCodeEnv()
+    run = create_run(name=name, kind="grpo", environment=environment_from_training(env), config={},
+                     status="succeeded")
+    groups = max(1, n // 6)
+    ingest_groups(run, {"groups": atc.generate_groups(env, steps=1, groups_per_step=groups, G=6, seed=7)})
+    return run
+
+
+def sandbox_throughput(n: int) -> dict:
+    """One worker process replaying ask_to_code's correctness: each distinct submission runs in the sandbox."""
+    from webapp.replays import services
+    from webapp.replays.models import Replay
+
+    run = seed_sandboxed(n)
+    replay = services.create_replay(run, {"versions": [{"version": "correctness"}], "name": "bench sandbox"})
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bench.replay", "--work", str(replay.id)], check=True)
+    elapsed = time.perf_counter() - t0
+    replay = Replay.objects.get(id=replay.id)
+    return {"sandbox_rollouts": replay.done, "sandbox_s": round(elapsed, 2),
+            "sandbox_per_1000_s": round(elapsed / max(replay.done, 1) * 1000, 1), "sandbox_failed": replay.failed,
+            "sandbox_status": replay.status}
+
+
 def work(replay_id: int) -> None:
     from webapp.replays import services
 
@@ -109,6 +144,8 @@ def timed_replay(run, processes: int) -> tuple[float, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=100_000)
+    parser.add_argument("--sandbox-rollouts", type=int, default=48,
+                        help="also replay this many ask_to_code rollouts through the sandbox (0: skip)")
     parser.add_argument("--work", type=int, help=argparse.SUPPRESS)  # internal: one worker process
     args = parser.parse_args()
     django.setup()
@@ -123,6 +160,7 @@ def main() -> None:
     load0 = os.getloadavg()
     one, info1 = timed_replay(run, 1)
     two, info2 = timed_replay(run, 2)
+    sandbox = sandbox_throughput(args.sandbox_rollouts) if args.sandbox_rollouts else {}
     load1 = os.getloadavg()
     print(json.dumps({"rollouts": n, "one_process_s": round(one, 2), "two_processes_s": round(two, 2),
                       "per_1000_one_s": round(one / n * 1000, 3), "per_1000_two_s": round(two / n * 1000, 3),
@@ -133,7 +171,7 @@ def main() -> None:
                       "median_chunk_s_two": round(info2["chunk_s"], 3),
                       "projected_100k_two_warm_s": round(info2["warm_s"] / n * 100_000, 1), "target_100k_s": TARGET_S,
                       "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in load1],
-                      "cpus": os.cpu_count()}, indent=1))
+                      "cpus": os.cpu_count(), **sandbox}, indent=1))
     print(info2["summary"])
 
 
