@@ -100,3 +100,17 @@ def test_it_exits_the_job_process_cleanly_when_its_run_no_longer_exists(db):
                          text=True, timeout=120)
     assert out.returncode == 0 and "run 987654 no longer exists" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_it_refuses_a_batch_for_a_run_deleted_meanwhile(transactional_db, run):
+    """A job's recorder still holds its Run object when the row goes: its next batch is an ingestion
+    error (logged by the database sink), not an IntegrityError raised into the trainer."""
+    from tests.conftest import make_group
+    from webapp.rollouts.ingest import IngestError, ingest_groups
+    from webapp.rollouts.models import Group
+
+    Run.objects.filter(id=run.id).delete()
+    with pytest.raises(IngestError) as e:
+        ingest_groups(run, {"groups": [make_group(0, "late", [{"correct": 1.0}])]})
+    assert e.value.errors == [{"field": "run", "error": f"run {run.id} was deleted"}]
+    assert not Group.objects.filter(key="late").exists()

@@ -406,6 +406,9 @@ def ingest_groups(run: Run, body: Any) -> IngestResult:
             # A concurrent batch with some of the same groups committed first (unique violation) or
             # wrote them in another order (deadlock): our transaction rolled back whole, and the retry
             # skips the groups that are now stored.
+            if isinstance(e, IntegrityError) and not Run.objects.filter(id=run.id).exists():
+                # Deleted while we wrote (its job is being stopped): a refusal, not a crash in the trainer.
+                raise IngestError([{"field": "run", "error": f"run {run.id} was deleted"}]) from None
             if attempt == RETRIES - 1 or not _lost_race(e):
                 raise
     raise AssertionError("unreachable")
