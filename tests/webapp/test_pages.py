@@ -678,3 +678,22 @@ def test_it_offers_a_review_queue_of_the_explorer_view_to_trainers(client_as, se
     assert 'value="sort=correct&amp;order=asc&amp;step_min=1"' in form and 'value="explorer" selected' in form
     assert 'id="queue-from-view"' not in client_as("viewer").get(url).content.decode()
     assert '<span class="bar-num">' in body  # component numbers beside the bars
+
+
+def test_it_shows_the_runs_own_weights_beside_the_environment_default(client_as, env3):
+    run = _job(env3, kind="grpo", config={"reward_weights": {"correct": 1.0, "format": 2.0, "penalty": 0.2}})
+    body = client_as("viewer").get(reverse("runs-dashboard", args=[run.id])).content.decode()
+    provenance = body[body.index('<section class="provenance">'):]
+    row = re.search(r"<td>format</td>.*?</tr>", provenance, re.S).group(0)
+    assert "2.0" in row and "(default 0.5)" in row, row
+
+
+def test_it_refreshes_the_diagnostics_summary_when_the_run_ends(client_as, seeded):
+    from django.core.cache import cache
+
+    url = reverse("runs-dashboard", args=[seeded.id])
+    client_as("viewer").get(url)
+    cache.set(f"diag-slot:{seeded.id}", {"error": "stale live verdict"}, 600)
+    assert "stale live verdict" in client_as("viewer").get(url).content.decode()  # cached while running
+    seeded.mark_succeeded()
+    assert "stale live verdict" not in client_as("viewer").get(url).content.decode()

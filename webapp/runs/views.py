@@ -81,11 +81,10 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
     data = dashboard_data(run)
     figures = charts.dashboard_figures(data)
     components = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
-    weights = run.reward_weights(components)
-    for c in components:
-        c.weight = weights[c.name]  # shown, never saved: the weight this run trained with, not the default
     logged_hashes = (run.provenance or {}).get("components") or {}
-    provenance = [(c, logged_hashes.get(c.name, "")) for c in components]
+    # The weight this run trained with (trainer-reported or launch-time), beside the environment's default.
+    weights = run.reward_weights(components)
+    provenance = [(c, logged_hashes.get(c.name, ""), weights.get(c.name)) for c in components]
     ctx = {
         "run": run,
         "data": data,
