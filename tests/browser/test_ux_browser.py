@@ -201,8 +201,12 @@ def test_it_opens_every_page_without_a_console_error(page, live_server, diagram_
         "annotate": "/annotations/", "queue": f"/annotations/queues/{queue.id}/",
         "focus": f"/annotations/queues/{queue.id}/focus/0/", "labels": "/annotations/labels/",
         "datasets": "/annotations/datasets/", "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
+        "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/", "activity": "/annotations/activity/",
+        "agreement": f"/annotations/queues/{queue.id}/agreement/", "new-queue": "/annotations/queues/new/",
         **{f"launch-{k}": f"/jobs/launch/{k}/" for k in ("teacher", "sft", "grpo", "dpo", "eval", "probe")},
     }
+    page.goto(base + "/accounts/login/")  # the login page too: no favicon 404 before anyone signs in
+    page.wait_for_load_state("networkidle")
     login(page, live_server, "admin", PASSWORD)
     for name, path in pages.items():
         resp = page.goto(base + path)
