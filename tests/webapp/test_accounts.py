@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -11,6 +12,8 @@ from django.core.management import CommandError, call_command
 
 from tests.conftest import PASSWORD
 from webapp.accounts.views import MAX_FAILURES, normalise_username
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -103,3 +106,35 @@ def test_it_still_accepts_password_on_the_command_line_with_a_warning(db):
     call_command("createuser", "frank", "--password", "argv-pass-word", stdout=io.StringIO(), stderr=err)
     assert get_user_model().objects.get(username="frank").check_password("argv-pass-word")
     assert "visible to every user" in err.getvalue()
+
+
+# ---- the shared cache the limit lives in
+
+
+def test_it_builds_the_cache_from_its_url():
+    from webapp.env import cache_settings
+
+    redis = cache_settings("redis://cache:6379/3")
+    assert redis["BACKEND"].endswith("RedisCache") and redis["LOCATION"] == "redis://cache:6379/3"
+    assert cache_settings("file:///srv/rd/cache") == {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": "/srv/rd/cache"}
+    assert cache_settings("locmem://")["BACKEND"].endswith("LocMemCache")
+
+
+@pytest.mark.parametrize("env, backend", [
+    ({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5"}, "RedisCache redis://127.0.0.1:6379/5"),
+    ({"CELERY_BROKER_URL": "filesystem://"}, "FileBasedCache {var}/cache/django"),
+    ({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5", "CACHE_URL": "file:///tmp/elsewhere"},
+     "FileBasedCache /tmp/elsewhere"),
+])
+def test_it_shares_the_brokers_redis_or_a_file_cache_by_default(env, backend, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'webapp.settings'; from django.conf import settings; "
+            "c = settings.CACHES['default']; print(c['BACKEND'].rsplit('.', 1)[1], c['LOCATION'])")
+    base = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "CELERY_BROKER_URL")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "RD_VAR_DIR": str(tmp_path), **env},
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == backend.format(var=tmp_path), out.stderr[-2000:]
