@@ -39,6 +39,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-run-rollouts": ("viewer", NONE),
     "api-run-finish": (NONE, OWNER),
     "api-run-ablations": ("viewer", "trainer"),
+    "api-run-diagnostics": ("viewer", NONE),
     "api-ablation": ("viewer", NONE),
     "rollouts-transcript": ("viewer", NONE),
     "diagnostics-run": ("viewer", NONE),
