@@ -48,6 +48,16 @@
     row("changed", changed.length ? changed.map(function (el) { return label(el) + " = " + value(el); }).join(", ")
                                   : "nothing else (defaults)");
   }
+  // Reward weights are per environment: another environment reloads the form with its components.
+  var env = field("environment");
+  if (env && form.querySelector('[name^="weight_"]')) {
+    env.addEventListener("change", function () {
+      var url = new URL(window.location.href);
+      url.searchParams.set("environment", env.value);
+      url.searchParams.set("base_model", "tiny:" + env.value);
+      window.location.href = url.toString();
+    });
+  }
   form.addEventListener("input", render);
   form.addEventListener("change", render);
   render();

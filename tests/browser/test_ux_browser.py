@@ -94,6 +94,12 @@ def test_it_launches_grpo_with_reward_weights_that_the_run_stores(page, live_ser
     assert page.locator("fieldset legend").all_inner_texts() == [
         "Model", "Data", "Optimisation", "Algorithm", "Reward weights", "LoRA", "Recording"]
     assert not page.locator('input[name="cfg_epsilon"]').is_visible()  # advanced: folded
+    other = [c.name for c in get_environment("ask_to_code").components]
+    page.select_option('select[name="environment"]', "ask_to_code")  # its own components' weights
+    page.wait_for_url(re.compile(r".*environment=ask_to_code.*"))
+    assert page.eval_on_selector_all('[name^="weight_"]', "es => es.map(e => e.name.slice(7))") == other
+    page.select_option('select[name="environment"]', "diagram")
+    page.wait_for_url(re.compile(r".*environment=diagram.*"))
     page.fill('input[name="name"]', "weighted grpo")
     for n, w in weights.items():
         page.fill(f'input[name="weight_{n}"]', str(w))

@@ -697,3 +697,12 @@ def test_it_refreshes_the_diagnostics_summary_when_the_run_ends(client_as, seede
     assert "stale live verdict" in client_as("viewer").get(url).content.decode()  # cached while running
     seeded.mark_succeeded()
     assert "stale live verdict" not in client_as("viewer").get(url).content.decode()
+
+
+def test_it_offers_the_weights_of_the_environment_asked_for(client_as, db):
+    from training.environments import get_environment
+
+    page = client_as("trainer").get(reverse("jobs-launch", args=["grpo"]), {"environment": "ask_to_code"})
+    names = re.findall(r'name="weight_([^"]+)"', page.content.decode())
+    assert names == [c.name for c in get_environment("ask_to_code").components]
+    assert 'value="tiny:ask_to_code"' in page.content.decode()

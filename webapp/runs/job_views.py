@@ -28,7 +28,8 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     require_role(request, "trainer")
     if kind not in JOBS:
         raise Http404("unknown job kind")
-    initial = {"environment": "diagram", "base_model": request.GET.get("base_model", "tiny:diagram")}
+    env = request.GET.get("environment", "diagram")  # the launch page reloads with it: weights are per environment
+    initial = {"environment": env, "base_model": request.GET.get("base_model", f"tiny:{env}")}
     if request.GET.get("parent"):
         initial["parent"] = request.GET["parent"]
     form = LaunchForm(kind, request.POST or None, initial=initial)
