@@ -1,24 +1,20 @@
 """Plotly figure dicts for the replay page, built from `analysis.compare`'s output. Pure functions.
 
 Drawn by static/js/app.js from a `json_script` blob. Component names come from the run's environment (an
-API client may name them anything), so every string that plotly could read as markup is HTML-escaped here
-(plotly renders a few tags in names and tick labels and decodes entities back for display). Histogram
-bins are category labels, not numbers: a click on a bar must not navigate to the explorer at a "step".
+API client may name them anything), so `figures` passes through the project's `escape_figure` (plotly
+renders a few tags in names and tick labels). Histogram bins are category labels, not numbers: a click on
+a bar must not navigate to the explorer at a "step".
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from webapp.diagnostics.charts import _layout
+from webapp.runs.charts import escaped
 
 Figure = dict[str, Any]
 OLD, NEW = "#94a3b8", "#2563eb"
-
-
-def _e(text: str) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def histogram_figure(row: dict[str, Any]) -> Figure:
@@ -27,17 +23,18 @@ def histogram_figure(row: dict[str, Any]) -> Figure:
     labels = [f"{a:.2f}–{b:.2f}" for a, b in zip(edges[:-1], edges[1:])]
     data = [{"type": "bar", "x": labels, "y": h["old"], "name": "original", "marker": {"color": OLD}},
             {"type": "bar", "x": labels, "y": h["new"], "name": "replay", "marker": {"color": NEW}}]
-    return {"data": data, "layout": _layout(f"{_e(row['name'])}: distribution", "rollouts", "value",
+    return {"data": data, "layout": _layout(f"{row['name']}: distribution", "rollouts", "value",
                                             barmode="group", height=230)}
 
 
 def _bars(rows: list[dict[str, Any]], field: str, title: str, y_title: str, **layout: Any) -> Figure:
-    names = [_e(r["name"]) for r in rows]
+    names = [r["name"] for r in rows]
     data = [{"type": "bar", "x": names, "y": [r[side][field] for r in rows], "name": label,
              "marker": {"color": color}} for side, label, color in (("old", "original", OLD), ("new", "replay", NEW))]
     return {"data": data, "layout": _layout(title, y_title, "", barmode="group", **layout)}
 
 
+@escaped
 def figures(report: dict[str, Any]) -> dict[str, Figure]:
     rows = report["components"]
     components = [r for r in rows if r["weight"] is not None]
