@@ -706,3 +706,35 @@ def test_it_offers_the_weights_of_the_environment_asked_for(client_as, db):
     names = re.findall(r'name="weight_([^"]+)"', page.content.decode())
     assert names == [c.name for c in get_environment("ask_to_code").components]
     assert 'value="tiny:ask_to_code"' in page.content.decode()
+
+
+@pytest.mark.parametrize("role", ["viewer", "annotator"])
+def test_it_shows_no_link_the_role_cannot_follow(client_as, seeded, personas, role):
+    """Crawl from every page a role opens, two links deep: no link leads to a 403."""
+    from webapp.annotations.models import Label
+    from webapp.annotations.services import create_queue, save_annotation
+
+    sft = _job(seeded.environment, kind="sft", status="succeeded")
+    queue = create_queue(name="q", run=seeded, source="explorer", params={"sort": "reward"}, limit=3, seed=None,
+                         overlap=1, created_by=personas["trainer"], assignees=[personas["annotator"]])
+    save_annotation(queue.items.first().rollout, personas["annotator"], label=Label.objects.get(slug="good"))
+    client = client_as(role)
+    seen: set[str] = set()
+    frontier = [reverse("runs-list"), reverse("runs-dashboard", args=[seeded.id]),
+                reverse("jobs-detail", args=[sft.id]), reverse("annotations-queue", args=[queue.id]),
+                reverse("annotations-home")]
+    forbidden = []
+    for _depth in range(2):
+        found = []
+        for url in frontier:
+            if url in seen:
+                continue
+            seen.add(url)
+            resp = client.get(url)
+            if resp.status_code == 403:
+                forbidden.append(url)
+            elif resp.status_code == 200 and "html" in resp.get("Content-Type", ""):
+                found += [h.replace("&amp;", "&") for h in re.findall(r'href="(/[^"#]*)"', resp.content.decode())
+                          if not h.startswith(("/static/", "/accounts/logout")) and "download" not in h]
+        frontier = found
+    assert forbidden == [] and len(seen) > 15
