@@ -41,8 +41,13 @@ def escape_figure(value: Any, text: bool = False) -> Any:
     if isinstance(value, dict):
         return {k: escape_figure(v, k in TEXT_KEYS) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if all(type(v) in _PLAIN for v in value):  # a series of numbers (most of a figure): nothing to escape
+            return list(value)
         return [escape_figure(v, text) for v in value]
     return value
+
+
+_PLAIN = (int, float, type(None))
 
 
 def escaped(builder: Callable[..., Any]) -> Callable[..., Any]:
