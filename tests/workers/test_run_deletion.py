@@ -114,3 +114,39 @@ def test_it_refuses_a_batch_for_a_run_deleted_meanwhile(transactional_db, run):
         ingest_groups(run, {"groups": [make_group(0, "late", [{"correct": 1.0}])]})
     assert e.value.errors == [{"field": "run", "error": f"run {run.id} was deleted"}]
     assert not Group.objects.filter(key="late").exists()
+
+
+def test_it_answers_false_not_does_not_exist_when_a_held_run_is_gone(db, env3):
+    run = create_run(name="gone", kind="grpo", environment=env3, config={})
+    Run.objects.filter(id=run.id).delete()
+    assert run.claim("w") is False
+    assert run.mark_failed("late") is False and run.mark_succeeded() is False and run.mark_cancelled() is False
+    run.request_cancel()  # a cancel of a run deleted meanwhile is a no-op
+
+
+def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(transactional_db, tmp_path, monkeypatch):
+    """The run goes between two batches: the import stops with a CommandError naming it, not a traceback."""
+    import io
+    import json
+
+    from django.core.management import CommandError, call_command
+
+    from tests.conftest import make_group
+    from webapp.rollouts.management.commands import import_rollouts
+
+    dump = tmp_path / "d.jsonl"
+    dump.write_text("".join(json.dumps(make_group(0, f"k{i}", [{"c": 1}])) + "\n" for i in range(6)))
+    real = import_rollouts.ingest_groups
+    calls = []
+
+    def ingest_then_delete(run, body):
+        calls.append(1)
+        if len(calls) == 2:
+            Run.objects.filter(id=run.id).delete()
+        return real(run, body)
+
+    monkeypatch.setattr(import_rollouts, "ingest_groups", ingest_then_delete)
+    with pytest.raises(CommandError, match="was deleted"):
+        call_command("import_rollouts", str(dump), "--run", "vanishing", "--format", "jsonl", "--no-progress",
+                     "--batch-groups", "2", stdout=io.StringIO(), stderr=io.StringIO())
+    assert not Run.objects.filter(name="vanishing").exists()

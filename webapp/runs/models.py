@@ -100,9 +100,15 @@ class Run(models.Model):
         n = Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
             status=self.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker
         )
-        if n == 1:
+        return n == 1 and self._refresh()
+
+    def _refresh(self) -> bool:
+        """Reload the row; False when it is gone (a run may be deleted while a worker or an import holds it)."""
+        try:
             self.refresh_from_db()
-        return n == 1
+        except Run.DoesNotExist:
+            return False
+        return True
 
     def mark_started(self) -> None:
         self.status = self.Status.RUNNING
@@ -115,7 +121,7 @@ class Run(models.Model):
         n = Run.objects.filter(id=self.id).exclude(status__in=self.FINISHED).update(
             status=status, finished_at=timezone.now(), error=error[-LOG_TAIL_CHARS:], pid=None
         )
-        self.refresh_from_db()
+        self._refresh()
         return n == 1
 
     def mark_succeeded(self) -> bool:
@@ -136,7 +142,7 @@ class Run(models.Model):
         Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
             status=self.Status.CANCELLED, finished_at=timezone.now()
         )
-        self.refresh_from_db()
+        self._refresh()
 
     def append_log(self, text: str) -> None:
         tail = (self.log_tail + text)[-LOG_TAIL_CHARS:]

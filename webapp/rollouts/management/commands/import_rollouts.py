@@ -362,7 +362,8 @@ class Command(BaseCommand):
             raise CommandError(f"{source}: {e.field}: {e.message}") from None
 
     def _save(self, run: Run, reader: Reader, stats: ImportStats, o: dict[str, Any], stopped: str | None) -> None:
-        run.refresh_from_db()
+        if not run._refresh():
+            return  # the run was deleted during the import: nothing left to record on
         summary = dict(run.summary or {})
         summary["import"] = {
             **reader.notes(), "source": str(o["file"]), "groups": stats.groups, "rollouts": stats.rollouts,
