@@ -136,6 +136,12 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
     page.wait_for_function((count % ("metric:kl", 0)) + " === 10", timeout=20_000)
     assert page.evaluate("window.__same_page") == 1  # no reload happened
     shot(page, "ux-dashboard-live")
+    # The runs list follows the run's progress without a reload too.
+    page.goto(live_server.url + "/")
+    diagram_run.set_progress(30, 120)
+    expect(page.locator("#runs-table .run-step")).to_have_text("step 30/120 · 25%", timeout=20_000)
+    page.goto(f"{live_server.url}/runs/{diagram_run.id}/")
+    page.wait_for_selector('[data-chart="reward"] .main-svg')
     # The run ends: the page stops asking.
     diagram_run.mark_succeeded()
     page.wait_for_function("!document.querySelector('[data-figures]').hasAttribute('data-live')", timeout=20_000)

@@ -738,3 +738,11 @@ def test_it_shows_no_link_the_role_cannot_follow(client_as, seeded, personas, ro
                           if not h.startswith(("/static/", "/accounts/logout")) and "download" not in h]
         frontier = found
     assert forbidden == [] and len(seen) > 15
+
+
+def test_it_refreshes_the_runs_table_only_while_a_job_runs(client_as, env3):
+    run = _job(env3, kind="grpo", status="running")
+    page = client_as("viewer").get(reverse("runs-list")).content.decode()
+    assert 'hx-trigger="every 5s" hx-select="#runs-table"' in page
+    run.mark_succeeded()
+    assert 'hx-select="#runs-table"' not in client_as("viewer").get(reverse("runs-list")).content.decode()

@@ -61,7 +61,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
     ctx = {"rows": rows, "kinds": Run.Kind.choices, "statuses": Run.Status.choices, "kind": kind,
-           "status": status, "errors": errors, "launch_kinds": LAUNCH_KINDS}
+           "status": status, "errors": errors, "launch_kinds": LAUNCH_KINDS,
+           "any_live": any(r.status == Run.Status.RUNNING and r.kind != Run.Kind.IMPORT for r in runs)}
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
 
 
