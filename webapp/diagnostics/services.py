@@ -416,7 +416,9 @@ def _fingerprint(run: Run, *parts: Any) -> str:
     """Changes whenever the run gains groups or its weights/settings change: the cache key."""
     g = Group.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
     m = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
-    raw = json.dumps([run.id, g, m, run.config or {}, run.reward_settings or {}, *parts], sort_keys=True, default=str)
+    # created_at: the cache is shared and outlives a database (a reset, a test session): run ids repeat.
+    raw = json.dumps([run.id, run.created_at, g, m, run.config or {}, run.reward_settings or {}, *parts],
+                     sort_keys=True, default=str)
     return hashlib.sha1(raw.encode()).hexdigest()
 
 
