@@ -382,3 +382,11 @@ def test_it_sizes_a_dataset_run_from_the_records_and_epochs(client_as, run, case
     assert reverse("runs-dashboard", args=[by_epochs.id]) in page  # dataset -> run
     run_page = client_as("viewer").get(reverse("jobs-detail", args=[by_epochs.id])).content.decode()
     assert reverse("annotations-dataset", args=[ds.id]) in run_page  # run -> dataset
+
+
+@pytest.mark.slow  # builds the offline tiny model (~20 s on a shared machine)
+def test_it_renders_standard_prompts_with_the_tiny_models_own_template(run, cases, personas, settings, tmp_path):
+    settings.MODELS_DIR = tmp_path / "models"
+    ds = export_("sft", "standard", user=personas["trainer"], run=run, model="tiny:diagram")
+    assert lines(ds)[0]["prompt"] == "<|user|>\nPrompt 0<|end|>\n<|assistant|>\n"
+    assert ds.source["prompt_format"] == "chat template of tiny:diagram"
