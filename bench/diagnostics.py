@@ -29,6 +29,7 @@ C = dg.ComponentInfo
 MAX_ROLLOUTS = 40_000  # per generated run: keeps the whole bench to about a minute on two cores
 # Healthy start levels per kind (penalties: how often they fire): groups keep varying at these.
 LEVELS = {"outcome": (0.25, 0.5), "process": (0.3, 0.6), "behavioural": (0.45, 0.7), "penalty": (0.05, 0.3)}
+SLIP = 0.005  # saturation and trivial outputs are planted with 1 rollout in 200 escaping them
 RANGES = {"outcome": (0.0, 1.0), "process": (0.0, 1.0), "behavioural": (0.0, 1.0), "penalty": (-1.0, 0.0)}
 
 
@@ -43,6 +44,7 @@ class Spec:
     # after the onset (step >= onset): "const" (value `after`), "level" (level becomes `after`), or None
     mode: str | None = None
     after: float = 0.0
+    slip: float = 0.0  # with "const": the share of rollouts that still get their ordinary draw (noise)
 
 
 @dataclass
@@ -114,7 +116,7 @@ def generate(specs: list[Spec], shape: Shape, onset: int | None, rng: np.random.
             else:
                 v = np.clip(np.round((p + rng.normal(0, 0.2, (m, g))) * 8) / 8, 0.0, 1.0)
             if after and sp.mode == "const":
-                v = np.full((m, g), sp.after)
+                v = np.where(rng.random((m, g)) < sp.slip, v, sp.after)
             vals[:, :, j] = v
         if after and solved_after:
             solved = rng.random(m) < solved_after
@@ -148,16 +150,16 @@ def plant(kind: str, rng: np.random.Generator, declared: bool) -> Planted:
         specs.append(Spec(C("verifier", 0.8, "process" if declared else "", 0.0, 1.0), False, 0.4, 0.6, "const", 0.5))
         return Planted(kind, generate(specs, shape, onset, rng), {"dead_component"}, "verifier", onset)
     if kind == "saturation":
-        specs.insert(1, replace(_behavioural(rng, declared), mode="const", after=1.0))
+        specs.insert(1, replace(_behavioural(rng, declared), mode="const", after=1.0, slip=SLIP))
         return Planted(kind, generate(specs, shape, onset, rng), {"saturation"}, "format", onset)
-    if kind == "unreachable":  # the outcome drops to (almost) never succeeding
-        specs[0] = replace(specs[0], binary=True, mode="level", after=0.0)
+    if kind == "unreachable":  # the outcome drops to (almost) never succeeding: only the easiest prompts, rarely
+        specs[0] = replace(specs[0], binary=True, mode="level", after=-0.1)  # p = offset - 0.1: 0.6% succeed
         return Planted(kind, generate(specs, shape, onset, rng), {"unreachable_reward"}, out, onset)
     if kind == "signal_collapse":
         return Planted(kind, generate(specs, shape, onset, rng, solved_after=0.9), {"signal_collapse"}, None, onset)
     if kind == "trivial_outputs":  # validity saturates, the task goes flat at zero
-        specs = [replace(specs[0], mode="const", after=0.0),
-                 replace(_behavioural(rng, declared), mode="const", after=1.0)]
+        specs = [replace(specs[0], mode="const", after=0.0, slip=SLIP),
+                 replace(_behavioural(rng, declared), mode="const", after=1.0, slip=SLIP)]
         return Planted(kind, generate(specs, shape, onset, rng), {"trivial_outputs"}, None, onset)
     if kind == "length_hacking":
         return Planted(kind, generate(specs, shape, None, rng, length_hack=True), {"length_hacking"}, None, None)

@@ -882,12 +882,14 @@ def _local_end(table: StepTable, i: int, t: Thresholds) -> int:
     return min(max(j, i + 1), table.steps.size)
 
 
-def _refine(table: StepTable, t: Thresholds, holds: Callable[[int, int], bool], i: int, last: int) -> int:
+def _refine(table: StepTable, t: Thresholds, holds: Callable[[int, int], bool], i: int, last: int,
+            local: Callable[[int, int], bool] | None = None) -> int:
     """A pooled suffix can hold from a few steps before the change (the later steps outweigh them): move
-    the onset forward while its own first steps are not in the state and the suffix after them still is."""
-    s = table.steps.size
+    the onset forward while its own first steps are not in the state (`local`, default `holds`) and the
+    suffix after them still is."""
+    s, local = table.steps.size, local or holds
     for _ in range(1000):  # bounded: a grid of candidates leaves at most a few hundred steps between two
-        if i >= last or holds(i, _local_end(table, i, t)) or not holds(i + 1, s):
+        if i >= last or local(i, _local_end(table, i, t)) or not holds(i + 1, s):
             break
         i += 1
     return i
@@ -907,10 +909,14 @@ def state_onsets(table: StepTable, t: Thresholds, kinds: dict[str, str] | None =
             seen.setdefault(_key(f), i)
     out = []
     for key, first in seen.items():
-        def holds(a: int, b: int, key: tuple[str, str | None] = key) -> bool:
-            return any(_key(f) == key for f in _state_findings(table.health(a, b, kinds), t, stuck))
+        # Over a few steps, an almost-unreachable outcome is often not reached at all: then it reads as
+        # "never varies" (dead), and those steps are in the state all the same.
+        same = frozenset({key, ("dead_component", key[1])} if key[0] == "unreachable_reward" else {key})
 
-        i = _refine(table, t, holds, first, last)
+        def holds(a: int, b: int, keys: frozenset[tuple[str, str | None]] = frozenset({key})) -> bool:
+            return any(_key(f) in keys for f in _state_findings(table.health(a, b, kinds), t, stuck))
+
+        i = _refine(table, t, holds, first, last, local=lambda a, b, keys=same: holds(a, b, keys))
         f = next(f for f in _state_findings(table.health(i, s, kinds), t, stuck) if _key(f) == key)
         f.onset_step = int(table.steps[i])
         out.append(f)

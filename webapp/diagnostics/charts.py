@@ -47,9 +47,11 @@ def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
             onsets.setdefault(int(f["onset_step"]), []).append(str(f.get("code", "")))
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": s, "x1": s, "y0": 0, "y1": 1,
                "line": {"color": "#b91c1c", "width": 1.2, "dash": "dash"}} for s in sorted(onsets)]
-    notes = [{"x": s, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
-              "text": f"step {s}: {', '.join(sorted(set(codes)))}", "font": {"size": 10, "color": "#b91c1c"}}
-             for s, codes in sorted(onsets.items())]
+    # Labels sit just right of their line, one row lower each, so onsets a few steps apart stay readable.
+    notes = [{"x": s, "y": 1 - 0.09 * (k % 4), "xref": "x", "yref": "paper", "xanchor": "left", "yanchor": "top",
+              "showarrow": False, "text": f" step {s}: {', '.join(sorted(set(codes)))}",
+              "bgcolor": "rgba(255,255,255,0.8)", "font": {"size": 10, "color": "#b91c1c"}}
+             for k, (s, codes) in enumerate(sorted(onsets.items()))]
     return {"shapes": shapes, "annotations": notes} if shapes else {}
 
 
