@@ -87,15 +87,13 @@ def seed(n_rollouts: int) -> Any:
 
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group
-    from webapp.rollouts.services import create_run, ensure_environment
-    from webapp.runs.models import Run
+    from webapp.rollouts.services import ensure_environment, get_or_create_run
 
     groups_per_step = max(1, n_rollouts // (G * STEPS))
     env = ensure_environment("bench-4c", COMPONENTS)
     name = f"bench-pages-{n_rollouts}"
-    run = Run.objects.filter(name=name).first() or create_run(
-        name=name, kind="grpo", environment=env, config={"num_generations": G}, status="running",
-        base_model="bench/tiny")
+    run, _ = get_or_create_run(name=name, kind="grpo", environment=env, config={"num_generations": G},
+                               status="running", base_model="bench/tiny")
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
     todo = [s for s in range(STEPS) if s not in done]
     if not todo:

@@ -144,7 +144,8 @@ class RunNameConflict(SpecError):
 
 @transaction.atomic
 def get_or_create_run(*, name: str, kind: str, environment: Environment | None, config: dict | None = None,
-                      owner=None, base_model: str = "", status: str = Run.Status.RUNNING) -> tuple[Run, bool]:
+                      owner=None, base_model: str = "", parent: Run | None = None,
+                      status: str = Run.Status.RUNNING) -> tuple[Run, bool]:
     """The run named `name`, or a new one: (run, created). The one way to find-or-create a run by name
     (the API's `get_or_create`, `import_rollouts`, recorders and reward wrappers naming a run).
 
@@ -164,7 +165,7 @@ def get_or_create_run(*, name: str, kind: str, environment: Environment | None, 
     if found:
         return found[0], False
     run = create_run(name=name, kind=kind, environment=environment, config=config or {}, owner=owner,
-                     base_model=base_model, status=status)
+                     base_model=base_model, parent=parent, status=status)
     return run, True
 
 

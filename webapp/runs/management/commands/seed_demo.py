@@ -20,7 +20,7 @@ from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.accounts.roles import set_role
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group
-from webapp.rollouts.services import create_run, environment_from_training
+from webapp.rollouts.services import environment_from_training, get_or_create_run
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -73,7 +73,7 @@ class Command(BaseCommand):
         user = _user(DEMO_USER, DEMO_PASSWORD, "admin")
         env = get_environment("diagram")
         db_env = environment_from_training(env)
-        run = Run.objects.filter(name=RUN_NAME).first() or create_run(
+        run, _ = get_or_create_run(
             name=RUN_NAME, kind=Run.Kind.IMPORT, environment=db_env, owner=user, status=Run.Status.RUNNING,
             config={"policy": "ScriptedDiagramPolicy", "skill": "0.2 -> 0.9", "steps": steps, "G": G,
                     "groups_per_step": groups_per_step, "scale_rewards": "group"},
@@ -125,7 +125,7 @@ def _user(username: str, password: str, role: str):
 
 def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None) -> Run:
     """The story's run, generated and ingested once (a re-run finds every group stored and skips it)."""
-    run = Run.objects.filter(name=name).first() or create_run(
+    run, _ = get_or_create_run(
         name=name, kind=Run.Kind.IMPORT, environment=db_env, owner=user, status=Run.Status.RUNNING, parent=parent,
         config={"policy": "ScriptedAskPolicy", "story": "broken verifier" if broken else "fixed verifier",
                 "scale_rewards": "group", **STORY},
