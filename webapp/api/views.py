@@ -126,7 +126,8 @@ def runs(request: Request) -> Response:
     if settings and created:
         run.reward_settings = settings
         run.save(update_fields=["reward_settings"])
-    return Response({"id": run.id, "created": created}, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+    return Response({"id": run.id, "created": created},
+                    status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 RUN_FIELDS = {"name": str, "kind": str, "config": dict, "environment": dict, "base_model": str,
