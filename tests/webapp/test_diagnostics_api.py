@@ -178,3 +178,21 @@ def test_it_says_not_enough_data_on_the_run_dashboard(client_as, run):
     ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 0}, {"correct": 1}])]})
     html = client_as("viewer").get(f"/runs/{run.id}/").content.decode()
     assert 'diag-status not_enough_data">not enough data<' in html and "Not enough groups to judge" in html
+
+
+def test_it_infers_kinds_for_components_sent_without_one(api, personas):
+    """A run created through the API with bare component names (no kind, no range) still gets its
+    saturation finding, and the answer says what was inferred."""
+    client = api(personas["trainer"])
+    r = client.post("/api/v1/runs/", {"name": "no-kinds", "environment": {"name": "bare", "components": [
+        {"name": "passes"}, {"name": "asked", "weight": 0.6}]}}, format="json")
+    assert r.status_code in (200, 201), r.content
+    run_id = r.json()["id"]
+    groups = [make_group(s, f"p{k}", [{"passes": int((i + k + s) % 3 == 0), "asked": 1 if s >= 4 else (i + k) % 2}
+                                      for i in range(4)]) for s in range(12) for k in range(3)]
+    assert client.post(f"/api/v1/runs/{run_id}/groups/", {"groups": groups}, format="json").status_code in (200, 201)
+    doc = api(personas["viewer"]).get(f"/api/v1/runs/{run_id}/diagnostics/").json()
+    f = finding(doc, "saturation")
+    assert f["component"] == "asked" and f["onset_step"] == 4 and "No kinds were declared" in f["detail"]
+    assert doc["inferred_kinds"]["asked"].endswith("validity-like")
+    assert doc["inferred_kinds"]["passes"].endswith("task-like")
