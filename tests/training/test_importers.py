@@ -17,6 +17,7 @@ import pytest
 
 from training import stats
 from training.importers import BadRecord, GroupItem, MetricsItem, ReaderError, open_reader
+from training.importers.base import stable_hash
 
 # ------------------------------------------------------------------------------------------------ sample writers
 
@@ -205,9 +206,27 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
     assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc"]
     assert r["state"] == {"gts": "gt1", "extra": {"pred": "p3"}}
     scores = np.array([x["reward"] for x in q2.record["rollouts"]])
-    expected = (scores - scores.mean()) / (scores.std(ddof=1) + stats.EPS)
-    assert [x["advantage"] for x in q2.record["rollouts"]] == pytest.approx(expected.tolist())
+    expected = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)  # verl's epsilon, not TRL's 1e-4
+    assert [x["advantage"] for x in q2.record["rollouts"]] == pytest.approx(expected.tolist(), abs=1e-9)
     assert reader.sample_components() == ["acc"]
+    assert reader.settings() == {"advantage_epsilon": 1e-6, "scale_rewards": "group"}
+
+
+def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path):
+    """verl's math reward returns acc as a bool; a reward function may return the batch's uid too."""
+    lines = verl_lines(3, ["Q1"], n=4)  # one prompt drawn twice in the step: two uids
+    for j, line in enumerate(lines):
+        line.update(acc=bool(j % 2), uid=f"u{j // 2}")
+    reader = open_reader("verl", write_jsonl(tmp_path / "3.jsonl", lines), components=["acc"],
+                         scale_rewards="none")  # norm_adv_by_std_in_grpo=False
+    groups, bad, _ = items(reader)
+    assert bad == [] and [(g.record["key"], len(g.record["rollouts"])) for g in groups] == [("uid-u0", 2),
+                                                                                          ("uid-u1", 2)]
+    r0, r1 = groups[0].record["rollouts"]
+    assert (r0["rewards"], r1["rewards"]) == ({"acc": 0.0}, {"acc": 1.0})
+    mean = (r0["reward"] + r1["reward"]) / 2
+    assert r1["advantage"] == pytest.approx(r1["reward"] - mean)  # no std: r - mean
+    assert reader.settings()["scale_rewards"] == "none"
 
 
 def test_it_reports_a_bad_verl_line_with_its_number_and_drops_its_group(tmp_path):
@@ -397,3 +416,109 @@ def test_it_imports_a_real_trl_run_with_its_weights_groups_and_only_its_reward_f
             assert r["reward"] == pytest.approx(expected["reward"], abs=1e-6)  # TRL's weighted sum
             assert r["advantage"] == pytest.approx(expected["advantage"], abs=1e-6)
             assert set(r["rewards"]) == {"distinct_chars", "has_digit"}
+
+
+# ------------------------------------------------------------------------------------------------ PRIME-RL episodes
+
+
+def prime_episode(step: int, group: str, j: int, *, kind: str = "train", advantages: float | None = None,
+                  ok: bool = True) -> dict[str, Any]:
+    """One verifiers Episode.to_record() as PRIME-RL's FileMonitor writes it (verifiers/v1/episode.py,
+    trace.py, graph.py; model_dump(mode="json", exclude_none=True): None fields are left out)."""
+    task = {"type": "MathTask", "data": {"question": f"Q {group}", "answer": "4"}, "key": f"task-{group}",
+            "hash": stable_hash(group)}
+    assistant = {"parent": 1, "message": {"role": "assistant", "content": f"answer {group}.{j}"}, "sampled": True,
+                 "timestamp": 1.0, "token_ids": [5, 6, 7], "mask": [True, True, True], "is_content": [],
+                 "logprobs": [-0.1, -0.2, -0.3]}
+    if advantages is not None:
+        assistant["advantages"] = [advantages] * 3
+    trace = {
+        "version": 1, "id": f"tr-{group}-{j}", "verifiers": {"version": "0.2.0"}, "task": task,
+        "agent": {"config": {"id": "single-turn"}, "name": "agent", "trainable": True}, "tools": [],
+        "nodes": [{"message": {"role": "system", "content": "Be brief."}, "sampled": False, "timestamp": 1.0,
+                   "token_ids": [1], "mask": [False], "is_content": [], "logprobs": []},
+                  {"parent": 0, "message": {"role": "user", "content": [{"type": "text", "text": f"Q {group}"}]},
+                   "sampled": False, "timestamp": 1.0, "token_ids": [2, 3], "mask": [False, False],
+                   "is_content": [], "logprobs": []},
+                  assistant],
+        "calls": [], "request_rewrites": [], "response_rewrites": [],
+        "rewards": {"correct": {"score": float(j % 2), "weight": 1.0}, "brevity": {"score": 0.1 * j, "weight": 0.5}},
+        "metrics": {"num_turns": 1.0}, "info": {}, "extra_usage": [], "is_completed": True, "ok": ok,
+        "stop_condition": "completed", "errors": [],
+        "timing": {"start": 1.0, "boot": {"start": 0.0, "end": 0.0}, "setup": {"start": 0.0, "end": 0.0}},
+    }
+    return {"id": f"ep-{group}-{j}", "env": {"id": "math", "name": "math"}, "task": task, "group": {"id": group},
+            "run": {"type": "train", "id": "run-1", "work": {"type": kind, "step": step, "policy": {"start": step,
+                                                                                                     "end": step}}},
+            "ok": ok, "errors": [], "traces": [trace]}
+
+
+def write_prime_run(root: Path) -> Path:
+    for step in (1, 2):
+        eps = [prime_episode(step, g, j) for j in range(3) for g in ("a", "b")]  # written as they finish
+        write_jsonl(root / "rollouts" / f"step_{step}" / "train" / "effective" / "traces.jsonl", eps)
+        write_jsonl(root / "rollouts" / f"step_{step}" / "train" / "all" / "traces.jsonl", eps)
+    write_jsonl(root / "rollouts" / "step_2" / "eval" / "all" / "traces.jsonl",
+                [prime_episode(2, "e", j, kind="eval") for j in range(2)])
+    return root
+
+
+def test_it_reads_prime_rl_traces_files_recursively_grouped_by_group_id(tmp_path):
+    reader = open_reader("prime-rl", write_prime_run(tmp_path))
+    groups, bad, _ = items(reader)
+    assert bad == []
+    assert [(g.record["step"], g.record["key"], len(g.record["rollouts"]), g.record.get("split", "train"))
+            for g in groups] == [(1, "g-a", 3, "train"), (1, "g-b", 3, "train"), (2, "g-e", 2, "holdout"),
+                                 (2, "g-a", 3, "train"), (2, "g-b", 3, "train")]
+    assert len(reader.duplicates) == 2 and all("/all/" in d for d in reader.duplicates)  # effective wins
+    g = groups[0].record
+    assert g["prompt"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q a"}]
+    r = g["rollouts"][1]
+    assert r["transcript"] == [{"role": "assistant", "content": "answer a.1"}]
+    assert r["rewards"] == {"correct": 1.0, "brevity": pytest.approx(0.1)}
+    assert r["reward"] == pytest.approx(1.0 + 0.5 * 0.1)  # the trace's reward: sum of score x weight
+    rewards = [x["reward"] for x in g["rollouts"]]
+    assert r["advantage"] == pytest.approx(r["reward"] - sum(rewards) / 3)  # PRIME-RL GRPO: r - group mean
+    assert r["state"]["stop_condition"] == "completed" and r["state"]["metrics"] == {"num_turns": 1.0}
+    assert reader.settings() == {"weights": {"correct": 1.0, "brevity": 0.5}, "scale_rewards": "none"}
+
+
+def test_it_takes_prime_rl_token_advantages_and_names_an_episode_without_traces(tmp_path):
+    eps = [prime_episode(3, "a", j, advantages=0.25 * j) for j in range(2)]
+    failed = prime_episode(3, "b", 0, ok=False)
+    failed["traces"], failed["errors"] = [], [{"type": "TimeoutError", "message": "sandbox timed out"}]
+    path = write_jsonl(tmp_path / "traces.jsonl", [*eps, failed])
+    groups, bad, _ = items(open_reader("prime-rl", path))
+    assert [r["advantage"] for r in groups[0].record["rollouts"]] == [0.0, 0.25]
+    assert bad[0].line == 3 and "TimeoutError: sandbox timed out" in bad[0].message
+
+
+def rft_record(sample_id: str, question: str, answer: str, accuracy: float) -> dict[str, Any]:
+    """A reward Lambda's sample (id, messages, reference_answer) joined with its output, field for field as
+    the Bedrock / Nova RFT template writes it: {id, aggregate_reward_score, metrics_list: [{name, value, type}]}."""
+    return {"id": sample_id,
+            "messages": [{"role": "system", "content": "Answer."}, {"role": "user", "content": question},
+                         {"role": "assistant", "content": answer}],
+            "reference_answer": {"answer": "4"},
+            "aggregate_reward_score": 0.7 * accuracy + 0.3,
+            "metrics_list": [{"name": "accuracy", "value": accuracy, "type": "Reward"},
+                             {"name": "policy_compliance", "value": 1.0, "type": "Metric"},
+                             {"name": "exact", "value": accuracy == 1.0, "type": "Metric"}]}
+
+
+def test_it_reads_byoo_metrics_list_as_components(tmp_path):
+    recs = [rft_record(f"s{i}", "2+2?", a, acc) for i, (a, acc) in enumerate([("4", 1.0), ("5", 0.0), ("4", 1.0)])]
+    reader = open_reader("byoo", write_jsonl(tmp_path / "rft.jsonl", recs))
+    (g,), bad, _ = items(reader)
+    assert bad == [] and reader.sample_components() == ["accuracy", "policy_compliance", "exact"]
+    r = g.record["rollouts"][1]
+    assert r["rewards"] == {"accuracy": 0.0, "policy_compliance": 1.0, "exact": 0.0}
+    assert r["reward"] == pytest.approx(0.3) and r["transcript"] == [{"role": "assistant", "content": "5"}]
+    assert r["state"]["episode_id"] == "s1" and r["state"]["metric_types"]["accuracy"] == "Reward"
+    assert g.record["prompt"][1] == {"role": "user", "content": "2+2?"}
+
+
+def test_it_names_messages_for_a_reward_output_without_its_sample(tmp_path):
+    out = {k: v for k, v in rft_record("s0", "2+2?", "4", 1.0).items() if k != "messages"}
+    _, bad, _ = items(open_reader("byoo", write_jsonl(tmp_path / "rft.jsonl", [out])))
+    assert bad[0].line == 1 and bad[0].message.startswith("messages: is required")

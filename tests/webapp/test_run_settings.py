@@ -170,3 +170,36 @@ def test_it_imports_trl_parquet_with_the_recorders_settings_and_a_nul(db, tmp_pa
     rows = list(Rollout.objects.filter(run=run).order_by("index").values_list("completion", "reward"))
     assert rows[0][0] == "a\ufffdb"
     assert [r for _, r in rows] == pytest.approx([0.5 * cols["correct"][i] + 2.0 * cols["format"][i] for i in (0, 1)])
+
+
+def test_it_imports_a_prime_rl_run_folder_with_its_weights_and_credit(db, tmp_path):
+    from django.core.management import call_command
+
+    from tests.training.test_importers import write_prime_run
+    from webapp.diagnostics import services
+
+    call_command("import_rollouts", str(write_prime_run(tmp_path)), run="prime", format="prime-rl",
+                 no_progress=True)
+    run = Run.objects.get(name="prime")
+    assert run.reward_weights() == {"correct": 1.0, "brevity": 0.5}
+    assert run.advantage_settings()["scale_rewards"] == "none"  # PRIME-RL's GRPO: reward minus group mean
+    assert Group.objects.filter(run=run).count() == 5 and Group.objects.filter(run=run, split="holdout").count() == 1
+    data = services.load_run_arrays(run)
+    base = services.run_settings(run)
+    again = stats.compute_advantages(data.matrix, data.weights, data.group_ids, scale_rewards=base.scale_rewards,
+                                     batch_ids=data.steps, eps=base.eps)
+    stored = dict(Rollout.objects.filter(run=run).values_list("id", "advantage"))
+    assert np.abs(again.advantages - [stored[i] for i in data.rollout_ids.tolist()]).max() < 1e-9
+
+
+def test_it_imports_verl_dumps_with_verls_epsilon(db, tmp_path):
+    from django.core.management import call_command
+
+    from tests.training.test_importers import verl_lines, write_jsonl
+
+    write_jsonl(tmp_path / "5.jsonl", verl_lines(5, ["Q1", "Q2"], n=4))
+    call_command("import_rollouts", str(tmp_path), run="verl", format="verl", scale_rewards="none",
+                 no_progress=True)
+    run = Run.objects.get(name="verl")
+    assert run.advantage_settings()["advantage_epsilon"] == 1e-6
+    assert run.advantage_settings()["scale_rewards"] == "none"

@@ -112,6 +112,7 @@ class Reader(ABC):
     components: list[str] | None = None
     group_size: int | None = None  # when given, groups of another size are bad records
     weights: dict[str, float] | None = None  # the trainer's reward weights by component, when the user gives them
+    scale_rewards: str | None = None  # the trainer's advantage scaling (group / batch / none), when the user gives it
     format: str = field(default="", init=False)
     grouping: str = field(default="", init=False)  # how the grouping was inferred, stored on the run
     advantage: str = field(default="", init=False)  # where the advantages come from
@@ -126,6 +127,8 @@ class Reader(ABC):
             self.components = [component_name(c) for c in self.components]
         if self.weights is not None:
             self.weights = {component_name(k): float(v) for k, v in self.weights.items()}
+        if self.scale_rewards not in (None, *stats.SCALES):
+            raise ReaderError(f"scale_rewards: must be one of {', '.join(stats.SCALES)}")
 
     def settings(self) -> dict[str, Any] | None:
         """The reward settings the trainer used, as far as the dump or the user says (the run's
@@ -135,6 +138,8 @@ class Reader(ABC):
             out["weights"] = dict(self.weights)
         if self.group_size is not None:
             out["group_size"] = self.group_size
+        if self.scale_rewards is not None:
+            out["scale_rewards"] = self.scale_rewards
         return out or None
 
     @abstractmethod
@@ -377,6 +382,7 @@ class RolloutRow:
     key: str  # the group key, before any "#n" suffix for a prompt drawn twice
     prompt: str | list[dict[str, Any]]
     rollout: dict[str, Any]  # ingestion rollout fields except "index"
+    split: str = "train"
 
 
 @dataclass
@@ -453,10 +459,16 @@ class GroupingJsonlReader(Reader):
         for ci, chunk in enumerate(chunks):
             rollouts = [{"index": i, **row.rollout} for i, (_, row) in enumerate(chunk)]
             try:
-                fill_advantages(rollouts)
+                self._fill(rollouts)
             except RecordError as e:
                 yield BadRecord(name, chunk[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(chunk))
                 continue
             key = gk[1] if len(chunks) == 1 else f"{gk[1]}#{ci}"
             record = {"step": gk[0], "key": key, "prompt": chunk[0][1].prompt, "rollouts": rollouts}
+            if chunk[0][1].split != "train":
+                record["split"] = chunk[0][1].split
             yield GroupItem(record, name, chunk[0][0], [lineno for lineno, _ in chunk])
+
+    def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        """Advantages for a group without them (the trainer's formula; TRL's unless a reader says otherwise)."""
+        fill_advantages(rollouts)

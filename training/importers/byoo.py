@@ -9,6 +9,14 @@ multi-turn RL services (and home-made agent loops) produce. One episode per line
      "aggregate_reward_score": float | null,  the reward the trainer optimised
      "sub_metrics": {name: float}?}         its breakdown -> reward components
 
+The one published shape of such a reward service, Amazon Bedrock / SageMaker Nova reinforcement
+fine-tuning's reward Lambda (its starter template and docs), is read too: the Lambda gets samples
+`{"id", "messages": [...], "reference_answer" | "metadata"}` and returns `{"id", "aggregate_reward_score",
+"metrics_list": [{"name", "value", "type": "Reward" | "Metric"}]}`; a record joining both (the output
+fields next to the sample's `messages`) is one episode: `messages` are its turns, `id` its episode id,
+and every `metrics_list` entry with a number is a reward component (its type goes into the state).
+The output alone holds no transcript: such a record is refused, naming `messages`.
+
 Each episode becomes a transcript rollout whose "reward" is the aggregate (the sub-metrics need not
 sum to it). A group is every episode with the same group_id at the same step, or, for episodes
 without a group_id, every episode with the same prompt at the same step. Advantages are the GRPO
@@ -33,7 +41,8 @@ from training.importers.base import (
     stable_hash,
 )
 
-KNOWN = ("episode_id", "group_id", "step", "prompt", "turns", "aggregate_reward_score", "sub_metrics")
+KNOWN = ("episode_id", "group_id", "step", "prompt", "turns", "aggregate_reward_score", "sub_metrics", "id",
+         "messages", "metrics_list")
 
 
 @dataclass
@@ -51,7 +60,11 @@ class ByooReader(GroupingJsonlReader):
             raise RecordError("group_id: must be a non-empty string or integer")
         if gid is not None:
             self._known_group = (step, group_key("g-", gid))  # before the turns: a bad turn drops its group
-        turns = messages(obj.get("turns"), "turns")
+        field_name = "turns" if "turns" in obj or "messages" not in obj else "messages"
+        if field_name not in obj:
+            raise RecordError("messages: is required (the sample's messages, or turns); a reward service's output "
+                              "alone has no transcript: join it with its input samples by id")
+        turns = messages(obj.get(field_name), field_name)
         if obj.get("prompt") is not None:
             prompt = prompt_value(obj["prompt"], "prompt")
             transcript = turns
@@ -68,13 +81,34 @@ class ByooReader(GroupingJsonlReader):
         subs = obj.get("sub_metrics") or {}
         if not isinstance(subs, dict):
             raise RecordError("sub_metrics: must be an object of name -> number")
-        rewards, rest = split_numbers(subs, self.components)
+        listed, types = _metrics_list(obj.get("metrics_list"))
+        rewards, rest = split_numbers({**subs, **listed}, self.components)
         state: dict[str, Any] = {k: v for k, v in obj.items() if k not in KNOWN}
-        if obj.get("episode_id") is not None:
-            state["episode_id"] = obj["episode_id"]
+        episode = obj.get("episode_id", obj.get("id"))
+        if episode is not None:
+            state["episode_id"] = episode
+        if types:
+            state["metric_types"] = types
         if rest:
             state["sub_metrics_extra"] = rest
         rollout: dict[str, Any] = {"transcript": transcript, "rewards": rewards, "reward": reward}
         if state:
             rollout["state"] = state
         return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout)
+
+
+def _metrics_list(raw: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """{name: value} and {name: type} from a reward Lambda's metrics_list."""
+    if raw is None:
+        return {}, {}
+    if not isinstance(raw, list):
+        raise RecordError("metrics_list: must be a list of {name, value, type}")
+    values, types = {}, {}
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+            raise RecordError(f"metrics_list[{i}].name: must be a non-empty string")
+        v = m.get("value")
+        values[m["name"]] = float(v) if isinstance(v, bool) else v
+        if m.get("type") is not None:
+            types[m["name"]] = str(m["type"])
+    return values, types

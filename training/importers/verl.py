@@ -1,16 +1,22 @@
 """verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under `trainer.rollout_data_dir`.
 
-verl's `RayPPOTrainer._dump_generations` writes one line per sample:
+verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one line per sample:
 
     {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward,
-     "step": global step, <every key of the reward function's reward_extra_info, per sample>}
+     "step": global step, <every key of the reward function's reward_extra_info with one value per sample>}
 
-There is no group id in the dump (verl's `uid` is not written), and the batch has been reordered
-(`trainer.balance_batch`) before it is dumped, so the rows of a group are not consecutive: a group
-is every row with the same `input` at the same `step`. Numeric extra keys become reward components
-(or only those named in `components`); other extra keys and `gts` are kept in the rollout's state.
-`score` is the aggregate reward. verl does not dump advantages: they are recomputed as the GRPO
-advantage of `score` within the group.
+The batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows of a group
+are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward function
+returns it in reward_extra_info: a group is every row with the same `uid` at the same step when the
+rows carry one, else every row with the same `input` at the same step (a prompt drawn twice in a step
+is then split into groups of `group_size` in file order, which cannot tell the two draws apart).
+
+Extra keys with numbers become reward components (or only those named in `components`); booleans
+too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the
+rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's GRPO
+outcome advantage of `score` within the group, (r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`,
+verl/trainer/ppo/core_algos.py), or r - mean when the run had `norm_adv_by_std_in_grpo=False` (give
+`scale_rewards="none"`). The run records epsilon 1e-6 and that scaling.
 """
 
 from __future__ import annotations
@@ -22,13 +28,16 @@ from training.importers.base import (
     GroupingJsonlReader,
     RecordError,
     RolloutRow,
+    fill_advantages,
+    group_key,
     int_field,
     number_field,
     split_numbers,
     stable_hash,
 )
 
-KNOWN = ("input", "output", "gts", "score", "step")
+KNOWN = ("input", "output", "gts", "score", "step", "uid")
+VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
 
 
 @dataclass
@@ -36,16 +45,30 @@ class VerlReader(GroupingJsonlReader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "verl"
-        self.grouping = ("grouped by identical input within step (verl dumps no group id and reorders the batch; "
-                         "rows of a group need not be consecutive)")
-        self.advantage = "computed: GRPO advantage of score within the group, (r - mean) / (std + 1e-4)"
+        self.grouping = ("grouped by uid within step when the rows carry it, else by identical input within step "
+                         "(verl reorders the batch; rows of a group need not be consecutive)")
+        self.advantage = ("computed: verl's GRPO advantage of score within the group, (r - mean) / (std + 1e-6)"
+                          + (" without the std (norm_adv_by_std_in_grpo=False)" if self._no_std else ""))
+
+    @property
+    def _no_std(self) -> bool:
+        return self.scale_rewards == "none"
+
+    def settings(self) -> dict[str, Any] | None:
+        return {"advantage_epsilon": VERL_EPS, "scale_rewards": "group", **(super().settings() or {})}
+
+    def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        fill_advantages(rollouts, eps=VERL_EPS, scale=not self._no_std)
 
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
         step = int_field(obj, "step")
         prompt = obj.get("input")
         if not isinstance(prompt, str):
             raise RecordError("input: is required (the prompt text)")
-        key = f"in-{stable_hash(prompt)}"
+        uid = obj.get("uid")
+        if uid is not None and (isinstance(uid, (dict, list, bool)) or uid == ""):
+            raise RecordError("uid: must be a non-empty string or integer")
+        key = group_key("uid-", uid) if uid is not None else f"in-{stable_hash(prompt)}"
         self._known_group = (step, key)
         output = obj.get("output")
         if not isinstance(output, str):
@@ -53,8 +76,11 @@ class VerlReader(GroupingJsonlReader):
         if "score" not in obj:
             raise RecordError("score: is required (the aggregate reward)")
         reward = number_field(obj, "score", required=False)
-        rewards, rest = split_numbers({k: v for k, v in obj.items() if k not in KNOWN}, self.components)
+        extra = {k: float(v) if isinstance(v, bool) else v for k, v in obj.items() if k not in KNOWN}
+        rewards, rest = split_numbers(extra, self.components)
         state: dict[str, Any] = {"gts": obj["gts"]} if obj.get("gts") is not None else {}
+        if uid is not None:
+            state["uid"] = uid
         if rest:
             state["extra"] = rest
         rollout: dict[str, Any] = {"completion": output, "rewards": rewards, "reward": reward}

@@ -283,12 +283,14 @@ class Command(BaseCommand):
         parser.add_argument("--weights", type=_weights,
                             help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
                                  "reward_settings.json in the output_dir gives them)")
+        parser.add_argument("--scale-rewards", choices=("group", "batch", "none"),
+                            help="the trainer's advantage scaling (verl: none when norm_adv_by_std_in_grpo=False)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handle(self, *args: Any, **o: Any) -> None:
         try:
             reader = open_reader(o["format"], o["file"], components=o["components"], group_size=o["group_size"],
-                                 weights=o["weights"])
+                                 weights=o["weights"], scale_rewards=o["scale_rewards"])
             reader.files()  # a folder without files of the format fails here, before a run is created
         except ReaderError as e:
             raise CommandError(str(e)) from None
