@@ -154,7 +154,8 @@ def plant(kind: str, rng: np.random.Generator, declared: bool) -> Planted:
         return Planted(kind, generate(specs, shape, onset, rng), {"saturation"}, "format", onset)
     if kind == "unreachable":  # the outcome drops to (almost) never succeeding: only the easiest prompts, rarely
         specs[0] = replace(specs[0], binary=True, mode="level", after=-0.1)  # p = offset - 0.1: 0.6% succeed
-        return Planted(kind, generate(specs, shape, onset, rng), {"unreachable_reward"}, out, onset)
+        # Not one success after the onset (small runs) reads as "never varies", with "out of reach" in its fix.
+        return Planted(kind, generate(specs, shape, onset, rng), {"unreachable_reward", "dead_component"}, out, onset)
     if kind == "signal_collapse":
         return Planted(kind, generate(specs, shape, onset, rng, solved_after=0.9), {"signal_collapse"}, None, onset)
     if kind == "trivial_outputs":  # validity saturates, the task goes flat at zero
