@@ -236,6 +236,9 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
 
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
     assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0} and not spool.exists()
+    db_run.refresh_from_db()  # the worker's sink stored the trainer's settings on its run too
+    assert db_run.reward_settings["trainer"]["loss_type"] == "dapo" and db_run.reward_settings["group_size"] == 4
+    assert db_run.reward_weights() == {"distinct_chars": 1.0, "has_digit": 0.5}
     assert http_sink.sent["groups"] == 4 and http_sink.sent["metrics"] == len(via_http.metrics)
 
     # Each run stores exactly what its own recorder captured (TRL's advantages, every component).
