@@ -59,6 +59,10 @@ class GRPOJobConfig(TrainJobConfig):
         "sum_then_normalize", "combine components: 'sum_then_normalize' (GRPO) or 'normalize_then_sum' (GDPO)"
     )
     reward_weights: list[float] | None = help_field(None, "per-component weights; None uses the environment's")
+    reward_versions: dict[str, dict[str, Any]] | None = help_field(
+        None, "component -> version ({target: 'module:function', params, source_hash, name}) trained instead of "
+              "the environment's function (a reward replay's versions, training/reward_versions.py)"
+    )
     mask_truncated_completions: bool = help_field(False, "exclude truncated completions from the loss")
     record: bool = help_field(True, "record rollouts and metrics into the sink (RolloutRecorder)")
     record_state: bool = help_field(False, "also store the environment state (e.g. rendered SVG) per rollout")
@@ -101,6 +105,36 @@ class GRPOJobConfig(TrainJobConfig):
             raise ValueError("max_turns: must be >= 1")
         if self.max_turn_tokens < 1:
             raise ValueError("max_turn_tokens: must be >= 1")
+        if self.reward_versions is not None:
+            _check_versions(self.reward_versions)
+
+
+VERSION_KEYS = {"target", "params", "source_hash", "name", "environment", "component"}
+
+
+def _check_versions(versions: Any) -> None:
+    """Shape only (a config file is read without importing user code): the hook in `main` resolves each
+    target, checks its source hash and that the component exists."""
+    if not isinstance(versions, dict):
+        raise ValueError("reward_versions: must be a mapping component -> version")
+    for comp, v in versions.items():
+        where = f"reward_versions.{str(comp)[:100]}"
+        if not isinstance(comp, str) or not comp:
+            raise ValueError("reward_versions: component names must be non-empty strings")
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: must be an object with a target")
+        unknown = sorted(set(v) - VERSION_KEYS)
+        if unknown:
+            raise ValueError(f"{where}.{str(unknown[0])[:100]}: unknown key (known: {', '.join(sorted(VERSION_KEYS))})")
+        target = v.get("target")
+        if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
+            raise ValueError(f"{where}.target: must be 'module:function'")
+        if not isinstance(v.get("params", {}), dict):
+            raise ValueError(f"{where}.params: must be an object of keyword arguments")
+        if not isinstance(v.get("source_hash", ""), str):
+            raise ValueError(f"{where}.source_hash: must be a string")
+        if v.get("component", comp) != comp:
+            raise ValueError(f"{where}.component: names another component ({str(v['component'])[:100]!r})")
 
 
 def resolve_model_dir(path: str) -> str:
@@ -125,6 +159,10 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
 
     # Data: the environment's train prompts as chat prompts, with their key for the reward lookup.
     env = get_env(config.env)
+    if config.reward_versions:  # "train with this reward": the replayed functions replace the deployed ones
+        from training.reward_versions import apply_versions
+
+        env = apply_versions(env, [{**v, "component": c} for c, v in config.reward_versions.items()])
     prompts = env_prompts(env, "train", config.num_prompts, config.seed, config.max_nodes)
     dataset = Dataset.from_list([{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts])
     multi_turn = is_multi_turn(env) if config.multi_turn is None else config.multi_turn

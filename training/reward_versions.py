@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.environments.base import Prompt
+from training.environments.base import Prompt, Score
 
 DEFAULT_TIMEOUT_S = 10.0  # per rollout: the sandboxed ask_to_code tests take up to ~2.5 s
 MAX_REASON = 500
@@ -351,8 +351,9 @@ def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
 
 def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
     """`env` with the given versions (ComponentVersion.as_dict() form, as a replay stores them) in place of
-    its components' functions, for a training job that should optimise the replayed reward. Weights, kinds
-    and ranges stay; a version whose source changed since it was recorded is refused (VersionError)."""
+    its components' functions, for a training job that should optimise the replayed reward (grpo.main's
+    hook). Weights, kinds and ranges stay; a version whose source changed since it was recorded is refused
+    (VersionError). Each swapped function fails closed (TrainedVersion)."""
     by_name = {v["component"]: v for v in versions}
     unknown = set(by_name) - {c.name for c in env.components}
     if unknown:
@@ -364,7 +365,25 @@ def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
             fn = resolve(v["target"])
             if v.get("source_hash") and source_hash(fn) != v["source_hash"]:
                 raise VersionError("reward_versions", f"{v['target']} changed since the version was recorded")
-            comp = dataclasses.replace(comp, fn=functools.partial(fn, **(v.get("params") or {})))
+            comp = dataclasses.replace(comp, fn=TrainedVersion(fn, v, comp.min_value))
         components.append(comp)
     env.components = components
     return env
+
+
+class TrainedVersion:
+    """A replayed version as an environment component function, fn(prompt, completion) -> Score, for a
+    trainer: it fails closed like a replay (a raise, a non-number, NaN or a time-out scores the component's
+    minimum with the reason), never raising into the trainer. Picklable; its repr names the version, so
+    Component.source_hash() of the swapped component is stable."""
+
+    def __init__(self, fn: Callable[..., Any], version: dict[str, Any], fail_value: float) -> None:
+        self.fn, self.params, self.fail_value = fn, dict(version.get("params") or {}), float(fail_value)
+        self.label = f"{version['target']}({json.dumps(self.params, sort_keys=True)})#{version.get('source_hash', '')}"
+
+    def __call__(self, prompt: Prompt, completion: Any) -> Any:
+        scored = score_one(self.fn, self.params, prompt, completion)
+        return Score(scored.value if scored.ok else self.fail_value, scored.reason)
+
+    def __repr__(self) -> str:
+        return f"TrainedVersion({self.label})"

@@ -176,3 +176,116 @@ def test_it_swaps_a_replayed_version_into_an_environment_for_training():
         rv.apply_versions(diagram.DiagramEnvironment(), [{**strict, "source_hash": "0" * 16}])
     with pytest.raises(rv.VersionError):
         rv.apply_versions(diagram.DiagramEnvironment(), [{**strict, "component": "nope"}])
+
+
+# --------------------------------------------------------------------------------------------------
+# "Train with this reward": GRPOJobConfig.reward_versions and the hook in grpo.main
+
+
+def _grpo_base(tmp_path) -> dict:
+    return {"base_model": "tiny", "output_dir": str(tmp_path)}
+
+
+@pytest.mark.parametrize("versions, field", [
+    ([{"target": "m:f"}], "reward_versions"),
+    ({"semantic_coverage": "m:f"}, "reward_versions.semantic_coverage"),
+    ({"semantic_coverage": {"target": "no_colon"}}, "reward_versions.semantic_coverage.target"),
+    ({"semantic_coverage": {"target": "m:"}}, "reward_versions.semantic_coverage.target"),
+    ({"semantic_coverage": {"target": "m:f", "params": [1]}}, "reward_versions.semantic_coverage.params"),
+    ({"semantic_coverage": {"target": "m:f", "source_hash": 3}}, "reward_versions.semantic_coverage.source_hash"),
+    ({"semantic_coverage": {"target": "m:f", "code": "import os"}}, "reward_versions.semantic_coverage.code"),
+    ({"semantic_coverage": {"target": "m:f", "component": "json_valid"}},
+     "reward_versions.semantic_coverage.component"),
+])
+def test_it_refuses_bad_reward_versions_naming_the_field(tmp_path, versions, field):
+    from training.grpo import GRPOJobConfig
+
+    with pytest.raises(ValueError) as e:
+        GRPOJobConfig(**_grpo_base(tmp_path), reward_versions=versions)
+    assert str(e.value).split(": ")[0] == field
+
+
+def test_it_round_trips_reward_versions_through_the_config_file(tmp_path):
+    from training.grpo import GRPOJobConfig
+
+    strict = rv.lookup("diagram", "semantic_coverage@strict").as_dict()
+    cfg = GRPOJobConfig(**_grpo_base(tmp_path), reward_versions={"semantic_coverage": strict})
+    path = cfg.save(tmp_path)
+    data = json.loads(path.read_text())
+    assert GRPOJobConfig.from_dict(data).reward_versions == {"semantic_coverage": strict}
+    assert GRPOJobConfig(**_grpo_base(tmp_path)).reward_versions is None
+
+
+MARKER_MODULE = '''
+def marker(prompt, completion, *, value=0.5):
+    return (value, "scored by the replayed marker version")
+'''
+
+
+@pytest.mark.slow
+def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatch):
+    """Two GRPO steps with semantic_coverage replaced by a version that scores a constant: every recorded
+    rollout carries the new version's value and reason; the other components are the environment's."""
+    from training.grpo import GRPOJobConfig
+    from training.grpo import main as grpo
+    from training.sinks import MemorySink
+
+    (tmp_path / "replay_marker_mod.py").write_text(MARKER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        version = rv.make_version("diagram", "semantic_coverage", "replay_marker_mod:marker", {"value": 0.625})
+        sink = MemorySink()
+        summary = grpo(GRPOJobConfig(
+            base_model=tiny_model, output_dir=str(tmp_path / "grpo"),
+            max_steps=1,  # one step is enough: the reward functions are built once, before training
+            num_prompts=4, num_generations=2, per_device_batch_size=4, max_completion_length=16,
+            reward_versions={"semantic_coverage": version.as_dict()},
+        ), sink=sink)
+    finally:
+        sys.modules.pop("replay_marker_mod", None)
+    assert summary["global_step"] == 1 and sink.groups
+    for g in sink.groups:
+        for r in g["rollouts"]:
+            assert r["rewards"]["semantic_coverage"]["value"] == 0.625
+            assert r["rewards"]["semantic_coverage"]["reason"] == "scored by the replayed marker version"
+            assert r["rewards"]["json_valid"]["reason"] != "scored by the replayed marker version"
+    saved = json.loads((tmp_path / "grpo" / "config.json").read_text())
+    assert saved["reward_versions"]["semantic_coverage"]["params"] == {"value": 0.625}
+
+
+def test_it_refuses_to_train_a_version_whose_source_changed(tmp_path):
+    from training.grpo import GRPOJobConfig
+    from training.grpo import main as grpo
+
+    strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), "source_hash": "0" * 16}
+    cfg = GRPOJobConfig(base_model="unused-never-loaded", output_dir=str(tmp_path),
+                        reward_versions={"semantic_coverage": strict})
+    with pytest.raises(rv.VersionError) as e:
+        grpo(cfg)
+    assert e.value.field == "reward_versions" and "changed" in e.value.message
+
+
+def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, monkeypatch):
+    """The swapped function is what the trainer calls: a raise or a NaN scores the component's minimum
+    with the reason instead of raising into TRL or handing it NaN."""
+    (tmp_path / "bad_versions_mod.py").write_text(textwrap.dedent('''
+        def boom(prompt, completion):
+            raise RuntimeError("verifier down")
+
+        def nan(prompt, completion):
+            return float("nan")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        versions = [rv.make_version("diagram", "semantic_coverage", "bad_versions_mod:boom").as_dict(),
+                    rv.make_version("diagram", "layout_quality", "bad_versions_mod:nan").as_dict()]
+        env, again = (rv.apply_versions(diagram.DiagramEnvironment(), versions) for _ in range(2))
+        scores = env.score(PROMPT, _answer(["Build"], []))
+    finally:
+        sys.modules.pop("bad_versions_mod", None)
+    cov, layout = scores["semantic_coverage"], scores["layout_quality"]
+    assert cov.value == 0.0 and "RuntimeError: verifier down" in cov.reason
+    assert layout.value == 0.0 and "nan" in layout.reason and math.isfinite(layout.value)
+    hashes = {c.name: c.source_hash() for c in env.components}
+    assert hashes == {c.name: c.source_hash() for c in again.components}  # stable: no memory address in it
+    assert hashes["semantic_coverage"] != diagram.DiagramEnvironment().components[2].source_hash()
