@@ -24,15 +24,19 @@ pytestmark = pytest.mark.slow  # one seeding for the module: ~15 s on a loaded 2
 
 @pytest.fixture(scope="module")
 def seeded(django_db_setup, django_db_blocker):
-    """Seed once for the module (a small diagram run; the stories at their demo size), timed."""
-    with django_db_blocker.unblock():
+    """Seed once for the module (a small diagram run; the stories at their demo size), timed, inside one
+    transaction that is rolled back afterwards: the next modules find the database as it was (each test
+    here runs in a savepoint of it)."""
+    from django.core.cache import cache
+    from django.db import transaction
+
+    with django_db_blocker.unblock(), transaction.atomic():
         t0 = time.perf_counter()
         out = io.StringIO()
         call_command("seed_demo", steps=2, groups_per_step=2, G=4, stdout=out)
         yield {"seconds": time.perf_counter() - t0, "out": out.getvalue()}
-        for model in (Dataset, ReviewQueue, Annotation, Ablation):
-            model.objects.all().delete()
-        Run.objects.all().delete()
+        transaction.set_rollback(True)
+    cache.clear()
 
 
 @pytest.fixture
