@@ -87,6 +87,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "replays-detail": ("viewer", NONE),
     "replays-progress": ("viewer", NONE),
     "replays-cancel": (NONE, "trainer"),
+    "replays-train": (NONE, "trainer"),
     "api-run-replays": ("viewer", "trainer"),
     "api-replay": ("viewer", NONE),
     "api-replay-regress": ("viewer", NONE),

@@ -609,6 +609,14 @@ class Launch:
     message: str
 
 
+def twin_config(run: Run, **changes: Any) -> dict[str, Any]:
+    """A twin run's job config: the run's own config (its start point: base model, steps, learning rate...)
+    with the run's own weights by component name, then `changes`. Shared by ablation and replay twins."""
+    comps = run_components(run)
+    weights = {c.name: float(w) for c, w in zip(comps, run_weights(run, comps))}
+    return {**(run.config or {}), "reward_weights": weights, **changes}
+
+
 def launch_twin(ablation: Any, user: Any) -> Launch:
     """A twin GRPO run with the ablation's reward, from the same start as the run (same config and base
     model), recorded as the run's child. Enqueued when the workers' launcher exists."""
@@ -617,12 +625,11 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
     run: Run = ablation.run
     spec = abl.AblationSpec(drop=tuple(ablation.spec.get("drop", [])), weights=ablation.spec.get("weights", {}),
                            scale_rewards=ablation.spec["scale_rewards"], aggregation=ablation.spec["aggregation"])
-    comps = run_components(run)
-    weights = {c.name: 0.0 if c.name in spec.drop else float(spec.weights.get(c.name, w))
-               for c, w in zip(comps, run_weights(run, comps))}
-    config = {**(run.config or {}), "reward_weights": weights, "ablation_of": run.id, "ablation_id": ablation.id,
-              "dropped_components": list(spec.drop), "scale_rewards": spec.scale_rewards,
-              "multi_objective_aggregation": spec.aggregation}
+    weights = {name: 0.0 if name in spec.drop else float(spec.weights.get(name, w))
+               for name, w in twin_config(run)["reward_weights"].items()}
+    config = twin_config(run, reward_weights=weights, ablation_of=run.id, ablation_id=ablation.id,
+                         dropped_components=list(spec.drop), scale_rewards=spec.scale_rewards,
+                         multi_objective_aggregation=spec.aggregation)
     twin = create_run(name=f"{run.name} / ablation: {ablation.name}"[:200], kind=Run.Kind.GRPO,
                       environment=run.environment, config=config, owner=user, base_model=run.base_model, parent=run)
     type(ablation).objects.filter(id=ablation.id).update(twin=twin)

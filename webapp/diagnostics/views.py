@@ -134,7 +134,8 @@ def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
     run = _run(request, run_id)
     other = get_object_or_404(Run.objects.select_related("environment"), id=other_id)
     series = services.overlay_series([run, other])
-    for s, label in zip(series, ("original", "twin" if other.config.get("ablation_of") == run.id else "other")):
+    twin = run.id in (other.config.get("ablation_of"), other.config.get("replay_of"))  # ablation or replay twin
+    for s, label in zip(series, ("original", "twin" if twin else "other")):
         s["label"] = f"{label}: {s['run'].name}"
     return render(request, "diagnostics/overlay.html", {
         "run": run, "other": other, "figures": charts.overlay_figures(

@@ -188,6 +188,59 @@ def enqueue(replay: Replay) -> None:
     transaction.on_commit(lambda: app.send_task(REPLAY_TASK, args=[replay.id], queue="default"))
 
 
+# ------------------------------------------------------------------------------------------- training
+
+
+def training_blocker(replay: Replay) -> str:
+    """Why "train with this reward" is not offered for `replay` ("" when it is)."""
+    run = replay.run
+    if replay.status != Replay.Status.SUCCEEDED:
+        return "the replay has not succeeded"
+    if run.kind != Run.Kind.GRPO or not run.base_model or not run.environment_id:
+        return "only a GRPO job run (with its base model and environment) has a start point to train from"
+    return ""
+
+
+def training_versions(replay: Replay) -> dict[str, dict[str, Any]]:
+    """GRPOJobConfig.reward_versions for the twin: the versions the run itself trained with (a twin of a
+    twin keeps them), the replay's on top."""
+    keys = ("environment", "target", "params", "source_hash", "name")
+    replayed = {v["component"]: {k: v.get(k) for k in keys} for v in replay.versions}
+    return {**((replay.run.config or {}).get("reward_versions") or {}), **replayed}
+
+
+@transaction.atomic
+def launch_training(replay: Replay, user: Any) -> Run:
+    """A GRPO twin of the replay's run: same start point (config, base model, weights), trained with the
+    replayed versions (GRPOJobConfig.reward_versions), the run's child, queued through runs.launch (behind
+    the run while it still trains). One twin per replay: a second call returns it. Raises ReplayError
+    when the run cannot be retrained or a version no longer resolves to the code that was replayed."""
+    from training.environments import get_environment
+    from webapp.diagnostics.services import twin_config
+    from webapp.runs import launch
+
+    locked = Replay.objects.select_for_update().select_related("run", "run__environment", "twin").get(id=replay.id)
+    if locked.twin is not None:
+        return locked.twin
+    why = training_blocker(locked)
+    if why:
+        raise ReplayError("replay", why)
+    run, versions = locked.run, training_versions(locked)
+    try:  # the worker would refuse them too, after waiting for a GPU: say so now
+        rv.apply_versions(get_environment(run.environment.name), [{**v, "component": c} for c, v in versions.items()])
+    except (rv.VersionError, KeyError) as e:
+        raise ReplayError("versions", str(e)) from None
+    config = twin_config(run, reward_versions=versions, replay_of=run.id, replay_id=locked.id)
+    twin = launch.launch_run(name=f"{run.name} / replay: {locked.name}"[:200], kind=Run.Kind.GRPO,
+                             environment=run.environment, config=config, owner=user, base_model=run.base_model,
+                             parent=run)
+    hashes = {**(twin.provenance.get("components") or {}), **{c: v["source_hash"] for c, v in versions.items()}}
+    twin.provenance = {**twin.provenance, "components": hashes, "reward_versions": versions, "replay": locked.id}
+    twin.save(update_fields=["provenance"])
+    Replay.objects.filter(id=locked.id).update(twin=twin)
+    return twin
+
+
 # ------------------------------------------------------------------------------------------- scoring
 
 

@@ -7,4 +7,5 @@ urlpatterns = [
     path("<int:replay_id>/", views.replay_detail, name="replays-detail"),
     path("<int:replay_id>/progress/", views.replay_progress, name="replays-progress"),
     path("<int:replay_id>/cancel/", views.replay_cancel, name="replays-cancel"),
+    path("<int:replay_id>/train/", views.replay_train, name="replays-train"),
 ]

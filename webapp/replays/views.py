@@ -20,7 +20,8 @@ PREVIEW_CHARS = 160
 
 def _replay(request: HttpRequest, replay_id: int, role: str = "viewer") -> Replay:
     require_role(request, role)
-    return get_object_or_404(Replay.objects.select_related("run", "run__environment", "created_by"), id=replay_id)
+    return get_object_or_404(Replay.objects.select_related("run", "run__environment", "created_by", "twin"),
+                             id=replay_id)
 
 
 @require_http_methods(["GET", "POST"])
@@ -52,8 +53,10 @@ def _previews(rows: list[dict]) -> list[dict]:
 def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay = _replay(request, replay_id)
     rep = services.report(replay) if replay.results is not None else None
-    ctx = {"replay": replay, "run": replay.run, "report": rep, "can_cancel": has_role(request.user, "trainer"),
-           "figures": charts.figures(rep) if rep else {}}
+    trainer = has_role(request.user, "trainer")
+    ctx = {"replay": replay, "run": replay.run, "report": rep, "can_cancel": trainer,
+           "figures": charts.figures(rep) if rep else {},
+           "can_train": trainer and replay.twin_id is None and not services.training_blocker(replay)}
     if rep:
         ctx["top_changes"] = _previews(rep["top_changes"])
         ctx["flips"] = _previews(rep["flips"])
@@ -78,3 +81,22 @@ def replay_cancel(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay.request_cancel()
     messages.info(request, "Cancel requested: the replay stops after the chunks in flight.")
     return redirect("replays-detail", replay.id)
+
+
+@require_POST
+def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
+    """"Train with this reward": a GRPO twin of the run with the replayed versions, then the overlay."""
+    replay = _replay(request, replay_id, "trainer")
+    had_twin = replay.twin_id is not None
+    try:
+        twin = services.launch_training(replay, request.user)
+    except services.ReplayError as e:
+        messages.error(request, f"Not started: {e.field}: {e.message}")
+        return redirect("replays-detail", replay.id)
+    if had_twin:
+        messages.info(request, "This replay already has a twin run.")
+    elif twin.config.get("start_after_parent"):
+        messages.success(request, "The twin run is queued; it starts when the original run finishes.")
+    else:
+        messages.success(request, "The twin run is queued for a GPU worker.")
+    return redirect("diagnostics-overlay", run_id=replay.run_id, other_id=twin.id)
