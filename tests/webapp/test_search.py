@@ -59,17 +59,11 @@ def group(step: int, key: str, marks_per_rollout: list[dict[str, str]]) -> dict:
 def ids(run, text: str, **kw) -> list[int]:
     out, cursor = [], None
     while True:
-        page = explore(run, ExplorerQuery(text=text, search=_parse(text), cursor=cursor, **kw))
+        page = explore(run, ExplorerQuery(text=text, cursor=cursor, **kw))
         out += [r.rollout.id for r in page.rows]
         cursor = page.next_cursor
         if not cursor:
             return out
-
-
-def _parse(text: str):
-    from webapp.rollouts.text import parse_query
-
-    return parse_query(text)
 
 
 PARTS = ["assistant", "args", "result", "final", "reason"]
@@ -215,13 +209,25 @@ def test_it_backfills_previews_and_search_text_of_existing_rows(run):
 
 
 @pytest.mark.postgres
-def test_it_serves_a_rare_word_from_the_trigram_index(searched):
+def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    from webapp.rollouts.queries import _probe
+    from webapp.rollouts.text import parse_query
+
     run, _ = searched
-    qs = Rollout.objects.filter(search_text__icontains="resultneedle")  # the index alone, no run filter
     with connection.cursor() as cur:
-        cur.execute("SET enable_seqscan = off")  # a tiny table: make the planner show whether it can
-        plan = qs.explain()
-        cur.execute("RESET enable_seqscan")
-    assert "rollout_search_trgm" in plan
+        # On a table this small the planner rightly prefers any run_id btree and a filter; at scale the
+        # rows are long and it does not. Without them (rolled back with the test) the plan shows whether
+        # the trigram index can serve the run condition too.
+        cur.execute("DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length")
+    with CaptureQueriesContext(connection) as ctx:
+        assert len(_probe(run, parse_query("resultneedle"))) == 1
+    sql = next(q["sql"] for q in ctx.captured_queries if "LIKE" in q["sql"])
+    with connection.cursor() as cur:  # the probe's own planner settings, then its query's plan
+        cur.execute("SET enable_seqscan = off; SET enable_indexscan = off")
+        cur.execute("EXPLAIN " + sql)
+        plan = "\n".join(r[0] for r in cur.fetchall())
+        cur.execute("RESET enable_seqscan; RESET enable_indexscan")
+    # Both conditions inside the index: another run's rows are never rechecked.
+    assert "rollout_search_run_trgm" in plan and "Index Cond: ((run_id = '" in plan, plan

@@ -1,0 +1,321 @@
+"""Realistic transcripts at scale: a run of multi-turn agent rollouts against a run of one-line rollouts of
+the same size, in the same Postgres, both seeded through the one ingestion service; every page is timed
+on both in the same process and reported as a ratio (realistic / one-line).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/realistic.py
+    ... python -m bench.realistic --rollouts 50000 --repeat 7
+    (bench/search_compare.py measures tsvector GIN against pg_trgm GIN on the same documents)
+
+A realistic rollout: a system message and a task message, 2-40 agent turns (assistant text with tool
+calls, tool results), sizes drawn from a log-normal with a median near 9 KB and a tail past 150 KB, a
+small environment state, reward reasons. Rare words are planted at known rates (RARE_WORDS), so the
+number of hits a search must return is known. Seeded runs are found again by name and reused; an
+interrupted seed resumes at the first missing step. The database is created when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("DEBUG", "0")
+os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
+os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
+os.environ.setdefault("DB_CONN_MAX_AGE", "60")
+
+import numpy as np  # noqa: E402
+
+from bench.pages import _require_postgres as require_postgres  # noqa: E402
+from bench.pages import median_ms as _median_min_ms  # noqa: E402
+
+G = 8
+STEPS = 250
+BATCH_ROLLOUTS = 800  # realistic batches are smaller than one-line ones: ~7 MB of JSON each
+COMPONENTS = [
+    {"name": "tests_pass", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
+    {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
+    {"name": "tool_use", "weight": 0.3, "kind": "process", "min_value": 0.0, "max_value": 1.0},
+    {"name": "length_penalty", "weight": 0.1, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+]
+# word -> planted rate per rollout, and where it is planted (every part of a rollout is searched).
+RARE_WORDS = {"quokkaflux": (1e-3, "tool_result"), "zephyrine": (1e-3, "tool_args"),
+              "marmotide": (1e-3, "reason"), "xylobranch": (1e-4, "tool_result")}
+COMMON_WORD = "assert"  # in most tool results: the "common word" search
+MEDIAN_BYTES, SIGMA, MAX_BYTES = 5_000, 1.1, 400_000  # of generated text; JSON adds ~3 KB
+TOOLS = ("bash", "read_file", "write_file", "run_tests", "search_code")
+
+
+class Vocabulary:
+    """Zipf-distributed synthetic words plus code-ish lines: text with a realistic word-frequency tail
+    (a few very common words, many rare ones). Two corpora are generated once; a piece of text is a
+    slice at a random offset, so seeding a million rollouts is not bound by text generation."""
+
+    CORPUS_CHARS = 4_000_000
+
+    def __init__(self, rng: np.random.Generator, size: int = 30_000) -> None:
+        syll = np.array("ka lo mi te ra su no vi de pa ri to ze fu ga be lu mo chi sa".split())
+        lens = rng.integers(1, 5, size)
+        parts = rng.integers(0, len(syll), (size, 4))
+        common = ("the a to of and in is it for that on with this be as error file test line value return "
+                  "def self import none true false result data raise function call output input config path "
+                  "index name").split()
+        self.words = np.array(common + ["".join(syll[parts[i, : lens[i]]]) for i in range(size)], dtype=object)
+        self.rng = rng
+        ids = np.minimum(rng.zipf(1.3, self.CORPUS_CHARS // 6) - 1, len(self.words) - 1)
+        self.prose = " ".join(self.words[ids].tolist())
+        self.source = "\n".join(self._code_line(rng) for _ in range(self.CORPUS_CHARS // 40))
+
+    def _code_line(self, rng: np.random.Generator) -> str:
+        a, b, c = self.words[rng.integers(40, 3000, 3)].tolist()
+        kind = int(rng.integers(0, 4))
+        if kind == 0:
+            return f"    {a}_{b} = {c}({a}, {int(rng.integers(0, 999))})"
+        if kind == 1:
+            return f"def {a}_{b}(self, {c}):"
+        if kind == 2:
+            return f"    assert {a}.{b} == {c!r}"
+        return f'  File "/app/{a}/{b}.py", line {int(rng.integers(1, 900))}, in {c}'
+
+    def _slice(self, corpus: str, n_chars: int) -> str:
+        n = min(n_chars, len(corpus) - 1)
+        start = int(self.rng.integers(0, len(corpus) - n))
+        return corpus[start:start + n]
+
+    def text(self, n_chars: int) -> str:
+        return self._slice(self.prose, n_chars)
+
+    def code(self, n_chars: int) -> str:
+        return self._slice(self.source, n_chars)
+
+
+def _plant(rng: np.random.Generator) -> dict[str, str]:
+    """Where each rare word goes in this rollout (at its rate)."""
+    return {place: word for word, (rate, place) in RARE_WORDS.items() if rng.random() < rate}
+
+
+def realistic_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int, prompt: list[dict]) -> dict:
+    target = int(min(MAX_BYTES, rng.lognormal(np.log(MEDIAN_BYTES), SIGMA)))
+    turns = int(np.clip(rng.geometric(1 / 7) + 1, 2, 40))
+    planted = _plant(rng)
+    budget = max(200, target - 1500)
+    shares = rng.dirichlet(np.full(turns, 0.6)) * budget  # uneven: one huge tool result is common
+    messages = list(prompt)
+    for t in range(turns):
+        tool = TOOLS[int(rng.integers(0, len(TOOLS)))]
+        args = {"path": f"src/{vocab.text(12).replace(' ', '_')}.py", "query": vocab.text(40)}
+        if planted.get("tool_args") and t == turns // 2:
+            args["query"] += f" {planted['tool_args']}"
+        call_id = f"call_{index}_{t}"
+        messages.append({"role": "assistant", "content": vocab.text(int(rng.integers(60, 400))),
+                         "tool_calls": [{"id": call_id, "type": "function",
+                                         "function": {"name": tool, "arguments": json.dumps(args)}}]})
+        size = int(shares[t])
+        result = vocab.code(size // 2) + "\n" + vocab.text(size - size // 2)
+        if t == 0:
+            result += f"\n{COMMON_WORD} ok"
+        if planted.get("tool_result") and t == turns - 1:
+            result = result[: len(result) // 2] + f" {planted['tool_result']} " + result[len(result) // 2:]
+        messages.append({"role": "tool", "tool_call_id": call_id, "name": tool, "content": result})
+    messages.append({"role": "assistant", "content": "Done. " + vocab.text(int(rng.integers(100, 500)))})
+    values = rng.random(4).round(3)
+    reason = "tests " + vocab.text(40) + (f" {planted['reason']}" if planted.get("reason") else "")
+    return {"index": index, "transcript": messages, "length": target // 4,
+            "rewards": {"tests_pass": {"value": float(values[0] > 0.4), "reason": reason},
+                        "format": float(values[1] > 0.1), "tool_use": float(values[2]),
+                        "length_penalty": -float(values[3] < 0.2) * float(values[3])},
+            "state": {"files_changed": int(rng.integers(0, 6)), "tests_run": int(rng.integers(0, 40)),
+                      "exit_code": int(rng.integers(0, 2))}}
+
+
+def oneline_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int) -> dict:
+    values = rng.random(4).round(3)
+    return {"index": index, "completion": vocab.text(80), "length": int(rng.integers(5, 60)),
+            "rewards": {"tests_pass": float(values[0] > 0.4), "format": float(values[1] > 0.1),
+                        "tool_use": float(values[2]), "length_penalty": -float(values[3] < 0.2) * float(values[3])}}
+
+
+def make_step(kind: str, step: int, groups: int, vocab: Vocabulary, rng: np.random.Generator) -> list[dict]:
+    out = []
+    for g in range(groups):
+        task = f"Task {g} at step {step}: fix the failing test in module {vocab.text(30)}. " + vocab.text(300)
+        prompt = [{"role": "system", "content": "You are a coding agent. " + vocab.text(500)},
+                  {"role": "user", "content": task}]
+        if kind == "realistic":
+            rollouts = [realistic_rollout(vocab, rng, i, prompt) for i in range(G)]
+        else:
+            rollouts = [oneline_rollout(vocab, rng, i) for i in range(G)]
+        out.append({"step": step, "key": f"t{g:05d}", "prompt": prompt if kind == "realistic" else task,
+                    "split": "holdout" if g % 10 == 0 else "train", "rollouts": rollouts})
+    return out
+
+
+def progress(total: int, desc: str) -> Any:
+    """tqdm on a terminal; otherwise one line per 10% (logs and CI stay readable)."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, unit="rollout", unit_scale=True)
+    return _TenPercent(total, desc)
+
+
+class _TenPercent:
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.desc, self.done, self.shown, self.t0 = total, desc, 0, 0, time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        while self.total and self.done * 10 >= (self.shown + 1) * self.total and self.shown < 10:
+            self.shown += 1
+            dt = time.perf_counter() - self.t0
+            print(f"{self.desc}: {self.shown * 10}% ({self.done:,}/{self.total:,}, {self.done / dt:,.0f}/s)",
+                  flush=True)
+
+    def __enter__(self) -> _TenPercent:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
+    """The run of `kind` with n rollouts (reused when already seeded); (run, ingest rollouts/s or None)."""
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.models import Group
+    from webapp.rollouts.services import create_run, ensure_environment
+    from webapp.runs.models import Run
+
+    groups_per_step = max(1, n_rollouts // (G * STEPS))
+    env = ensure_environment("bench-realistic", COMPONENTS)
+    name = f"bench-{kind}-{n_rollouts}"
+    run = Run.objects.filter(name=name).first() or create_run(
+        name=name, kind="grpo", environment=env, config={"num_generations": G}, status="running",
+        base_model="bench/tiny")
+    done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
+    todo = [s for s in range(STEPS) if s not in done]
+    if not todo:
+        print(f"reusing seeded run {run.id} ({name})")
+        return run, None
+    rng = np.random.default_rng(len(done) + (0 if kind == "realistic" else 10_000))
+    vocab = Vocabulary(np.random.default_rng(7))
+    per_batch = max(1, BATCH_ROLLOUTS // (groups_per_step * G))
+    ingest_s = 0.0
+    with progress(len(todo) * groups_per_step * G, f"seeding {kind}") as bar:
+        for i in range(0, len(todo), per_batch):
+            groups = [g for s in todo[i:i + per_batch] for g in make_step(kind, s, groups_per_step, vocab, rng)]
+            t0 = time.perf_counter()
+            ingest_groups(run, {"groups": groups})
+            ingest_s += time.perf_counter() - t0
+            bar.update(len(groups) * G)
+    n = len(todo) * groups_per_step * G
+    print(f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not counted)")
+    return run, n / ingest_s
+
+
+def vacuum() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        for table in ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat",
+                      "rollouts_stepstat"):
+            cur.execute(f"VACUUM ANALYZE {table}")
+
+
+def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    return _median_min_ms(fn, repeat)[0]
+
+
+def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
+    """(label, url, target ms) for one run: the issue's pages, on its biggest rollout for the transcript."""
+    from webapp.rollouts.models import Rollout
+
+    big = Rollout.objects.filter(run=run).order_by("-text_chars", "id").only("id", "group_id").first()
+    mid = Rollout.objects.filter(run=run).order_by("id").only("id", "group_id")[
+        Rollout.objects.filter(run=run).count() // 2]
+    ex = f"/runs/{run.id}/rollouts/"
+    rare = next(iter(RARE_WORDS))
+    return [
+        ("explorer p1, sort by component", f"{ex}?sort=tool_use&order=desc", 100),
+        ("explorer p1, sort by reward", f"{ex}?sort=reward&order=desc", 100),
+        (f"explorer search rare word ({rare})", f"{ex}?sort=tool_use&order=desc&q={rare}", 300),
+        (f"explorer search common word ({COMMON_WORD})", f"{ex}?sort=tool_use&order=desc&q={COMMON_WORD}", 300),
+        ("group view (8 rollouts)", f"/groups/{mid.group_id}/", 150),
+        ("no-signal groups", f"/runs/{run.id}/no-signal/", None),
+        ("transcript page (median rollout)", f"/rollouts/{mid.id}/", 150),
+        ("transcript page (largest rollout)", f"/rollouts/{big.id}/", 150),
+    ]
+
+
+def time_pages(runs: dict[str, Any], repeat: int) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from webapp.accounts.roles import set_role
+    from webapp.rollouts.models import Rollout
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-viewer")
+    set_role(user, "viewer")
+    client = Client()
+    client.force_login(user)
+
+    def get(url: str) -> Callable[[], None]:
+        def call() -> None:
+            resp = client.get(url)
+            assert resp.status_code == 200, (url, resp.status_code)
+        return call
+
+    urls = {kind: page_urls(run) for kind, run in runs.items()}
+    big = Rollout.objects.filter(run=runs["realistic"]).order_by("-text_chars").values_list("text_chars", flat=True)[0]
+    print(f"\nmedian of {repeat} requests, test client, DEBUG={os.environ['DEBUG']}; "
+          f"largest realistic rollout: {big / 1000:,.0f} K characters of text")
+    print(f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7}  target (realistic)")
+    for (label, one_url, target), (_, real_url, _) in zip(urls["oneline"], urls["realistic"]):
+        one, real = median_ms(get(one_url), repeat), median_ms(get(real_url), repeat)
+        verdict = "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
+        print(f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f}  {verdict}")
+
+
+def count_hits(run: Any) -> None:
+    """Search finds every planted word the expected number of times (and only in its run)."""
+    from webapp.rollouts.queries import ExplorerQuery, explore
+
+    for word, (rate, place) in RARE_WORDS.items():
+        found, cursor = 0, None
+        while True:
+            page = explore(run, ExplorerQuery(sort="reward", text=word, limit=500, cursor=cursor))
+            found += len(page.rows)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        print(f"search {word!r} (planted in {place} at rate {rate:g}): {found} rollouts")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=1_000_000, help="per run (two runs are seeded)")
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args(argv)
+    require_postgres()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    runs = {}
+    for kind in ("oneline", "realistic"):
+        runs[kind], _ = seed(kind, args.rollouts)
+    vacuum()
+    count_hits(runs["realistic"])
+    time_pages(runs, args.repeat)
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+
+
+if __name__ == "__main__":
+    main()
