@@ -183,6 +183,19 @@ def test_it_never_reads_transcripts_or_state_on_list_pages(client_as, searched):
         assert '"rollouts_rollout"."search_text" FROM' not in sql, url  # only a snippet of it, cut in SQL
 
 
+def test_it_never_reads_transcripts_on_the_review_queue_page(client_as, searched, personas):
+    from webapp.annotations.services import create_queue
+
+    run, _ = searched
+    queue = create_queue(name="q", run=run, source="explorer", params={"sort": "reward"}, limit=5, seed=None,
+                         overlap=1, created_by=personas["trainer"], assignees=[personas["annotator"]])
+    with CaptureQueriesContext(connection) as ctx:
+        assert client_as("trainer").get(reverse("annotations-queue", args=[queue.id])).status_code == 200
+    sql = "\n".join(q["sql"] for q in ctx.captured_queries)
+    assert "rollouts_rollout" in sql and '"rollouts_rollout"."transcript"' not in sql
+    assert '"rollouts_rollout"."state"' not in sql and '"rollouts_rollout"."search_text"' not in sql
+
+
 def test_it_folds_long_tool_results_on_the_transcript_page(client_as, run):
     ingest_groups(run, {"groups": [group(0, "g", [{"result": "<b>deepmarker</b>"}])]})
     r = Rollout.objects.get(run=run)

@@ -104,8 +104,11 @@ def queue_new(request: HttpRequest) -> HttpResponse:
 @require_safe
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id)
-    items = queue.items.select_related("rollout").prefetch_related("assignments__user", "rollout__annotations__label",
-                                                                   "rollout__annotations__author")[:1000]
+    # A listing: never the rollouts' transcripts, states or search text (10-200 KB each, up to 1,000 rows).
+    items = (queue.items.select_related("rollout")
+             .defer("rollout__transcript", "rollout__state", "rollout__search_text")
+             .prefetch_related("assignments__user", "rollout__annotations__label", "rollout__annotations__author")
+             [:1000])
     assign_form = AssignForm(initial={"assignees": [a.user_id for a in queue.assignees.all()],
                                       "overlap": queue.overlap})
     return render(request, "annotations/queue.html", {
