@@ -88,6 +88,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "replays-progress": ("viewer", NONE),
     "replays-cancel": (NONE, "trainer"),
     "replays-train": (NONE, "trainer"),
+    "replays-resume": (NONE, "trainer"),
     "api-run-replays": ("viewer", "trainer"),
     "api-replay": ("viewer", NONE),
     "api-replay-regress": ("viewer", NONE),

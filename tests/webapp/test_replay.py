@@ -235,3 +235,66 @@ def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
     services.process_chunk(replay, dead, None)  # the first worker comes back late: nothing is stored twice
     replay.refresh_from_db()
     assert replay.done == 36 and replay.scores.count() == 36
+
+
+def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as, monkeypatch):
+    """A worker killed while summarising leaves the replay 'summarising'; after the stale limit the page
+    offers Resume (trainers only), which queues the task again, and the next worker summarises it."""
+    from datetime import timedelta
+
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from webapp.replays import services
+    from webapp.replays.models import Replay
+
+    replay = services.create_replay(drun, {"versions": STRICT})
+
+    def killed(replay):
+        raise SystemExit("worker killed mid-summary")  # not an Exception: finish() cannot record a failure
+
+    monkeypatch.setattr(services, "summarise", killed)
+    with pytest.raises(SystemExit):
+        services.work(replay.id, "doomed")
+    monkeypatch.undo()
+    replay.refresh_from_db()
+    assert replay.status == "summarising" and replay.results is None and replay.done == replay.total
+    assert not services.finish(replay.id) and not services.stalled(replay)  # a live summariser is left alone
+    page = reverse("replays-detail", args=[replay.id])
+    assert 'id="replay-resume"' not in client_as("trainer").get(page).content.decode()
+
+    Replay.objects.filter(id=replay.id).update(summarising_at=timezone.now() - timedelta(hours=1))
+    replay.refresh_from_db()
+    assert services.stalled(replay)
+    assert 'id="replay-resume"' not in client_as("viewer").get(page).content.decode()
+    assert client_as("viewer").post(reverse("replays-resume", args=[replay.id])).status_code == 403
+    assert 'id="replay-resume"' in client_as("trainer").get(page).content.decode()
+    queued = []
+    monkeypatch.setattr(services, "enqueue", queued.append)
+    assert client_as("trainer").post(reverse("replays-resume", args=[replay.id])).status_code == 302
+    assert [r.id for r in queued] == [replay.id]
+    services.work(replay.id, "next-worker")  # what the queued task runs
+    replay.refresh_from_db()
+    assert replay.status == "succeeded" and replay.results is not None and "rollouts" in replay.summary
+
+
+def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.replays import services
+    from webapp.replays.models import Replay, ReplayChunk
+
+    settings.REPLAY_CHUNK_ROLLOUTS = 36
+    replay = services.create_replay(drun, {"versions": STRICT})
+    hour_ago = timezone.now() - timedelta(hours=1)
+    Replay.objects.filter(id=replay.id).update(status="running", started_at=hour_ago)
+    chunk = services.claim_chunk(replay.id, "worker-that-dies")
+    replay.refresh_from_db()
+    assert not services.stalled(replay) and not services.resume(replay)  # its worker is still within the limit
+    ReplayChunk.objects.filter(id=chunk.id).update(claimed_at=hour_ago)
+    assert services.stalled(replay)
+    services.work(replay.id, "w2")
+    replay.refresh_from_db()
+    assert replay.status == "succeeded" and replay.done == replay.total and not services.stalled(replay)

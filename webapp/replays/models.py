@@ -46,6 +46,7 @@ class Replay(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    summarising_at = models.DateTimeField(null=True, blank=True)  # a summary older than the stale limit is redone
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

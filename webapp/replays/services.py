@@ -386,14 +386,17 @@ def _cancel(replay: Replay) -> None:
 
 
 def finish(replay_id: int) -> bool:
-    """Summarise once every chunk is done or failed; True for the one caller that did it."""
+    """Summarise once every chunk is done or failed; True for the one caller that did it. A summary begun
+    more than STALE_SECONDS ago (its worker died) is begun again; summarising twice stores the same result."""
     busy = ReplayChunk.objects.filter(replay_id=replay_id, status__in=[ReplayChunk.Status.PENDING,
                                                                        ReplayChunk.Status.RUNNING])
     if busy.exists():
         return False
-    if not Replay.objects.filter(id=replay_id, status=Replay.Status.RUNNING).update(
-            status=Replay.Status.SUMMARISING):
-        return False  # another worker is summarising, or the replay was cancelled
+    stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
+    claimable = Q(status=Replay.Status.RUNNING) | Q(status=Replay.Status.SUMMARISING, summarising_at__lt=stale)
+    if not Replay.objects.filter(claimable, id=replay_id).update(
+            status=Replay.Status.SUMMARISING, summarising_at=timezone.now()):
+        return False  # another worker is summarising (not for long enough to be presumed dead), or cancelled
     replay = Replay.objects.select_related("run", "run__environment").get(id=replay_id)
     try:
         summarise(replay)
@@ -402,6 +405,27 @@ def finish(replay_id: int) -> bool:
         Replay.objects.filter(id=replay_id).update(status=Replay.Status.FAILED, finished_at=timezone.now(),
                                                    error=f"summary failed: {type(e).__name__}: {e}"[:2000],
                                                    summary="failed while summarising")
+    return True
+
+
+def stalled(replay: Replay) -> bool:
+    """Nobody is working on `replay` and it is not finished: every worker that held a chunk or its summary
+    died (no claim or summary for STALE_SECONDS), or its tasks were lost. `resume` queues it again."""
+    stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
+    if replay.status == Replay.Status.SUMMARISING:
+        return replay.summarising_at is None or replay.summarising_at < stale
+    if replay.status != Replay.Status.RUNNING or (replay.started_at and replay.started_at >= stale):
+        return False
+    return not ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.RUNNING,
+                                          claimed_at__gte=stale).exists()
+
+
+def resume(replay: Replay) -> bool:
+    """Queue a stalled replay again: its task reclaims the stale chunks, then the summary. False when it
+    is not stalled (workers are on it, or it is finished)."""
+    if not stalled(replay):
+        return False
+    enqueue(replay)
     return True
 
 

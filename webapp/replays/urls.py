@@ -8,4 +8,5 @@ urlpatterns = [
     path("<int:replay_id>/progress/", views.replay_progress, name="replays-progress"),
     path("<int:replay_id>/cancel/", views.replay_cancel, name="replays-cancel"),
     path("<int:replay_id>/train/", views.replay_train, name="replays-train"),
+    path("<int:replay_id>/resume/", views.replay_resume, name="replays-resume"),
 ]

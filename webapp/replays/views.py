@@ -55,6 +55,7 @@ def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
     rep = services.report(replay) if replay.results is not None else None
     trainer = has_role(request.user, "trainer")
     ctx = {"replay": replay, "run": replay.run, "report": rep, "can_cancel": trainer,
+           "can_resume": trainer and services.stalled(replay), "stale_minutes": services.STALE_SECONDS // 60,
            "figures": charts.figures(rep) if rep else {},
            "can_train": trainer and replay.twin_id is None and not services.training_blocker(replay)}
     if rep:
@@ -100,3 +101,14 @@ def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
     else:
         messages.success(request, "The twin run is queued for a GPU worker.")
     return redirect("diagnostics-overlay", run_id=replay.run_id, other_id=twin.id)
+
+
+@require_POST
+def replay_resume(request: HttpRequest, replay_id: int) -> HttpResponse:
+    """Queue a stalled replay again (its workers died): stale chunks and the summary are reclaimed."""
+    replay = _replay(request, replay_id, "trainer")
+    if services.resume(replay):
+        messages.success(request, "Resumed: a worker picks up the unfinished chunks and the summary.")
+    else:
+        messages.info(request, "Not stalled: workers are still on this replay, or it has finished.")
+    return redirect("replays-detail", replay.id)
