@@ -144,3 +144,15 @@ def test_it_sets_the_process_exit_status(transactional_db, personas):
         codes[label] = (proc.returncode, proc.stdout + proc.stderr)
     assert codes["semantic_coverage"][0] == 1 and "FAIL rollout" in codes["semantic_coverage"][1]
     assert codes["semantic_coverage@no_extras"][0] == 0, codes["semantic_coverage@no_extras"][1]
+
+
+def test_it_links_the_run_dashboard_to_its_replays(hacked, client_as):
+    from webapp.runs.models import Run
+
+    viewer = client_as("viewer")
+    html = viewer.get(reverse("runs-dashboard", args=[hacked.id])).content.decode()
+    link = reverse("replays-run", args=[hacked.id])
+    assert f'id="replay-link" href="{link}"' in html
+    assert viewer.get(link).status_code == 200
+    Run.objects.filter(id=hacked.id).update(kind="sft")  # trains on a dataset: no rollouts to replay
+    assert 'id="replay-link"' not in viewer.get(reverse("runs-dashboard", args=[hacked.id])).content.decode()
