@@ -5,11 +5,9 @@
 
 The run is seeded through the ingestion service if absent (G=8, 4 components, 500 steps; the same
 name and shape as bench/pages.py, so whichever bench runs first seeds it for both). Prints the end-to-
-end time (read + recompute) cold, the headline (no array cache: every byte from the database, read from
-the groups' packed scores; target < 2 s at 1M), and warm (the per-run array cache current, see
-webapp/diagnostics/services.py); for reference the cold read from the rollout and score rows; and the
-ratio against a plain Python loop over groups doing the same sum-then-normalise math, measured in the
-same process.
+end time (read + recompute; every byte from the database, read from the groups' packed scores by
+webapp/rollouts/arrays.py; target < 2 s at 1M) and the ratio against a plain Python loop over groups
+doing the same sum-then-normalise math, measured in the same process.
 """
 
 from __future__ import annotations
@@ -91,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rollouts", type=int, default=1_000_000, help="size of the stored run (default 1,000,000)")
     ap.add_argument("--repeat", type=int, default=3, help="timed repetitions of the end-to-end ablation")
-    ap.add_argument("--no-rows", dest="rows", action="store_false",
-                    help="skip the reference read from the rollout and score rows (seconds at 1M)")
     ap.add_argument("--loop-groups", type=int, default=0,
                     help="time the Python loop on this many groups and scale (0: all; the loop is slow)")
     args = ap.parse_args(argv)
@@ -101,35 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
 
     from training import ablation as abl
-    from webapp.diagnostics.services import _assemble, _cache_path, _read_rows, load_run_arrays, run_ablation
-    from webapp.rollouts.ingest import run_components
+    from webapp.diagnostics.services import load_run_arrays, run_ablation
 
     call_command("migrate", verbosity=0)  # an older bench database gains (and backfills) the packed scores
 
     run = ensure_run(args.rollouts)
     spec = abl.AblationSpec(drop=("format",), weights={"correct": 2.0})
-    cache_file = _cache_path(run.id)
-    # Cold: no array cache, every byte from the database (the groups' packed scores). The headline.
+    # Cold: every byte from the database (the groups' packed scores); there is no array cache.
     colds = []
     for _ in range(args.repeat):
-        cache_file.unlink(missing_ok=True)
         t0 = time.perf_counter()
         result = run_ablation(run, spec)
         colds.append((time.perf_counter() - t0, result["timing"]["read_s"], result["timing"]["compute_s"]))
-    # Warm: the per-run cache is current (the normal case after the first diagnostics/ablation view of
-    # a run; appends are read as deltas).
-    warms = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        result = run_ablation(run, spec)
-        warms.append((time.perf_counter() - t0, result["timing"]["read_s"], result["timing"]["compute_s"]))
-    # Reference: the same cold read from the rollout and score rows (the reader before packed scores).
-    rows_s = None
-    if args.rows:
-        comps = [c.id for c in run_components(run)]
-        t0 = time.perf_counter()
-        _assemble(_read_rows(run.id, expected=args.rollouts), comps)
-        rows_s = time.perf_counter() - t0
     data = load_run_arrays(run)
     n_groups = int(np.unique(data.group_ids).size)
     # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over groups.
@@ -147,21 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     abl.python_loop_advantages(rows_old, data.weights.tolist())
     abl.python_loop_advantages(rows_new, w_new)
     loop_s = (time.perf_counter() - t0) * scale
-    cold_best, warm_best = min(colds), min(warms)
+    cold_best = min(colds)
     cold_med = statistics.median(t for t, _, _ in colds)
-    warm_med = statistics.median(t for t, _, _ in warms)
-    compute = min(c for _, _, c in colds + warms)
+    compute = min(c for _, _, c in colds)
     print(f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "
           f"{len(data.components)} components; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"ablation {spec.as_dict()}")
-    print(f"  COLD end to end (no array cache; every byte from the database): best {cold_best[0]:.3f} s, median "
+    print(f"  COLD end to end (every byte from the database): best {cold_best[0]:.3f} s, median "
           f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute {cold_best[2]:.3f} s)  "
           f"target < {TARGET_S} s: {'PASS' if cold_best[0] < TARGET_S else 'FAIL'}")
-    print(f"  warm end to end (array cache current): best {warm_best[0]:.3f} s, median {warm_med:.3f} s "
-          f"(read {warm_best[1]:.3f} s + recompute {warm_best[2]:.3f} s)")
-    if rows_s is not None:
-        print(f"  reference: the cold read from the rollout and score rows instead of the packed scores: "
-              f"{rows_s:.3f} s ({rows_s / cold_best[1]:.1f}x the packed read)")
     print(f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  -> "
           f"vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end {loop_s / cold_best[0]:.1f}x")
     print(f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips {result['sign_flip_frac']:.4f}, "

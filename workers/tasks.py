@@ -33,14 +33,6 @@ def child_env() -> dict[str, str]:
     return env
 
 
-@app.task(name="workers.tasks.warm_diagnostics_cache", queue="default")
-def warm_diagnostics_cache(run_id: int) -> str:
-    """Read a finished run's arrays once, so its first ablation does not pay the full database read."""
-    from webapp.diagnostics.services import warm_run_cache
-
-    return f"run {run_id}: diagnostics cache holds {warm_run_cache(run_id)} rollouts"
-
-
 @app.task(name="workers.tasks.recompute_run_stats", queue="default")
 def recompute_run_stats(run_id: int) -> str:
     from webapp.rollouts.services import recompute_run_stats as recompute
@@ -143,7 +135,6 @@ def run_job(self, run_id: int) -> str:
         run.mark_failed(f"job process {why}\n{_tail(child_log)}")
         outcome = f"failed ({why})"
     _after(run)
-    warm_diagnostics_cache.apply_async(args=[run_id], queue="default")
     return f"run {run_id} {outcome}"
 
 

@@ -393,15 +393,6 @@ def test_it_reports_bad_case_rollout_ids_for_diagnostics(run, rollouts, personas
     assert services.bad_case_rollout_ids(run.id) == {rollouts[0].id, rollouts[2].id}
 
 
-def test_it_appends_the_explorer_hook_once(db):
-    from django.apps import apps
-
-    from webapp.rollouts.queries import ANNOTATION_FILTER_HOOK
-
-    apps.get_app_config("annotations").ready()
-    assert ANNOTATION_FILTER_HOOK.count(services.explorer_filter) == 1
-
-
 def test_it_clears_a_skip_once_the_item_is_annotated(run, rollouts, personas):
     q = make_queue(run, personas, limit=2, assignees=[personas["annotator"]])
     item = q.items.get(position=0)

@@ -1,11 +1,10 @@
 """Diagnostics pages, the dashboard slot, ablations (preview, save, compare, launch, overlay), the
-ablation API, and the fast run reader. Test client, no browser."""
+ablation API, and the run window. Test client, no browser."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from django.template.loader import render_to_string
 
@@ -14,7 +13,6 @@ from training import ablation as abl
 from webapp.diagnostics import services
 from webapp.diagnostics.models import Ablation
 from webapp.rollouts.ingest import ingest_groups
-from webapp.rollouts.services import load_score_matrix
 from webapp.runs import launch
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
@@ -96,13 +94,14 @@ def test_it_reports_metric_spikes_from_step_metrics(client_as, run):
     assert 'data-code="unstable"' in html and "&#x27;kl&#x27; spikes at step 12" in html
 
 
-def test_it_runs_the_quality_hook_when_the_annotations_app_provides_bad_cases(client_as, run, monkeypatch):
+def test_it_runs_the_quality_detector_on_the_annotated_bad_cases(client_as, run, monkeypatch):
     seed(run)
     from webapp.rollouts.models import Rollout
 
     top = list(Rollout.objects.filter(run=run).order_by("-reward", "id").values_list("id", flat=True)[:20])
-    monkeypatch.setattr(services, "BAD_CASE_PROVIDERS", [lambda r: top])
-    monkeypatch.setattr(services, "ANNOTATED_PROVIDERS", [])  # no denominator: every rollout counts
+    everyone = list(Rollout.objects.filter(run=run).values_list("id", flat=True))
+    monkeypatch.setattr(services.annotations, "bad_case_rollout_ids", lambda r: top)
+    monkeypatch.setattr(services.annotations, "annotated_rollout_ids", lambda r: everyone)  # every rollout counts
     html = client_as("viewer").get(diag_url(run)).content.decode()
     assert 'data-code="reward_vs_quality"' in html
 
@@ -311,131 +310,7 @@ def test_it_rejects_malformed_json_in_the_api(api, personas, run):
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "body"
 
 
-# ---------------------------------------------------------------- the reader
-
-
-def test_it_reads_the_same_arrays_as_the_orm_reader(run):
-    seed(run)
-    ingest_groups(run, {"groups": [make_group(9, "partial", [{"correct": 1}, {"correct": None, "format": 0}])]})
-    fast = services.load_run_arrays(run)
-    slow = load_score_matrix(run)
-    order = np.argsort(fast.rollout_ids)
-    assert np.array_equal(fast.rollout_ids[order], slow["ids"])
-    assert np.array_equal(fast.group_ids[order], slow["group_ids"])
-    assert np.array_equal(fast.steps[order], slow["steps"])
-    assert np.array_equal(fast.matrix[order], slow["matrix"], equal_nan=True)
-    assert np.isfinite(fast.lengths).all()
-
-
-def _by_id(arrays: dict) -> dict:
-    order = np.argsort(arrays["ids"], kind="stable")
-    return {k: v[order] for k, v in arrays.items()}
-
-
-def assert_same_arrays(got: dict, want: dict) -> None:
-    got, want = _by_id(got), _by_id(want)
-    assert set(got) == set(want) == {"ids", "group_ids", "steps", "lengths", "matrix"}
-    for k in want:
-        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
-        assert np.array_equal(got[k], want[k], equal_nan=True), k
-
-
-def mixed_run(run):
-    """Several components, a null score, unscored components, a component added to the environment
-    after the first groups, a group stored without a blob, and null lengths."""
-    from webapp.rollouts.models import Group, Rollout
-    from webapp.rollouts.services import ensure_environment
-
-    seed(run, steps=4)
-    ingest_groups(run, {"groups": [make_group(4, "partial", [{"correct": 1}, {"correct": None, "format": 0}])]})
-    ensure_environment("toy", [{"name": "late", "weight": 0.3}])  # existing groups never scored it
-    ingest_groups(run, {"groups": [
-        make_group(5, "late", [{"correct": 1, "late": 0.25}, {"late": None}, {"format": 1}]),
-        make_group(6, "legacy", [{"correct": 0, "late": 1.0}, {"penalty": -0.5}]),
-    ]})
-    Group.objects.filter(run=run, key="legacy").update(packed_scores=None, packed_components="")
-    Rollout.objects.filter(run=run, group__key="legacy", index=1).update(length=None)
-    return [c.id for c in services.run_components(run)]
-
-
-def row_read(run, ids, **kw):
-    return services._assemble(services._read_rows(run.id, **kw), ids)
-
-
-def test_it_reads_the_packed_scores_as_the_rows_read_them(run):
-    ids = mixed_run(run)
-    assert len(ids) == 4
-    got = services._read(run.id, ids)
-    assert_same_arrays(got, row_read(run, ids))
-    got = _by_id(got)
-    late = got["matrix"][:, 3]
-    assert np.isnan(late[got["steps"] < 5]).all() and np.nanmax(late) == 1.0  # added later: NaN before
-    assert np.isnan(got["lengths"]).sum() == 1
-    reordered = [ids[3], ids[0]]  # columns follow the requested order, whatever each group's header says
-    assert_same_arrays(services._read(run.id, reordered), row_read(run, reordered))
-
-
-@pytest.mark.parametrize("kw", [{"step_min": 4}, {"step_min": 6}, {"step_min": 99}, {"after_id": "mid"},
-                                {"after_id": "mid", "step_min": 5}])
-def test_it_reads_windows_and_appends_from_the_packed_scores_as_from_the_rows(run, kw):
-    ids = mixed_run(run)
-    if kw.get("after_id") == "mid":
-        from webapp.rollouts.models import Rollout
-
-        # Inside a group: only that group's rollouts above the id are read.
-        kw = {**kw, "after_id": Rollout.objects.get(run=run, group__key="partial", index=0).id}
-    assert_same_arrays(services._read(run.id, ids, **kw), row_read(run, ids, **kw))
-
-
-def test_it_reads_every_chunk_of_a_large_run(run, monkeypatch):
-    ids = mixed_run(run)
-    want = row_read(run, ids)
-    monkeypatch.setattr(services, "CHUNK_ROLLOUTS", 5)  # many chunks of a few groups (Postgres's 1 GB cap)
-    assert_same_arrays(services._read(run.id, ids, expected=want["ids"].size), want)
-    assert_same_arrays(row_read(run, ids, expected=want["ids"].size), want)
-
-
-def test_it_reads_the_rows_of_groups_whose_blob_does_not_match(run, caplog):
-    from webapp.rollouts.models import Group
-
-    ids = mixed_run(run)
-    g = Group.objects.filter(run=run, key="p1", step=2).get()
-    Group.objects.filter(id=g.id).update(packed_scores=bytes(g.packed_scores)[:-8])
-    assert_same_arrays(services._read(run.id, ids), row_read(run, ids))
-    assert "do not match their sizes" in caplog.text
-
-
-def test_it_reads_a_run_stored_before_the_blobs(run):
-    from webapp.rollouts.models import Group
-
-    ids = mixed_run(run)
-    want = row_read(run, ids)
-    Group.objects.filter(run=run).update(packed_scores=None)
-    assert_same_arrays(services._read(run.id, ids), want)
-
-
-def test_it_backfills_the_same_blobs_ingestion_writes(run):
-    import importlib
-
-    from django.apps import apps
-    from django.db.models import Q
-
-    from webapp.rollouts.models import Group
-
-    ids = mixed_run(run)
-    late = Group.objects.get(run=run, key="late")
-    written = (bytes(late.packed_scores), late.packed_components)
-    assert written[1] == ",".join(map(str, ids))
-    assert Group.objects.get(run=run, key="partial").packed_components == ",".join(map(str, ids[:3]))
-    Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(packed_scores=None, packed_components="")
-    migration = importlib.import_module("webapp.rollouts.migrations.0006_group_packed_scores")
-    migration.backfill(apps, None)
-    assert not Group.objects.filter(packed_scores=None).exists()
-    late.refresh_from_db()
-    assert (bytes(late.packed_scores), late.packed_components) == written  # byte for byte
-    # The backfill heads every group with the environment's current components.
-    assert set(Group.objects.filter(step__lt=3).values_list("packed_components", flat=True)) == {written[1]}
-    assert_same_arrays(services._read(run.id, ids), row_read(run, ids))
+# ---------------------------------------------------------------- the reader (more in test_run_arrays.py)
 
 
 def test_it_reads_a_window_of_steps(run):
@@ -445,59 +320,6 @@ def test_it_reads_a_window_of_steps(run):
     assert services.window_start(run, 10) is None  # the run is shorter than the window
     assert services.window_start(run, 10, max_rollouts=30) == 4  # 12 rollouts a step: two steps fit
     assert services.window_start(run, 10, max_rollouts=5) == 5  # never fewer than one step
-
-
-def test_it_unpacks_the_packed_rows_postgres_returns():
-    rows = np.zeros(2, dtype=services._SCORE_DT)
-    rows["rollout_id"], rows["component_id"], rows["value"] = [5, 6], [1, 2], [0.5, np.nan]
-    from webapp.rollouts.packed import records
-
-    got = records(rows.tobytes(), services._SCORE_DT)
-    assert got["rollout_id"].tolist() == [5, 6] and got["component_id"].tolist() == [1, 2]
-    assert got["value"][0] == 0.5 and np.isnan(got["value"][1])
-    with pytest.raises(ValueError):
-        records(rows.tobytes()[:-3], services._SCORE_DT)
-
-
-def test_it_ignores_scores_of_rollouts_it_did_not_read():
-    assert services._positions(np.array([10, 11, 12]), np.array([12, 10, 13, 9])).tolist() == [2, 0, -1, -1]
-    sparse = np.array([5, 10_000_000])  # far apart: the binary-search path
-    assert services._positions(sparse, np.array([10_000_000, 7])).tolist() == [1, -1]
-
-
-def test_it_caches_a_large_run_and_reads_only_new_rollouts_after_an_append(run, settings, tmp_path, monkeypatch):
-    settings.VAR_DIR = tmp_path
-    monkeypatch.setattr(services, "CACHE_MIN_ROLLOUTS", 1)
-    seed(run, steps=3)
-    first = services.load_run_arrays(run)
-    assert services._cache_path(run.id).exists()
-    ingest_groups(run, {"groups": [make_group(7, "late", [{"correct": 1, "format": 0}, {"correct": 0}])]})
-    calls = []
-    real = services._read
-    monkeypatch.setattr(services, "_read", lambda *a, **k: calls.append(k.get("after_id")) or real(*a, **k))
-    grown = services.load_run_arrays(run)
-    assert calls == [int(first.rollout_ids.max())]  # only the appended rows were read
-    assert grown.n == first.n + 2
-    services._cache_path(run.id).unlink()
-    fresh = services.load_run_arrays(run)
-    o1, o2 = np.argsort(grown.rollout_ids), np.argsort(fresh.rollout_ids)
-    assert np.array_equal(grown.matrix[o1], fresh.matrix[o2], equal_nan=True)
-    assert np.array_equal(grown.group_ids[o1], fresh.group_ids[o2])
-    calls.clear()
-    window = services.load_run_arrays(run, step_min=2)  # served from the cache
-    assert calls == [] and set(window.steps.tolist()) == {2, 7}
-
-
-def test_it_falls_back_to_the_database_when_the_cache_file_is_corrupt(run, settings, tmp_path, monkeypatch):
-    settings.VAR_DIR = tmp_path
-    monkeypatch.setattr(services, "CACHE_MIN_ROLLOUTS", 1)
-    seed(run, steps=2)
-    path = services._cache_path(run.id)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"PK\x03\x04 not really a zip")
-    assert services.warm_run_cache(run.id) == 24
-    assert services.load_run_arrays(run).n == 24 and services._cache_read(run.id) is not None
-    assert services.warm_run_cache(10**9) == 0
 
 
 def test_it_reads_bad_cases_from_real_annotations(client_as, run, personas):

@@ -27,7 +27,6 @@ def fast_worker(settings, tmp_path, monkeypatch):
     settings.RUNS_DIR = tmp_path / "runs"
     child = [sys.executable, "-c", "import time; time.sleep(120)"]
     monkeypatch.setattr(workers.tasks, "_child_command", lambda run: child)
-    monkeypatch.setattr(workers.tasks.warm_diagnostics_cache, "apply_async", lambda *a, **k: None)
     return settings.RUNS_DIR
 
 

@@ -1,9 +1,5 @@
-"""Annotation state changes, review queues, progress, agreement and the hooks other apps call.
-
-Other apps call:
-- `bad_case_rollout_ids(run)`: the diagnostics detector "reward rises but annotated quality does not";
-- `explorer_filter`, appended to webapp.rollouts.queries.ANNOTATION_FILTER_HOOK at app ready().
-"""
+"""Annotation state changes, review queues, progress and agreement; the annotated and bad-case rollout
+ids the diagnostics detector "reward rises but annotated quality does not" reads."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from webapp.annotations.models import (
     ReviewQueue,
 )
 from webapp.rollouts.models import RewardComponent, Rollout
-from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, QueryError, explore
+from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
 from webapp.runs.models import Run
 
 
@@ -99,19 +95,6 @@ def bad_case_rollout_ids(run: Run | int) -> set[int]:
     run_id = run if isinstance(run, int) else run.id
     return set(Annotation.objects.filter(rollout__run_id=run_id, label__is_bad=True)
                .values_list("rollout_id", flat=True).distinct())
-
-
-def explorer_filter(qs: QuerySet, q: ExplorerQuery, outer: str) -> QuerySet:
-    """The explorer's label / annotated filters, on the rollout id field `outer` of `qs`."""
-    if q.label:
-        if not Label.objects.filter(slug=q.label).exists():
-            slugs = ", ".join(Label.objects.values_list("slug", flat=True))
-            raise QueryError("label", f"no label {q.label[:60]!r}; labels are: {slugs}")
-        qs = qs.filter(Exists(Annotation.objects.filter(rollout_id=OuterRef(outer), label__slug=q.label)))
-    if q.annotated is not None:
-        any_ann = Exists(Annotation.objects.filter(rollout_id=OuterRef(outer)))
-        qs = qs.filter(any_ann if q.annotated else ~any_ann)
-    return qs
 
 
 # --- review queues -----------------------------------------------------------------------------------

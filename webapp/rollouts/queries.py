@@ -48,7 +48,7 @@ class ExplorerQuery:
     text: str = ""  # the search query as typed (q=)
     search: SearchQuery | None = None  # parsed from `text` (webapp/rollouts/text.py)
     ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # component -> (lo, hi)
-    label: str | None = None  # annotation label slug (the annotations app interprets it)
+    label: str | None = None  # annotation label slug
     annotated: bool | None = None
     limit: int = 50
     cursor: str | None = None
@@ -311,7 +311,20 @@ def _range_exists(q: ExplorerQuery, comps: dict[str, RewardComponent], outer: st
     return out
 
 
-ANNOTATION_FILTER_HOOK: list[Any] = []  # the annotations app appends fn(qs, q, outer_field) -> qs
+def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
+    """The label / annotated filters on the rollout id field `outer`, through Rollout.annotations."""
+    out = []
+    if q.label:
+        from webapp.annotations.models import Label
+
+        if not Label.objects.filter(slug=q.label).exists():
+            slugs = ", ".join(Label.objects.values_list("slug", flat=True))
+            raise QueryError("label", f"no label {q.label[:60]!r}; labels are: {slugs}")
+        out.append(Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__label__slug=q.label)))
+    if q.annotated is not None:
+        any_ann = Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__isnull=False))
+        out.append(any_ann if q.annotated else ~any_ann)
+    return out
 
 
 def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
@@ -325,15 +338,15 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
         qs = qs.filter(_filters(run, q, comps, "rollout__", matched))
         for ex in _range_exists(q, comps, "rollout_id"):
             qs = qs.filter(ex)
-        for hook in ANNOTATION_FILTER_HOOK:
-            qs = hook(qs, q, "rollout_id")
+        for ex in _annotation_filters(q, "rollout_id"):
+            qs = qs.filter(ex)
         hits = _walk(qs, "value", "rollout_id", q, walk)
     else:
         qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, "", matched))
         for ex in _range_exists(q, comps, "id"):
             qs = qs.filter(ex)
-        for hook in ANNOTATION_FILTER_HOOK:
-            qs = hook(qs, q, "id")
+        for ex in _annotation_filters(q, "id"):
+            qs = qs.filter(ex)
         hits = _walk(qs, q.sort, "id", q, walk)
     more = len(hits) > q.limit
     hits = hits[: q.limit]

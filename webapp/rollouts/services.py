@@ -9,7 +9,7 @@ import numpy as np
 from django.db import connection, transaction
 
 from training import stats
-from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, Rollout
 from webapp.runs.models import Run
 
 KINDS = {k for k, _ in RewardComponent.Kind.choices}
@@ -181,40 +181,18 @@ def git_commit() -> str:
         return ""
 
 
-def load_score_matrix(run: Run) -> dict[str, Any]:
-    """Every rollout of the run as arrays: ids, group ids, steps, (N, K) component values (NaN = none)."""
-    comps = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
-    rows = list(Rollout.objects.filter(run=run).order_by("id").values_list("id", "group_id", "step"))
-    ids = np.array([r[0] for r in rows], dtype=np.int64)
-    matrix = np.full((len(rows), len(comps)), np.nan)
-    if rows and comps:
-        col = {c.id: j for j, c in enumerate(comps)}
-        sc = np.array(
-            [(rid, col[cid], np.nan if v is None else v)
-             for rid, cid, v in RewardScore.objects.filter(run=run).values_list("rollout_id", "component_id", "value")],
-            dtype=np.float64,
-        ).reshape(-1, 3)
-        pos = np.searchsorted(ids, sc[:, 0].astype(np.int64))
-        matrix[pos, sc[:, 1].astype(np.int64)] = sc[:, 2]
-    return {
-        "components": comps,
-        "ids": ids,
-        "group_ids": np.array([r[1] for r in rows], dtype=np.int64),
-        "steps": np.array([r[2] for r in rows], dtype=np.int64),
-        "matrix": matrix,
-    }
-
-
 @transaction.atomic
 def recompute_run_stats(run: Run) -> dict[str, int]:
     """Recompute every group's aggregate and per-component statistics from the stored scores.
 
     Used after a run's weights change or to repair stats; advantages sent by a trainer are kept.
     """
+    from webapp.rollouts import arrays
     from webapp.rollouts.ingest import run_weights
 
-    data = load_score_matrix(run)
-    comps, gids, matrix = data["components"], data["group_ids"], data["matrix"]
+    comps = run.components()
+    data = arrays.read(run.id, [c.id for c in comps])
+    gids, matrix = data["group_ids"], data["matrix"]
     if not len(gids):
         return {"groups": 0, "rollouts": 0}
     uniq, inv = np.unique(gids, return_inverse=True)

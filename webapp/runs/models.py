@@ -75,12 +75,21 @@ class Run(models.Model):
     def is_finished(self) -> bool:
         return self.status in self.FINISHED
 
+    def components(self) -> list:
+        """The run's reward components (RewardComponent rows) in environment order: the columns of its
+        score matrix."""
+        from webapp.rollouts.models import RewardComponent
+
+        if self.environment_id is None:
+            return []
+        return list(RewardComponent.objects.filter(environment_id=self.environment_id).order_by("position", "id"))
+
     def reward_weights(self, components: list | None = None) -> dict[str, float]:
         """{component: weight} this run's rewards were summed with: the trainer's (or creation-time)
         settings, then the job config's reward_weights (ablation twins, launched jobs), then the
         environment's defaults. `components` (RewardComponent rows) saves a query when the caller has them."""
         if components is None:
-            components = list(self.environment.components.order_by("position", "id")) if self.environment_id else []
+            components = self.components()
         config = (self.config or {}).get("reward_weights")
         legacy = config if isinstance(config, dict) else {}
         own = (self.reward_settings or {}).get("weights") or {}
@@ -109,12 +118,6 @@ class Run(models.Model):
         except Run.DoesNotExist:
             return False
         return True
-
-    def mark_started(self) -> None:
-        self.status = self.Status.RUNNING
-        self.started_at = self.started_at or timezone.now()
-        self.heartbeat_at = timezone.now()
-        self.save(update_fields=["status", "started_at", "heartbeat_at"])
 
     def _finish(self, status: str, error: str = "") -> bool:
         # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice versa.
