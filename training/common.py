@@ -99,17 +99,10 @@ def save_final(trainer, tokenizer, output_dir: str | os.PathLike) -> None:
 
 
 def get_env(name: str) -> "Environment":
-    try:
-        from training.environments import get_environment  # the registry, when it exists
-    except ImportError:
-        get_environment = None
-    if get_environment is not None:
-        return get_environment(name)
-    if name == "diagram":
-        from training.environments.diagram import DiagramEnvironment
+    """A fresh instance of the registered environment `name` (KeyError naming the known ones)."""
+    from training.environments import get_environment
 
-        return DiagramEnvironment()
-    raise ValueError(f"env: unknown environment {name!r}")
+    return get_environment(name)
 
 
 def env_prompts(env: "Environment", split: str, n: int, seed: int = 0, max_nodes: int = 0) -> list[Any]:

@@ -280,29 +280,6 @@ def component_health(data: RunArrays) -> HealthReport:
     )
 
 
-@dataclass
-class StepSeries:
-    steps: list[int]
-    reward_mean: list[float | None]
-    length_mean: list[float | None]
-    component_mean: dict[str, list[float | None]]
-
-
-def step_series(data: RunArrays) -> StepSeries:
-    """Per-step means of the aggregate reward, the length and each component (NaN-aware)."""
-    uniq, sidx = np.unique(data.steps, return_inverse=True)
-    lengths = data.lengths if data.lengths is not None else np.full(data.n, np.nan)
-    cols = np.column_stack([data.rewards(), lengths.astype(np.float64), data.matrix])
-    st = stats.group_stats(cols, sidx, uniq.size) if data.n else None
-    f = lambda a: [_json_float(x) for x in a.tolist()]  # noqa: E731
-    if st is None:
-        return StepSeries([], [], [], {n: [] for n in data.names})
-    return StepSeries(
-        steps=uniq.tolist(), reward_mean=f(st.mean[:, 0]), length_mean=f(st.mean[:, 1]),
-        component_mean={name: f(st.mean[:, 2 + j]) for j, name in enumerate(data.names)},
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Detectors
 # --------------------------------------------------------------------------------------------

@@ -436,11 +436,6 @@ def _model_name(trainer: Any) -> str:
     return str(getattr(config, "_name_or_path", "") or getattr(config, "name_or_path", ""))
 
 
-def record(trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> RolloutRecorder:
-    """Alias of `RolloutRecorder.attach`."""
-    return RolloutRecorder.attach(trainer, sink, **kwargs)
-
-
 def _value(v: Any) -> float | None:
     if v is None:
         return None

@@ -69,8 +69,3 @@ def environment_reward_funcs(env: "Environment", prompts: list["Prompt"]) -> tup
     by_key = {p.key: p for p in prompts}
     funcs = [component_reward_func(c, by_key) for c in env.components]
     return funcs, [float(c.weight) for c in env.components]
-
-
-def score_all(env: "Environment", prompt: "Prompt", completion: Any) -> dict[str, dict[str, Any]]:
-    """One completion's scores in the ingestion format: {component: {"value", "reason"}}."""
-    return {name: {"value": score_value(s), "reason": s.reason} for name, s in env.score(prompt, completion).items()}

@@ -291,6 +291,6 @@ def dataset_launch(request: HttpRequest, dataset_id: int) -> HttpResponse:
 
 @require_safe
 def rollout_page(request: HttpRequest, rollout_id: int) -> HttpResponse:
-    """A minimal page for one rollout's annotations (the pages engineer's transcript view embeds the slot)."""
+    """A minimal page for one rollout's annotations (the transcript page embeds the same slot)."""
     rollout = get_object_or_404(Rollout.objects.select_related("group", "run"), id=rollout_id)
     return render(request, "annotations/rollout.html", {"rollout": rollout})

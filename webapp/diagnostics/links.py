@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 
 
 def explorer_url(run_id: int, sort: str | None = None, order: str = "desc", step_min: int | None = None) -> str:
-    try:
-        base = reverse("rollouts-explorer", kwargs={"run_id": run_id})
-    except NoReverseMatch:
-        base = f"/runs/{run_id}/rollouts/"
+    base = reverse("rollouts-explorer", kwargs={"run_id": run_id})
     params = {"sort": sort, "order": order} if sort else {}
     if step_min is not None:
         params["step_min"] = int(step_min)
@@ -19,10 +16,7 @@ def explorer_url(run_id: int, sort: str | None = None, order: str = "desc", step
 
 
 def group_url(group_id: int) -> str:
-    try:
-        return reverse("rollouts-group", kwargs={"group_id": group_id})
-    except NoReverseMatch:
-        return f"/groups/{group_id}/"
+    return reverse("rollouts-group", kwargs={"group_id": group_id})
 
 
 def with_links(run_id: int, findings: list[dict]) -> list[dict]:
