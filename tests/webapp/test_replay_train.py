@@ -6,6 +6,8 @@ The queue is the only thing replaced (enqueue_run recorded instead of sent): no 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
@@ -139,3 +141,61 @@ def test_it_overlays_the_replay_twin_with_the_original(personas, client_as, queu
     assert page.status_code == 200 and f"twin: {twin.name}" in html and f"original: {replay.run.name}" in html
     assert reverse("replays-detail", args=[replay.id]) in html
     assert "training.environments.diagram:semantic_coverage" in html
+
+
+MARKER_MODULE = '''
+def marker(prompt, completion, *, value=0.5):
+    return (value, "scored by the replayed marker version")
+'''
+
+
+@pytest.fixture
+def marker_module(tmp_path, monkeypatch):
+    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH) and
+    registered in this process, as RD_REWARD_MODULES would at start-up. Requested before worker_process so
+    the worker (and its job child) inherit the path."""
+    import sys
+
+    folder = tmp_path / "team_rewards"
+    folder.mkdir()
+    (folder / "replay_e2e_marker.py").write_text(MARKER_MODULE)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    version = rv.register("diagram", "semantic_coverage", "replay_e2e_marker:marker", {"value": 0.625},
+                          name="semantic_coverage@marker")
+    yield version
+    rv._REGISTRY.pop(("diagram", "semantic_coverage@marker"), None)
+    sys.modules.pop("replay_e2e_marker", None)
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+def test_it_trains_the_twin_on_the_replayed_version_in_a_real_worker(marker_module, worker_process, client_as):
+    """Outside in: a stored run, a replay with the team's version, the button, then a real Celery worker runs
+    the twin's GRPO job (tiny model, one step) in its child process: every rollout the twin stores carries
+    the replayed version's value and reason for semantic_coverage, and the environment's own for the rest."""
+    from tests.conftest import wait_for
+    from webapp.replays import services
+    from webapp.rollouts.models import RewardScore
+
+    run = fx.diagram_run(None)
+    Run.objects.filter(id=run.id).update(base_model="tiny:diagram", config={
+        "max_steps": 1, "num_prompts": 4, "num_generations": 2,  # one step of two tiny groups: CPU time
+        "per_device_batch_size": 4, "max_completion_length": 16, "logging_steps": 1})
+    run.refresh_from_db()
+    fx.ingest(run, [fx.group_record(0, "a", [fx.EDGE_SPAM, fx.MISSING_EDGE, fx.PROSE])])
+    replay = services.create_replay(run, {"versions": [{"version": "semantic_coverage@marker"}]})
+    services.work(replay.id, "test")
+    replay.refresh_from_db()
+    assert replay.status == "succeeded", replay.error
+
+    assert client_as("trainer").post(reverse("replays-train", args=[replay.id])).status_code == 302
+    twin = Run.objects.get(config__replay_id=replay.id)
+    twin = wait_for(lambda: (twin.refresh_from_db() or twin.status in ("succeeded", "failed")) and twin,
+                    timeout=400, interval=1)
+    assert twin.status == "succeeded", f"{twin.error}\n{twin.log_tail}"
+    scores = list(RewardScore.objects.filter(run=twin).select_related("component"))
+    coverage = [s for s in scores if s.component.name == "semantic_coverage"]
+    assert len(coverage) == 4 and {(s.value, s.reason) for s in coverage} == {
+        (0.625, "scored by the replayed marker version")}
+    assert all(s.reason != "scored by the replayed marker version" for s in scores if s not in coverage)

@@ -219,7 +219,8 @@ def launch_training(replay: Replay, user: Any) -> Run:
     from webapp.diagnostics.services import twin_config
     from webapp.runs import launch
 
-    locked = Replay.objects.select_for_update().select_related("run", "run__environment", "twin").get(id=replay.id)
+    locked = (Replay.objects.select_for_update(of=("self",))  # Postgres locks no outer-joined (nullable) row
+              .select_related("run", "run__environment", "twin").get(id=replay.id))
     if locked.twin is not None:
         return locked.twin
     why = training_blocker(locked)
