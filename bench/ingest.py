@@ -1,10 +1,13 @@
 """Ingestion throughput on Postgres, as ratios measured in one run (the machines are noisy).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/ingest.py [--rollouts 200000]
+    ... python -m bench.ingest --realistic --rollouts 4000   # multi-turn transcripts (bench/realistic.py)
 
-(a) the service (`ingest_groups`: validation, stats, advantages, COPY) against a raw psycopg COPY of
-the same rows into the same tables, the floor (target ratio >= 0.5);
-(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >= 30x).
+(a) the service (`ingest_groups`: validation, stats, advantages, previews, search text, COPY) against a
+raw psycopg COPY of the same rows (previews and search text included, prebuilt) into the same tables,
+the floor (target ratio >= 0.5);
+(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >= 30x;
+one-line rollouts only).
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
-from webapp.rollouts import packed  # noqa: E402
+from bench.progress import track  # noqa: E402
+from webapp.rollouts import packed, text  # noqa: E402
 from webapp.rollouts.ingest import ingest_groups  # noqa: E402
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout  # noqa: E402
 from webapp.rollouts.services import create_run, ensure_environment  # noqa: E402
@@ -60,6 +63,25 @@ def make_groups(n_rollouts: int, seed: int) -> list[dict]:
     return groups
 
 
+def make_realistic_groups(n_rollouts: int, seed: int) -> list[dict]:
+    """bench/realistic.py's multi-turn rollouts, scored on this bench's components."""
+    from bench.realistic import Vocabulary, make_step
+
+    rng, vocab = np.random.default_rng(seed), Vocabulary(np.random.default_rng(7))
+    groups = []
+    for step in range(max(1, n_rollouts // (G * 50))):
+        for g in make_step("realistic", step, 50, vocab, rng):
+            for r in g["rollouts"]:
+                values = rng.integers(0, 5, K) / 4.0
+                r["rewards"] = {NAMES[j]: {"value": float(values[j]), "reason": "ok"} for j in range(K)}
+            groups.append(g)
+    return groups
+
+
+def _transcript(r: dict) -> list[dict]:
+    return r.get("transcript") or [{"role": "assistant", "content": r["completion"]}]
+
+
 def new_run(name: str):
     env = ensure_environment("bench-ingest", [{"name": n, "weight": 1.0} for n in NAMES])
     return create_run(name=name, kind="import", environment=env, config={}, status="running")
@@ -68,7 +90,7 @@ def new_run(name: str):
 def bench_service(groups: list[dict]) -> float:
     run = new_run(f"bench-service-{time.time()}")
     t0 = time.perf_counter()
-    for i in tqdm(range(0, len(groups), GROUPS_PER_BATCH), desc="service", unit="batch"):
+    for i in track(range(0, len(groups), GROUPS_PER_BATCH), "service", "batch"):
         ingest_groups(run, {"groups": groups[i:i + GROUPS_PER_BATCH]})
     return time.perf_counter() - t0
 
@@ -79,7 +101,7 @@ def bench_raw_copy(groups: list[dict]) -> float:
     run = new_run(f"bench-copy-{time.time()}")
     comps = {c.name: c.id for c in run.environment.components.all()}
     prepared = []
-    for i in tqdm(range(0, len(groups), GROUPS_PER_BATCH), desc="raw COPY (prebuilding rows)", unit="batch"):
+    for i in track(range(0, len(groups), GROUPS_PER_BATCH), "raw COPY (prebuilding rows)", "batch"):
         batch = groups[i:i + GROUPS_PER_BATCH]
         with connection.cursor() as dc:
             cur = dc.cursor
@@ -97,14 +119,19 @@ def bench_raw_copy(groups: list[dict]) -> float:
             tot = m.sum(axis=1)
             lengths = np.array([r["length"] for r in g["rollouts"]], dtype=np.float64)
             blob = packed.pack_groups(np.array(rids[gi * G:(gi + 1) * G]), lengths, m, [G])[0]
-            g_rows.append((gid, run.id, g["step"], g["key"], json.dumps(g["prompt"]), g["prompt"], "train", G,
+            prompt_text = text_of(g["prompt"])
+            g_rows.append((gid, run.id, g["step"], g["key"], json.dumps(g["prompt"]), prompt_text, "train", G,
                            float(tot.mean()), float(tot.std(ddof=1)), False, False, blob, header))
             for r in g["rollouts"]:
                 rid = rids[k]
                 k += 1
-                r_rows.append((rid, gid, run.id, g["step"], "train", r["index"],
-                               json.dumps([{"role": "assistant", "content": r["completion"]}]), r["completion"],
-                               0.0, 0.0, r["length"], False, "", "", None))
+                tr = _transcript(r)
+                sm = text.summarize(tr, g["prompt"])
+                doc = text.search_document(prompt_text, g["prompt"], tr, ["ok"] * K)
+                r_rows.append((rid, gid, run.id, g["step"], "train", r["index"], json.dumps(tr),
+                               tr[-1]["content"], 0.0, 0.0, r["length"], False, "", "",
+                               json.dumps(r["state"]) if r.get("state") else None,
+                               sm.head, sm.tail, sm.turns, sm.tool_calls, sm.chars, doc))
                 for n in NAMES:
                     s_rows.append((rid, comps[n], run.id, g["step"], r["rewards"][n]["value"], "ok"))
             for j, n in enumerate(NAMES):
@@ -115,13 +142,14 @@ def bench_raw_copy(groups: list[dict]) -> float:
         "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
         "reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM STDIN",
         "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, reward, "
-        "advantage, length, truncated, finish_reason, parse_error, state) FROM STDIN",
+        "advantage, length, truncated, finish_reason, parse_error, state, preview_head, preview_tail, n_turns, "
+        "n_tool_calls, text_chars, search_text) FROM STDIN",
         "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM STDIN",
         "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, min, max, "
         "zero_std) FROM STDIN",
     )
     t0 = time.perf_counter()  # only the COPY and the commit are timed: the floor
-    for tables in tqdm(prepared, desc="raw COPY", unit="batch"):
+    for tables in track(prepared, "raw COPY", "batch"):
         with transaction.atomic(), connection.cursor() as dc:
             for sql, rows in zip(sqls, tables):
                 with dc.cursor.copy(sql) as cp:
@@ -131,13 +159,19 @@ def bench_raw_copy(groups: list[dict]) -> float:
     return elapsed
 
 
+def text_of(prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in prompt)
+
+
 def bench_orm_loop(groups: list[dict], one_transaction: bool) -> float:
     """Naive code: save() per object in autocommit; or the same loop inside one transaction."""
     run = new_run(f"bench-orm-{time.time()}")
     comps = {c.name: c for c in run.environment.components.all()}
     t0 = time.perf_counter()
     with transaction.atomic() if one_transaction else contextlib.nullcontext():
-        for g in tqdm(groups, desc="ORM save()", unit="group"):
+        for g in track(groups, "ORM save()", "group"):
             grp = Group(run=run, step=g["step"], key=g["key"], prompt=g["prompt"], prompt_text=g["prompt"], size=G)
             grp.save()
             m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
@@ -159,10 +193,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=200_000)
     parser.add_argument("--orm-sample", type=int, default=5_000)
+    parser.add_argument("--realistic", action="store_true", help="multi-turn transcripts (no ORM loop)")
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
     call_command("migrate", verbosity=0)
+    if args.realistic:
+        return bench_realistic(args.rollouts)
     groups = make_groups(args.rollouts, seed=0)
     sample = make_groups(args.orm_sample, seed=1)
     n = len(groups) * G
@@ -180,10 +217,27 @@ def main() -> None:
     print(f"ORM save() in one transaction: {orm_tx_rate:>10,.0f} rollouts/s ({t_orm_tx:.1f} s)")
     print(f"ratio service / ORM loop  = {svc_rate / orm_rate:.1f}x (target >= 30x)")
     print(f"ratio service / ORM loop in one transaction = {svc_rate / orm_tx_rate:.1f}x")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
     for run_name in ("bench-service-", "bench-copy-", "bench-orm-"):
         from webapp.runs.models import Run
 
         Run.objects.filter(name__startswith=run_name).delete()
+
+
+def bench_realistic(n_rollouts: int) -> None:
+    groups = make_realistic_groups(n_rollouts, seed=0)
+    n = len(groups) * G
+    t_copy = bench_raw_copy(groups)
+    t_service = bench_service(groups)
+    print(f"realistic rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)")
+    print(f"service   : {n / t_service:>10,.0f} rollouts/s ({t_service:.1f} s)")
+    print(f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, prebuilt")
+    print(f"ratio service / raw COPY  = {t_copy / t_service:.2f}  (target >= 0.5)")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    from webapp.runs.models import Run
+
+    Run.objects.filter(name__startswith="bench-service-").delete()
+    Run.objects.filter(name__startswith="bench-copy-").delete()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Load: concurrent ingestion and explorer reads against a real server process, on Postgres.
 
-    DATABASE_URL=postgres://... python bench/load.py [--seconds 60] [--writers 4] [--readers 4]
+    DATABASE_URL=postgres://... python bench/load.py [--seconds 60] [--writers 4] [--readers 8]
 
-Starts `manage.py runserver --noreload` on a free loopback port against DATABASE_URL (migrated first),
+Starts the production server (`make serve`: gunicorn, workers sized to the machine) on a free loopback
+port against DATABASE_URL (migrated first; the database is created when missing),
 seeds a run, then measures in the same run:
   1. baseline: R readers paging GET /api/v1/runs/{id}/rollouts/?sort=<component>&cursor=... alone;
   2. load: W writers posting batches of groups through training/client.py while the R readers page.
@@ -148,7 +149,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60, help="length of the load phase (baseline: a third)")
     ap.add_argument("--writers", type=int, default=4)
-    ap.add_argument("--readers", type=int, default=4)
+    ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--groups", type=int, default=8, help="groups per posted batch")
     ap.add_argument("--group-size", type=int, default=8, help="rollouts per group")
     ap.add_argument("--seed-groups", type=int, default=400, help="groups stored before the baseline")
@@ -179,11 +180,12 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(ROOT / "var" / "load-server.log", "ab") if (ROOT / "var").is_dir() else subprocess.DEVNULL
-    server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload",
-                               "--skip-checks"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server_env = dict(env, DEBUG="0", SECURE_SSL_REDIRECT="0",
+                      SECRET_KEY=os.environ.get("SECRET_KEY", "load-bench-only-secret-key-0123456789-abcdefghijkl"))
+    server = subprocess.Popen(["make", "serve", f"BIND=127.0.0.1:{port}"], cwd=ROOT, env=server_env, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # make serve collects static files first
         while True:
             try:
                 urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
@@ -224,7 +226,7 @@ def main() -> int:
     ratio50 = loaded["p50"] / baseline["p50"]
     ratio95 = loaded["p95"] / baseline["p95"]
     print(f"\nload bench: {args.writers} writers x {args.groups}x{args.group_size} rollouts per batch, "
-          f"{args.readers} readers, {args.seconds:g} s under load, Postgres, runserver")
+          f"{args.readers} readers, {args.seconds:g} s under load, Postgres, gunicorn (make serve)")
     print(f"{'':<28}{'baseline':>12}{'under load':>12}{'ratio':>8}")
     print(f"{'explorer reads':<28}{baseline['reads']:>12}{loaded['reads']:>12}")
     print(f"{'read p50 (ms)':<28}{baseline['p50'] * 1e3:>12.1f}{loaded['p50'] * 1e3:>12.1f}{ratio50:>8.2f}")
@@ -238,6 +240,7 @@ def main() -> int:
     print(f"{'errors (read / write)':<28}{baseline['read_errors']:>12}{under:>12}")
     print(f"{'lost rollouts':<28}{lost:>24}")
     errors = baseline["read_errors"] + loaded["read_errors"] + write_errors
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
     if errors or lost:
         print("FAILED:", baseline["errors"] + loaded["errors"] + [e for w in writers for e in w.errors][:3])
         return 1

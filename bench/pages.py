@@ -83,8 +83,8 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
 
 def seed(n_rollouts: int) -> Any:
     import numpy as np
-    from tqdm import tqdm
 
+    from bench.progress import progress
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group
     from webapp.rollouts.services import ensure_environment, get_or_create_run
@@ -108,7 +108,7 @@ def seed(n_rollouts: int) -> Any:
     rng = np.random.default_rng(len(done))
     per_batch = max(1, BATCH_GROUPS // groups_per_step)  # whole steps per batch, ~250 groups
     t0 = time.perf_counter()
-    with tqdm(total=len(todo) * groups_per_step * G, unit="rollout", unit_scale=True, desc="seeding") as bar:
+    with progress(len(todo) * groups_per_step * G, "seeding") as bar:
         for i in range(0, len(todo), per_batch):
             steps = todo[i : i + per_batch]
             groups = [g for s in steps for g in synthetic_step(s, groups_per_step, rng)]

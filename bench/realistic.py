@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from bench.pages import _require_postgres as require_postgres  # noqa: E402
 from bench.pages import median_ms as _median_min_ms  # noqa: E402
+from bench.progress import progress  # noqa: E402
 
 G = 8
 STEPS = 250
@@ -154,34 +155,6 @@ def make_step(kind: str, step: int, groups: int, vocab: Vocabulary, rng: np.rand
         out.append({"step": step, "key": f"t{g:05d}", "prompt": prompt if kind == "realistic" else task,
                     "split": "holdout" if g % 10 == 0 else "train", "rollouts": rollouts})
     return out
-
-
-def progress(total: int, desc: str) -> Any:
-    """tqdm on a terminal; otherwise one line per 10% (logs and CI stay readable)."""
-    from tqdm import tqdm
-
-    if sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, unit="rollout", unit_scale=True)
-    return _TenPercent(total, desc)
-
-
-class _TenPercent:
-    def __init__(self, total: int, desc: str) -> None:
-        self.total, self.desc, self.done, self.shown, self.t0 = total, desc, 0, 0, time.perf_counter()
-
-    def update(self, n: int) -> None:
-        self.done += n
-        while self.total and self.done * 10 >= (self.shown + 1) * self.total and self.shown < 10:
-            self.shown += 1
-            dt = time.perf_counter() - self.t0
-            print(f"{self.desc}: {self.shown * 10}% ({self.done:,}/{self.total:,}, {self.done / dt:,.0f}/s)",
-                  flush=True)
-
-    def __enter__(self) -> _TenPercent:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:

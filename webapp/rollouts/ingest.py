@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 
@@ -109,6 +110,26 @@ def unstorable_text(value: Any, path: str) -> tuple[str, str] | None:
         elif isinstance(v, list):
             stack.extend((item, f"{p}[{i}]") for i, item in enumerate(v))
     return None
+
+
+def _storable_fast(value: Any) -> bool:
+    """True when `value` certainly holds no NUL and no lone surrogate: one C-speed serialisation instead of
+    a Python walk over every string (a fifth of ingestion time). False means "walk it to find where"
+    (orjson refuses surrogates, non-string keys and integers past 64 bits; NUL serialises as \\u0000)."""
+    try:
+        return b"\\u0000" not in orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return False
+
+
+def dumps(value: Any) -> str:
+    """JSON text for a jsonb column: orjson (several times faster than json; NaN and infinities become
+    null, which jsonb accepts, where json.dumps wrote NaN, which it refuses); json for what orjson cannot
+    encode (integers past 64 bits, non-string keys are kept as their str)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, default=str)
 
 
 def _bad_text(s: str) -> bool:
@@ -289,7 +310,7 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
         if not isinstance(g, dict):
             errs.add(gp, "must be an object")
             continue
-        bad = unstorable_text(g, gp)
+        bad = None if _storable_fast(g) else unstorable_text(g, gp)
         if bad is not None:
             errs.add(*bad)
             continue
@@ -561,7 +582,6 @@ class _CopyWriter:
     """Postgres path: ids drawn from the sequences, then COPY for every table (psycopg 3)."""
 
     def write(self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]) -> None:
-        dumps = json.dumps
         # COPY runs on the raw psycopg cursor, past Django's error translation: wrap_database_errors
         # restores it, so a concurrent identical batch (psycopg's UniqueViolation) arrives as Django's
         # IntegrityError, which ingest_groups retries.
