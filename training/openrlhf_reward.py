@@ -24,8 +24,10 @@ The two ways OpenRLHF calls it (read from its published code):
   chunks of `micro_rollout_batch_size` samples, where a prompt's samples are consecutive. Ray pickles
   the function into its worker processes.
 
-The wrapper is a picklable object (`RecordedRewardFunc`): its HTTP client, lock, queue and upload
-thread are created on the first call in the process that calls it, and left out when it is pickled.
+The wrapper is a plain function (Ray's `ray.remote` takes functions and classes, not callable objects)
+whose only state is a picklable `RecordedRewardFunc`: its HTTP client, lock, queue and upload thread
+are created on the first call in the process that calls it, and left out when it is pickled (Ray
+pickles the function by value with cloudpickle). `wrapped.recorded.recorder` is that process's recorder.
 It calls the user's function and returns the result UNCHANGED; nothing it does raises into training
 or blocks it. Every error is logged; a batch that cannot be delivered goes to a spool JSONL file in the
 HttpSink spool format (`python -m training.sinks upload SPOOL --url URL --token KEY --run ID`).
@@ -342,15 +344,14 @@ class RewardRecorder:
 
 
 class RecordedRewardFunc:
-    """`reward_func` with recording, as a picklable callable: Ray (OpenRLHF <= 0.9.0) pickles it into
-    its workers. The RewardRecorder (client, lock, thread) is made on the first call in each process
-    and is never pickled."""
+    """The state of a wrapped reward function, picklable: Ray (OpenRLHF <= 0.9.0) pickles it into its
+    workers. The RewardRecorder (client, lock, thread) is made on the first call in each process and
+    is never pickled."""
 
     def __init__(self, reward_func: Callable[..., Any], options: dict[str, Any]) -> None:
         self.reward_func = reward_func
         self.options = options
         self._recorder: RewardRecorder | None = None
-        functools.update_wrapper(self, reward_func)
 
     def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> Any:
         result = self.reward_func(queries, prompts, labels, **kwargs)
@@ -386,8 +387,9 @@ def wrap_reward_func(reward_func: Callable[..., Any], url: str | None = None, to
                      spool_path: str | os.PathLike | None = None, step_fn: Callable[[], int] | None = None,
                      background: bool = True, retries: int = 2, timeout: float = 10.0,
                      n_samples_per_prompt: int | None = None, straggler_timeout: float = 120.0,
-                     step_gap: float = 20.0) -> RecordedRewardFunc:
-    """Return `reward_func` with recording: same signature, same result, picklable. `run` is a run id,
+                     step_gap: float = 20.0) -> Callable[..., Any]:
+    """Return `reward_func` with recording: same signature, same result, a function Ray can pickle
+    (`wrapped.recorded` holds its state, `wrapped.recorded.recorder` the process's recorder). `run` is a run id,
     or a name (got or created on the server with the components of the first groups). `client`
     replaces the HTTP client (anything with get_or_create_run / post_groups; it must be picklable to
     cross into Ray workers). See the module docstring for `n_samples_per_prompt`, `step_fn`, `step_gap`."""
@@ -399,4 +401,11 @@ def wrap_reward_func(reward_func: Callable[..., Any], url: str | None = None, to
                "spool_path": spool_path, "step_fn": step_fn, "background": background, "retries": retries,
                "timeout": timeout, "n_samples_per_prompt": n_samples_per_prompt,
                "straggler_timeout": straggler_timeout, "step_gap": step_gap}
-    return RecordedRewardFunc(reward_func, options)
+    recorded = RecordedRewardFunc(reward_func, options)
+
+    @functools.wraps(reward_func)
+    def wrapped(queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> Any:
+        return recorded(queries, prompts, labels, **kwargs)
+
+    wrapped.recorded = recorded  # type: ignore[attr-defined]
+    return wrapped

@@ -94,7 +94,7 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
     wrapped = wrap_reward_func(reward_func, client=client, run="orl", n_samples_per_prompt=4, step_gap=0.5)
     results = asyncio.run(engine(wrapped, ROUND))
     assert all(set(r) == {"rewards", "scores", "extra_logs"} for r in results)  # unchanged for OpenRLHF
-    wrapped.recorder.flush(timeout=10)
+    wrapped.recorded.recorder.flush(timeout=10)
     groups = sorted(client.groups, key=lambda g: g["prompt"])
     assert [(g["prompt"], g["step"], len(g["rollouts"])) for g in groups] == [
         (TEMPLATE.format(q="1+1?"), 1, 4), (TEMPLATE.format(q="2+2?"), 1, 4)]
@@ -113,9 +113,9 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
 
     time.sleep(0.7)  # OpenRLHF trains: the reward function sits idle longer than step_gap
     asyncio.run(engine(wrapped, ROUND))
-    wrapped.recorder.flush(timeout=10)
+    wrapped.recorded.recorder.flush(timeout=10)
     assert sorted(g["step"] for g in client.groups) == [1, 1, 2, 2]
-    wrapped.recorder.close()
+    wrapped.recorded.recorder.close()
 
 
 def test_it_posts_a_straggling_group_after_the_timeout():
@@ -129,7 +129,7 @@ def test_it_posts_a_straggling_group_after_the_timeout():
         time.sleep(0.05)  # the upload thread notices on its own: no further call is needed
     (group,) = client.groups
     assert len(group["rollouts"]) == 3 and [r["index"] for r in group["rollouts"]] == [0, 1, 2]
-    wrapped.recorder.close()
+    wrapped.recorded.recorder.close()
 
 
 def test_it_splits_a_prompt_drawn_twice_into_two_groups():
@@ -149,7 +149,7 @@ def test_it_spools_groups_it_cannot_deliver_and_never_raises(tmp_path):
         assert "rewards" in wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
     entry = json.loads(spool.read_text().splitlines()[0])
     assert entry["kind"] == "groups" and len(entry["payload"]["groups"][0]["rollouts"]) == 2  # HttpSink's format
-    assert wrapped.recorder.spooled == 1
+    assert wrapped.recorded.recorder.spooled == 1
 
 
 def test_it_survives_a_reward_result_it_cannot_read(caplog):
@@ -186,7 +186,7 @@ def test_it_assembles_ray_chunks_that_split_a_group():
     for start in range(0, 8, 3):  # micro_rollout_batch_size 3: the first prompt's group spans two calls
         result = wrapped(queries[start:start + 3], prompts[start:start + 3], labels[start:start + 3])
         assert result["rewards"].shape == (len(queries[start:start + 3]),)
-    wrapped.recorder.flush(partial=True)
+    wrapped.recorded.recorder.flush(partial=True)
     assert [len(g["rollouts"]) for g in client.groups] == [4, 4]
 
 
@@ -195,27 +195,36 @@ def test_it_groups_a_batch_call_by_prompt_when_the_group_size_is_unknown():
     assert [(g["step"], len(g["rollouts"])) for g in groups] == [(3, 2), (3, 2)]
 
 
-def test_it_pickles_without_its_threads_and_records_again_after_unpickling():
+def test_it_is_a_function_ray_can_pickle_without_its_threads():
+    import inspect
+
+    import cloudpickle  # what Ray pickles a remote function with
+
     client = FakeClient()
     wrapped = wrap_reward_func(reward_func, client=client, run=1, n_samples_per_prompt=4)
+    assert inspect.isfunction(wrapped)  # ray.remote accepts functions and classes, not callable objects
     wrapped(*expanded(4))
-    copy = pickle.loads(pickle.dumps(wrapped))  # what Ray does with ray.remote(reward_func)
-    assert copy._recorder is None and wrapped._recorder is not None
+    copy = cloudpickle.loads(cloudpickle.dumps(wrapped))
+    assert copy.recorded._recorder is None and wrapped.recorded._recorder is not None
     assert copy(*expanded(4))["rewards"].tolist() == pytest.approx(wrapped(*expanded(4))["rewards"].tolist())
-    copy.recorder.flush(timeout=10)
-    assert len(copy.options["client"].groups) == 2  # the copy's own client, recorder and thread
-    wrapped.recorder.close()
-    copy.recorder.close()
+    copy.recorded.recorder.flush(timeout=10)
+    assert len(copy.recorded.options["client"].groups) == 2  # the copy's own client, recorder and thread
+    assert pickle.loads(pickle.dumps(copy.recorded))._recorder is None  # the state alone pickles plainly too
+    wrapped.recorded.recorder.close()
+    copy.recorded.recorder.close()
 
 
 # ------------------------------------------------------------------------------------------------ many processes
 
 
-def engine_process(wrapped: Any, prompts: list[tuple[str, str, list[str]]]) -> int:
+def engine_process(pickled: bytes, prompts: list[tuple[str, str, list[str]]]) -> int:
     """A vLLM engine's process (since 0.9.1) or a Ray worker (up to 0.9.0): the wrapper arrives pickled."""
+    import cloudpickle
+
+    wrapped = cloudpickle.loads(pickled)
     asyncio.run(engine(wrapped, prompts))
-    wrapped.recorder.close()
-    return wrapped.recorder.sent
+    wrapped.recorded.recorder.close()
+    return wrapped.recorded.recorder.sent
 
 
 @pytest.mark.slow  # a live server and two spawned processes importing torch
@@ -233,8 +242,10 @@ def test_it_lands_many_processes_naming_one_run_in_one_run(live_server, transact
     wrapped = wrap_reward_func(reward_func, url=live_server.url, token=token, run="orl-engines",
                                n_samples_per_prompt=4)
     work = [[ROUND[0], ("3+3?", "6", ["6", "6", "7", "6"])], [ROUND[1], ("4+4?", "8", ["8", "9", "9", "8"])]]
+    import cloudpickle
+
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        sent = pool.starmap(engine_process, [(wrapped, w) for w in work])
+        sent = pool.starmap(engine_process, [(cloudpickle.dumps(wrapped), w) for w in work])
     assert sent == [2, 2]
     run = Run.objects.get(name="orl-engines")  # one run, though two processes asked for it at once
     assert sorted(run.environment.components.values_list("name", flat=True)) == ["correct", "length"]
