@@ -203,3 +203,10 @@ def test_it_imports_verl_dumps_with_verls_epsilon(db, tmp_path):
     run = Run.objects.get(name="verl")
     assert run.advantage_settings()["advantage_epsilon"] == 1e-6
     assert run.advantage_settings()["scale_rewards"] == "none"
+
+
+def test_it_shows_the_runs_weights_on_its_dashboard(api, personas, client_as):
+    _create(api(personas["trainer"]), "first", ENV["components"])  # the environment: fmt's default is 0.5
+    run = _create(api(personas["trainer"]), "shown", [{"name": "acc", "weight": 1.0}, {"name": "fmt", "weight": -1.5}])
+    page = client_as("viewer").get(f"/runs/{run.id}/").content.decode()
+    assert "-1.5" in page and "(default 0.5)" in page
