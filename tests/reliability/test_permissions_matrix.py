@@ -38,6 +38,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-run-metrics": (NONE, OWNER),
     "api-run-rollouts": ("viewer", NONE),
     "api-run-finish": (NONE, OWNER),
+    "api-run-settings": (NONE, OWNER),
     "api-run-ablations": ("viewer", "trainer"),
     "api-run-diagnostics": ("viewer", NONE),
     "api-ablation": ("viewer", NONE),

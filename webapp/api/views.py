@@ -31,6 +31,7 @@ from webapp.rollouts.services import (
     validate_environment_spec,
 )
 from webapp.runs import reward_settings
+from webapp.runs.access import get_run_for
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -190,12 +191,10 @@ def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str
                request={"application/json": {"type": "object"}}, responses={200: dict, 400: dict})
 @api_view(["POST"])
 def run_settings(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
-    if not _can_write(request, run):
-        return _forbidden()
+    run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
     try:
         body = parse_body(request)
-        names = list(run.environment.components.values_list("name", flat=True)) if run.environment_id else []
+        names = [c.name for c in run.components()]
         settings = reward_settings.validate(body, names, path="reward_settings")
     except BodyError as e:
         return error_response([{"field": e.field, "error": str(e)}])
@@ -210,11 +209,9 @@ def run_settings(request: Request, run_id: int) -> Response:
                request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
 @api_view(["GET", "POST"])
 def run_groups(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer", owner_may=True, related=())
     if request.method == "GET":
         return _group_detail(request, run)
-    if not _can_write(request, run):
-        return _forbidden()
     try:
         result = ingest_groups(run, parse_body(request))
     except BodyError as e:
@@ -254,9 +251,7 @@ def _group_detail(request: Request, run: Run) -> Response:
                responses={200: dict, 400: dict})
 @api_view(["POST"])
 def run_metrics(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run, id=run_id)
-    if not _can_write(request, run):
-        return _forbidden()
+    run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
     try:
         n = record_metrics(run, parse_body(request))
     except BodyError as e:
@@ -269,9 +264,7 @@ def run_metrics(request: Request, run_id: int) -> Response:
 @extend_schema(summary="Mark an externally fed run finished", request=None, responses={200: dict})
 @api_view(["POST"])
 def run_finish(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run, id=run_id)
-    if not _can_write(request, run):
-        return _forbidden()
+    run = get_run_for(request, run_id, "trainer", owner_may=True)
     run.mark_succeeded()
     return Response(_run_json(run))
 
@@ -284,8 +277,8 @@ def run_finish(request: Request, run_id: int) -> Response:
 )
 @api_view(["GET"])
 def run_rollouts(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run, id=run_id)
-    comp_names = list(run.environment.components.values_list("name", flat=True)) if run.environment_id else []
+    run = get_run_for(request, run_id, related=())
+    comp_names = [c.name for c in run.components()]
     try:
         q = ExplorerQuery.from_params(request.query_params, comp_names)
         page = explore(run, q)

@@ -23,12 +23,11 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.accounts.roles import has_role
 from webapp.api.errors import error_response
 from webapp.api.views import BodyError, parse_body
 from webapp.diagnostics import report, services
 from webapp.diagnostics.models import Ablation
-from webapp.runs.models import Run
+from webapp.runs.access import get_run_for
 
 
 def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
@@ -45,13 +44,10 @@ def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
                request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
 @api_view(["GET", "POST"])
 def run_ablations(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
     if request.method == "GET":
         qs = Ablation.objects.filter(run=run).select_related("created_by")[:200]
         return Response({"ablations": [_json(a, results=False) for a in qs]})
-    if not has_role(request.user, "trainer"):
-        return error_response([{"field": "", "error": "saving an ablation needs the trainer role"}],
-                              status.HTTP_403_FORBIDDEN)
     try:
         body = parse_body(request)
         if not isinstance(body, dict):
@@ -121,10 +117,7 @@ class _Diagnosis(serializers.Serializer):
                responses={200: _Diagnosis, 400: dict, 403: dict, 404: dict})
 @api_view(["GET"])
 def run_diagnostics(request: Request, run_id: int) -> Response:
-    if not has_role(request.user, "viewer"):
-        return error_response([{"field": "", "error": "reading a diagnosis needs the viewer role"}],
-                              status.HTTP_403_FORBIDDEN)
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id)
     try:
         window = report.parse_window(request.query_params.get("window"))
     except report.WindowError as e:

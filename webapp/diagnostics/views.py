@@ -14,15 +14,10 @@ from webapp.accounts.roles import has_role, require_role
 from webapp.diagnostics import charts, links, report, services
 from webapp.diagnostics.forms import AblationForm
 from webapp.diagnostics.models import Ablation
-from webapp.rollouts.ingest import run_components
+from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 
 MAX_COMPARE = 8
-
-
-def _run(request: HttpRequest, run_id: int, role: str = "viewer") -> Run:
-    require_role(request, role)
-    return get_object_or_404(Run.objects.select_related("environment"), id=run_id)
 
 
 def _ablation(request: HttpRequest, ablation_id: int, role: str = "viewer") -> Ablation:
@@ -41,7 +36,7 @@ def _window(raw: str | None) -> tuple[int | None, str | None]:
 
 @require_safe
 def run_diagnostics(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+    run = get_run_for(request, run_id)
     window, error = _window(request.GET.get("window"))
     diag = services.diagnose_run(run, window)
     agg = services.step_aggregates(run)
@@ -74,17 +69,17 @@ def _ablation_page(request: HttpRequest, run: Run, form: AblationForm, result: d
 @require_safe
 def ablations(request: HttpRequest, run_id: int) -> HttpResponse:
     """The ablation form; with its fields in the query string, a preview of the result (not saved)."""
-    run = _run(request, run_id)
+    run = get_run_for(request, run_id)
     bound = "scale_rewards" in request.GET
-    form = AblationForm(run, run_components(run), request.GET if bound else None)
+    form = AblationForm(run, run.components(), request.GET if bound else None)
     result = services.run_ablation(run, form.spec) if bound and form.is_valid() else None
     return _ablation_page(request, run, form, result, invalid=bound and bool(form.errors))
 
 
 @require_POST
 def ablation_save(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id, "trainer")
-    form = AblationForm(run, run_components(run), request.POST)
+    run = get_run_for(request, run_id, "trainer")
+    form = AblationForm(run, run.components(), request.POST)
     if not form.is_valid():
         return _ablation_page(request, run, form, None, invalid=True)
     ablation = Ablation.objects.create(run=run, name=form.ablation_name(), spec=form.spec.as_dict(),
@@ -107,7 +102,7 @@ def ablation_detail(request: HttpRequest, ablation_id: int) -> HttpResponse:
 
 @require_safe
 def ablation_compare(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+    run = get_run_for(request, run_id)
     ids = [int(i) for i in request.GET.getlist("ids") if i.isdigit()][:MAX_COMPARE]
     chosen = list(run.ablations.filter(id__in=ids).order_by("created_at", "id")) if ids else list(
         run.ablations.order_by("-created_at", "-id")[:MAX_COMPARE])[::-1]
@@ -131,7 +126,7 @@ def ablation_launch(request: HttpRequest, ablation_id: int) -> HttpResponse:
 
 @require_safe
 def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+    run = get_run_for(request, run_id)
     other = get_object_or_404(Run.objects.select_related("environment"), id=other_id)
     series = services.overlay_series([run, other])
     twin = run.id in (other.config.get("ablation_of"), other.config.get("replay_of"))  # ablation or replay twin

@@ -20,12 +20,11 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.accounts.roles import has_role
 from webapp.api.errors import error_response
 from webapp.api.views import BodyError, parse_body
 from webapp.replays import services
 from webapp.replays.models import Replay
-from webapp.runs.models import Run
+from webapp.runs.access import get_run_for
 
 
 def replay_json(r: Replay) -> dict[str, Any]:
@@ -40,12 +39,9 @@ def replay_json(r: Replay) -> dict[str, Any]:
                request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
 @api_view(["GET", "POST"])
 def run_replays(request: Request, run_id: int) -> Response:
-    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
     if request.method == "GET":
         return Response({"replays": [replay_json(r) for r in run.replays.all()[:200]]})
-    if not has_role(request.user, "trainer"):
-        return error_response([{"field": "", "error": "starting a replay needs the trainer role"}],
-                              status.HTTP_403_FORBIDDEN)
     try:
         replay = services.create_replay(run, parse_body(request), request.user)
     except BodyError as e:

@@ -13,7 +13,7 @@ from webapp.replays import charts, services
 from webapp.replays.forms import ReplayForm
 from webapp.replays.models import Replay
 from webapp.rollouts.models import Rollout
-from webapp.runs.models import Run
+from webapp.runs.access import get_run_for
 
 PREVIEW_CHARS = 160
 
@@ -26,8 +26,7 @@ def _replay(request: HttpRequest, replay_id: int, role: str = "viewer") -> Repla
 
 @require_http_methods(["GET", "POST"])
 def run_replays(request: HttpRequest, run_id: int) -> HttpResponse:
-    require_role(request, "trainer" if request.method == "POST" else "viewer")
-    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
     env = run.environment.name if run.environment_id else ""
     form = ReplayForm(request.POST or None, environment=env)
     if request.method == "POST" and form.is_valid():

@@ -24,7 +24,7 @@ from training.environments import get_environment
 from training.environments.base import Prompt
 from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
-from webapp.rollouts.ingest import run_components, run_weights
+from webapp.rollouts.ingest import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
     ExplorerQuery,
@@ -34,6 +34,7 @@ from webapp.rollouts.queries import (
     explore,
 )
 from webapp.rollouts.templatetags.rollout_tags import bar, preview
+from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 
 NO_SIGNAL_PAGE = 50
@@ -56,9 +57,8 @@ def _labels() -> list[Any]:
 
 @require_safe
 def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
-    require_role(request, "viewer")
-    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
-    components = run_components(run)
+    run = get_run_for(request, run_id)
+    components = run.components()
     error, page, q = None, None, ExplorerQuery()
     try:
         q = ExplorerQuery.from_params(request.GET, [c.name for c in components])
@@ -148,7 +148,7 @@ def separating_component(
 def group_view(request: HttpRequest, group_id: int) -> HttpResponse:
     require_role(request, "viewer")
     group = get_object_or_404(Group.objects.select_related("run", "run__environment"), id=group_id)
-    components = run_components(group.run)
+    components = group.run.components()
     rollouts = sorted(group.rollouts.only(*Rollout.LIST_FIELDS),
                       key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index))
     scores = _scores_by_rollout([r.id for r in rollouts])
@@ -202,8 +202,7 @@ def no_signal_reason(group: Group) -> str:
 
 @require_safe
 def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
-    require_role(request, "viewer")
-    run = get_object_or_404(Run.objects.select_related("environment"), id=run_id)
+    run = get_run_for(request, run_id)
     error = None
     try:
         step_min, step_max = _opt_int(request, "step_min"), _opt_int(request, "step_max")
@@ -220,7 +219,7 @@ def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
     groups = _no_signal_page(run, cond, NO_SIGNAL_PAGE + 1)
     more = len(groups) > NO_SIGNAL_PAGE
     groups = groups[:NO_SIGNAL_PAGE]
-    components = run_components(run)
+    components = run.components()
     stats: dict[int, dict[int, GroupComponentStat]] = {g.id: {} for g in groups}
     for s in GroupComponentStat.objects.filter(group_id__in=[g.id for g in groups]):
         stats[s.group_id][s.component_id] = s
@@ -317,7 +316,7 @@ def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
     rollout = get_object_or_404(Rollout.objects.select_related("group", "run", "run__environment")
                                 .defer("search_text"), id=rollout_id)
     run, group = rollout.run, rollout.group
-    components = run_components(run)
+    components = run.components()
     scores = _scores_by_rollout([rollout.id])[rollout.id]
     svg_uri, canvas_errors, n_shapes = state_image(run, group, rollout)
     prev_id, next_id = neighbours(run, rollout, request.GET, components)

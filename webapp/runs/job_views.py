@@ -7,7 +7,7 @@ import json
 from django.contrib import messages
 from django.db.models import Avg, Count, F, Sum
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from training.environments import get_environment
@@ -16,6 +16,7 @@ from webapp.accounts.roles import require_role
 from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
+from webapp.runs.access import get_run_for
 from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
@@ -86,7 +87,7 @@ def job_context(run: Run) -> dict:
 
 @require_safe
 def detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
+    run = get_run_for(request, run_id, related=("environment", "parent", "owner"))
     return render(request, "jobs/detail.html", {
         **job_context(run), "children": run.children.all(),
         "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True, default=str)})
@@ -94,7 +95,7 @@ def detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @require_safe
 def progress(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id, related=())
     finished = run.is_finished and request.headers.get("HX-Request")
     # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what the end changed.
     response = render(request, "jobs/_progress.html", job_context(run), status=286 if finished else 200)
@@ -105,8 +106,7 @@ def progress(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @require_POST
 def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    require_role(request, "trainer")
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id, "trainer", related=())
     if run.is_finished:
         messages.info(request, f"Run {run.id} already {run.status}.")
     else:

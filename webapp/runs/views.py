@@ -7,12 +7,13 @@ import json
 from django.core.cache import cache
 from django.db.models import Count, Max, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from webapp.accounts.roles import require_role
-from webapp.rollouts.models import RewardComponent, StepStat
+from webapp.rollouts.models import StepStat
 from webapp.runs import charts
+from webapp.runs.access import get_run_for
 from webapp.runs.job_views import queue_info
 from webapp.runs.models import Run, StepMetric
 from webapp.runs.queries import dashboard_data, run_summaries
@@ -76,12 +77,11 @@ def refresh_diagnostics_on_status_change(run: Run) -> None:
 
 @require_safe
 def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
-    require_role(request, "viewer")
-    run = get_object_or_404(Run.objects.select_related("environment", "parent", "owner"), id=run_id)
+    run = get_run_for(request, run_id, related=("environment", "parent", "owner"))
     refresh_diagnostics_on_status_change(run)
     data = dashboard_data(run)
     figures = charts.dashboard_figures(data)
-    components = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    components = run.components()
     logged_hashes = (run.provenance or {}).get("components") or {}
     # The weight this run trained with (trainer-reported or launch-time), beside the environment's default.
     weights = run.reward_weights(components)
@@ -117,8 +117,7 @@ def live_version(run: Run) -> str:
 def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
     """The dashboard's poll while a run is live: its status and, only when something new was stored since
     the version the page holds, every chart's figure (the page redraws each chart in place)."""
-    require_role(request, "viewer")
-    run = get_object_or_404(Run, id=run_id)
+    run = get_run_for(request, run_id, related=())
     version = live_version(run)
     body: dict = {"status": run.status, "finished": run.is_finished, "version": version,
                   "step": run.current_step, "progress": run.progress, "figures": None}
