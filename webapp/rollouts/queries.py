@@ -1,5 +1,7 @@
 """The explorer query, shared by the API and the pages: rollouts of a run sorted by any component,
-the aggregate reward, the advantage or the length, filtered, with keyset pagination.
+the aggregate reward, the advantage or the length, filtered, with keyset pagination. A reward replay's
+values (webapp/replays) sort and filter like a component's: sort=replay.<component>, min_/max_replay.<component>,
+replay=<id>, served by the (replay, component, value, rollout) index.
 
 Keyset order is (value, id) with NULL treated as larger than every number: ascending puts NULLs last,
 descending puts them first. That is Postgres's native B-tree order, so both directions are a plain
@@ -27,6 +29,7 @@ from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchError, Sea
 from webapp.runs.models import Run
 
 BUILTIN_SORTS = ("reward", "advantage", "length", "step")
+REPLAY_PREFIX = "replay."  # sort=replay.<component>, min_/max_replay.<component>: a replay's values (replay=<id>)
 MAX_LIMIT = 500
 
 
@@ -50,6 +53,8 @@ class ExplorerQuery:
     ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # component -> (lo, hi)
     label: str | None = None  # annotation label slug
     annotated: bool | None = None
+    replay: int | None = None  # a replay of the run: its values sort and filter like a component's
+    replay_ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     limit: int = 50
     cursor: str | None = None
 
@@ -65,8 +70,10 @@ class ExplorerQuery:
         """Parse query-string params (a QueryDict or dict). Raises QueryError naming the parameter."""
         q = cls()
         q.sort = params.get("sort") or "reward"
-        if q.sort not in BUILTIN_SORTS and q.sort not in components:
-            raise QueryError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])}")
+        replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX):] in components
+        if q.sort not in BUILTIN_SORTS and q.sort not in components and not replayed:
+            raise QueryError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
+                                     f"or {REPLAY_PREFIX}<component> with replay=<id>")
         q.order = params.get("order") or "desc"
         if q.order not in ("asc", "desc"):
             raise QueryError("order", "must be asc or desc")
@@ -82,6 +89,12 @@ class ExplorerQuery:
             lo, hi = _float_param(params, f"min_{name}"), _float_param(params, f"max_{name}")
             if lo is not None or hi is not None:
                 q.ranges[name] = (lo, hi)
+            lo, hi = (_float_param(params, f"{end}_{REPLAY_PREFIX}{name}") for end in ("min", "max"))
+            if lo is not None or hi is not None:
+                q.replay_ranges[name] = (lo, hi)
+        q.replay = _int_param(params, "replay")
+        if q.replay is None and (replayed or q.replay_ranges):
+            raise QueryError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
         q.label = params.get("label") or None
         ann = params.get("annotated")
         q.annotated = {"1": True, "yes": True, "0": False, "no": False}.get(ann) if ann else None
@@ -114,6 +127,13 @@ class ExplorerQuery:
             out["label"] = self.label
         if self.annotated is not None:
             out["annotated"] = "1" if self.annotated else "0"
+        if self.replay is not None:
+            out["replay"] = str(self.replay)
+        for name, (lo, hi) in self.replay_ranges.items():
+            if lo is not None:
+                out[f"min_{REPLAY_PREFIX}{name}"] = repr(lo)
+            if hi is not None:
+                out[f"max_{REPLAY_PREFIX}{name}"] = repr(hi)
         if self.limit != 50:
             out["limit"] = str(self.limit)
         out.update({k: str(v) for k, v in override.items() if v is not None})
@@ -281,11 +301,11 @@ def _walk(qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, searc
 
 
 def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], prefix: str,
-             matched: list[int] | None = None) -> Q:
+             matched: list[int] | None = None, step_field: str = "step") -> Q:
     """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for RewardScore.
-    `matched`: the search's hits when _probe found few (else _walk checks the search row by row)."""
+    `matched`: the search's hits when _probe found few (else _walk checks the search row by row).
+    `step_field`: Rollout and RewardScore carry step; ReplayScore does not ("rollout__step")."""
     cond = Q()
-    step_field = "step"  # both tables carry step
     if q.step_min is not None:
         cond &= Q(**{f"{step_field}__gte": q.step_min})
     if q.step_max is not None:
@@ -299,16 +319,37 @@ def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], pref
     return cond
 
 
-def _range_exists(q: ExplorerQuery, comps: dict[str, RewardComponent], outer: str) -> list[Exists]:
+def _range_exists(ranges: dict[str, tuple[float | None, float | None]], scores: QuerySet,
+                  comps: dict[str, RewardComponent], outer: str) -> list[Exists]:
+    """One EXISTS per component range over `scores` (RewardScore, or one replay's ReplayScore rows)."""
     out = []
-    for name, (lo, hi) in q.ranges.items():
-        sub = RewardScore.objects.filter(rollout_id=OuterRef(outer), component=comps[name])
+    for name, (lo, hi) in ranges.items():
+        sub = scores.filter(rollout_id=OuterRef(outer), component=comps[name])
         if lo is not None:
             sub = sub.filter(value__gte=lo)
         if hi is not None:
             sub = sub.filter(value__lte=hi)
         out.append(Exists(sub))
     return out
+
+
+def _replay(run: Run, q: ExplorerQuery) -> Any:
+    """The query's replay, checked: one of this run's, with stored values for what the query uses."""
+    from webapp.replays.models import Replay  # replays build on rollouts, not the other way round
+
+    used = set(q.replay_ranges) | ({q.sort[len(REPLAY_PREFIX):]} if q.sort.startswith(REPLAY_PREFIX) else set())
+    if q.replay is None:
+        if used:
+            raise QueryError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
+        return None
+    replay = Replay.objects.filter(id=q.replay, run=run).first()
+    if replay is None:
+        raise QueryError("replay", f"no replay {q.replay} of this run")
+    missing = sorted(used - set(replay.components()))
+    if missing:
+        raise QueryError("replay", f"replay {replay.id} does not replay {missing[0]!r} "
+                                   f"(it replays {', '.join(replay.components())})")
+    return replay
 
 
 def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
@@ -333,21 +374,25 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
     matched = _probe(run, q.search) if q.search is not None else None
     # Many hits: walk the sort order and check rows as they come (a bitmap would recheck every hit).
     walk = q.search if q.search is not None and matched is None else None
-    if q.sort in comps:
+    replay = _replay(run, q)
+    if replay is not None and q.sort.startswith(REPLAY_PREFIX):
+        from webapp.replays.models import ReplayScore  # the (replay, component, value, rollout) index
+
+        qs = ReplayScore.objects.filter(replay=replay, component=comps[q.sort[len(REPLAY_PREFIX):]])
+        qs = qs.filter(_filters(run, q, comps, "rollout__", matched, step_field="rollout__step"))
+        outer = "rollout_id"
+    elif q.sort in comps:
         qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
         qs = qs.filter(_filters(run, q, comps, "rollout__", matched))
-        for ex in _range_exists(q, comps, "rollout_id"):
-            qs = qs.filter(ex)
-        for ex in _annotation_filters(q, "rollout_id"):
-            qs = qs.filter(ex)
-        hits = _walk(qs, "value", "rollout_id", q, walk)
+        outer = "rollout_id"
     else:
         qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, "", matched))
-        for ex in _range_exists(q, comps, "id"):
-            qs = qs.filter(ex)
-        for ex in _annotation_filters(q, "id"):
-            qs = qs.filter(ex)
-        hits = _walk(qs, q.sort, "id", q, walk)
+        outer = "id"
+    replay_ranges = _range_exists(q.replay_ranges, replay.scores.all(), comps, outer) if replay else []
+    for ex in [*_range_exists(q.ranges, RewardScore.objects.all(), comps, outer), *replay_ranges,
+               *_annotation_filters(q, outer)]:
+        qs = qs.filter(ex)
+    hits = _walk(qs, "value" if outer == "rollout_id" else q.sort, outer, q, walk)
     more = len(hits) > q.limit
     hits = hits[: q.limit]
     rows = _hydrate(hits, comps_list, comps.get(q.sort), q.search)
