@@ -35,7 +35,7 @@ class DatabaseSink:
         """The trainer's reward settings become the run's (they win over the launch config's, logged)."""
         from webapp.runs import reward_settings
 
-        names = list(self.run.environment.components.values_list("name", flat=True)) if self.run.environment_id else []
+        names = [c.name for c in self.run.components()]
         try:
             clean = reward_settings.validate(storable(settings), names)
         except reward_settings.SettingsError as e:

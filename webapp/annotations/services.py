@@ -23,7 +23,7 @@ from webapp.annotations.models import (
     QueueItem,
     ReviewQueue,
 )
-from webapp.rollouts.models import RewardComponent, Rollout
+from webapp.rollouts.models import Rollout
 from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
 from webapp.runs.models import Run
 
@@ -106,7 +106,7 @@ def select_rollouts(run: Run, source: str, params: dict[str, str], limit: int, s
     if source == ReviewQueue.Source.RANDOM:
         ids = list(Rollout.objects.filter(run=run).order_by("id").values_list("id", flat=True))
         return random.Random(seed or 0).sample(ids, min(limit, len(ids)))
-    names = list(RewardComponent.objects.filter(environment_id=run.environment_id).values_list("name", flat=True))
+    names = [c.name for c in run.components()]
     q = ExplorerQuery.from_params({k: v for k, v in params.items() if k not in ("cursor", "limit")}, names)
     q.limit = min(limit, MAX_LIMIT)
     out: list[int] = []

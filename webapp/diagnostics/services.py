@@ -159,7 +159,7 @@ def _step_aggregates(run: Run) -> dict[str, Any]:
     rows = (GroupComponentStat.objects.filter(run=run).values("step", "component_id")
             .annotate(groups=Count("id"), zero=Count("id", filter=Q(zero_std=True)), mean=Avg("mean"),
                       std=Avg("std")).order_by("step"))
-    names = dict(RewardComponent.objects.filter(environment_id=run.environment_id).values_list("id", "name"))
+    names = {c.id: c.name for c in run.components()}
     steps = sorted({r["step"] for r in rows})
     pos = {s: i for i, s in enumerate(steps)}
     series = {n: {"mean": [None] * len(steps), "std": [None] * len(steps), "zero_std_frac": [None] * len(steps)}

@@ -18,7 +18,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from webapp.rollouts.models import Group, RewardComponent, RewardScore, Rollout
+from webapp.rollouts.models import Group, RewardScore, Rollout
 from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.runs.models import Run
 
@@ -108,8 +108,7 @@ def write_jsonl(run: Run, out: IO[str], filters: GroupFilter | None = None) -> i
 
 
 def _components(run: Run) -> list[str]:
-    return list(RewardComponent.objects.filter(environment_id=run.environment_id)
-                .order_by("position", "id").values_list("name", flat=True))
+    return [c.name for c in run.components()]
 
 
 def hf_schema(components: list[str]) -> pa.Schema:

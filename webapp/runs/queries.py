@@ -126,7 +126,7 @@ def step_metrics(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:
 
 
 def dashboard_data(run: Run) -> DashboardData:
-    components = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    components = run.components()
     rows = _step_rows(run)
     reward, zero, n_groups, n_rollouts = reward_series(run, rows)
     comps = component_series(run, components, rows)

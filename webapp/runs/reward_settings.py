@@ -117,7 +117,7 @@ def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
     """Store validated `settings` on `run` (a Run); the new values win over the stored ones. Returns
     one line per value that changed, which also goes to the run's log. Rollouts stored before keep
     their aggregate reward (it may be the trainer's own); ablations and diagnostics use the new values."""
-    comps = list(run.environment.components.order_by("position", "id")) if run.environment_id else []
+    comps = run.components()
     weights_before = run.reward_weights(comps)
     before = run.advantage_settings()
     changes = []

@@ -65,7 +65,7 @@ class Command(BaseCommand):
     def _query(self, run: Run, o: dict[str, Any]) -> ExplorerQuery:
         params = {"sort": o["sort"], "order": o["order"], "step_min": o["step_min"], "step_max": o["step_max"],
                   "split": o["split"], "zero_std": "1" if o["zero_std_only"] else None, "limit": 500}
-        comps = list(run.environment.components.values_list("name", flat=True)) if run.environment_id else []
+        comps = [c.name for c in run.components()]
         try:
             return ExplorerQuery.from_params({k: v for k, v in params.items() if v is not None}, comps)
         except QueryError as e:

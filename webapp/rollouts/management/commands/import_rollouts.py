@@ -30,7 +30,7 @@ from training.importers import (
     SettingsItem,
     open_reader,
 )
-from webapp.rollouts.ingest import IngestError, ingest_groups, run_components
+from webapp.rollouts.ingest import IngestError, ingest_groups
 from webapp.rollouts.services import (
     RunNameConflict,
     SpecError,
@@ -76,7 +76,7 @@ class Importer:
         self.grow_components = grow_components  # False when the user fixed the components
         self.report = report or (lambda line: None)
         self.stats = ImportStats()
-        self._known = {c.name for c in run_components(run)}
+        self._known = {c.name for c in run.components()}
 
     def run_import(self, progress: Any = None) -> ImportStats:
         groups: list[GroupItem] = []
