@@ -93,6 +93,7 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-run-replays": ("viewer", "trainer"),
     "api-replay": ("viewer", NONE),
     "api-replay-regress": ("viewer", NONE),
+    "api-replay-train": (NONE, "trainer"),
 }
 # Cells that differ from the role ladder on purpose.
 OVERRIDES = {("annotations-delete", "POST", "trainer"): "403"}  # only the author or an admin deletes

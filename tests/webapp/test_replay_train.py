@@ -199,3 +199,18 @@ def test_it_trains_the_twin_on_the_replayed_version_in_a_real_worker(marker_modu
     assert len(coverage) == 4 and {(s.value, s.reason) for s in coverage} == {
         (0.625, "scored by the replayed marker version")}
     assert all(s.reason != "scored by the replayed marker version" for s in scores if s not in coverage)
+
+
+def test_it_trains_with_a_replay_through_the_api(personas, api, queued):
+    replay = _replay(personas)
+    url = reverse("api-replay-train", args=[replay.id])
+    refused = api(personas["annotator"]).post(url)
+    assert refused.status_code == 403 and Run.objects.count() == 1
+    trainer = api(personas["trainer"])
+    first = trainer.post(url)
+    twin = Run.objects.exclude(id=replay.run_id).get()
+    assert first.status_code == 201 and first.json()["twin"] == twin.id and queued == [twin.id]
+    assert first.json()["reward_versions"]["semantic_coverage"]["name"] == "semantic_coverage@no_extras"
+    assert first.json()["overlay"] == reverse("diagnostics-overlay", args=[replay.run_id, twin.id])
+    again = trainer.post(url)
+    assert again.status_code == 200 and again.json()["twin"] == twin.id and Run.objects.count() == 2

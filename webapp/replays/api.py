@@ -5,6 +5,8 @@
     GET  /api/v1/runs/<run_id>/replays/   -> {"replays": [...]}                           (any login)
     GET  /api/v1/replays/<id>/            -> the replay: status, progress, summary, headline numbers
     GET  /api/v1/replays/<id>/regress/    -> {"ok", "headline", "regressions", "rows"}; 409 while running
+    POST /api/v1/replays/<id>/train/      -> 201 {"twin", ...}: a GRPO twin trained with the replayed versions
+                                          (200 with the existing twin; 400 naming why not)  (trainer role)
 
 Errors follow the API's shape: {"errors": [{"field": "versions[0].params.min_coverage", "error": "..."}]}.
 """
@@ -14,12 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from webapp.accounts.roles import require_role
 from webapp.api.errors import error_response
 from webapp.api.views import BodyError, parse_body
 from webapp.replays import services
@@ -69,3 +73,21 @@ def replay_regress(request: Request, replay_id: int) -> Response:
         return error_response([{"field": e.field, "error": e.message}], status.HTTP_409_CONFLICT)
     return Response({"ok": result.ok, "headline": result.headline,
                      "regressions": sum(r["regression"] for r in result.rows), "rows": result.rows})
+
+
+@extend_schema(summary="Train with this reward: a GRPO twin of the run with the replayed component versions",
+               request=None, responses={200: dict, 201: dict, 400: dict, 403: dict})
+@api_view(["POST"])
+def replay_train(request: Request, replay_id: int) -> Response:
+    require_role(request, "trainer")  # the role before the lookup, as get_run_for does
+    replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
+    had_twin = replay.twin_id is not None
+    try:
+        twin = services.launch_training(replay, request.user)
+    except services.ReplayError as e:
+        return error_response([{"field": e.field, "error": e.message}])
+    body = {"twin": twin.id, "name": twin.name, "status": twin.status,
+            "reward_versions": twin.config["reward_versions"],
+            "waits_for_run": bool(twin.config.get("start_after_parent")),
+            "overlay": reverse("diagnostics-overlay", args=[replay.run_id, twin.id])}
+    return Response(body, status=status.HTTP_200_OK if had_twin else status.HTTP_201_CREATED)
