@@ -207,6 +207,7 @@ def _beat(name: str, queues: str) -> None:
     from django.db import close_old_connections
     from django.utils import timezone
 
+    from webapp.replays.services import resume_stalled
     from webapp.runs.models import WorkerHeartbeat
     from webapp.runs.services import device_name, reap_stale_runs
 
@@ -218,6 +219,7 @@ def _beat(name: str, queues: str) -> None:
                 name=name, defaults={"device": device, "queues": queues, "pid": os.getpid(),
                                      "current_run_id": _current_run, "last_seen": timezone.now()})
             reap_stale_runs()
+            resume_stalled()  # reward replays whose workers died: re-queued once per stale limit
         except Exception:  # the database may be restarting; the next beat tries again
             log.exception("heartbeat failed")
         _stop.wait(settings.WORKER_HEARTBEAT_SECONDS)

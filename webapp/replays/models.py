@@ -47,6 +47,7 @@ class Replay(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     summarising_at = models.DateTimeField(null=True, blank=True)  # a summary older than the stale limit is redone
+    resumed_at = models.DateTimeField(null=True, blank=True)  # last re-queued as stalled (once per stale limit)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

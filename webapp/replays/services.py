@@ -411,8 +411,11 @@ def finish(replay_id: int) -> bool:
 
 def stalled(replay: Replay) -> bool:
     """Nobody is working on `replay` and it is not finished: every worker that held a chunk or its summary
-    died (no claim or summary for STALE_SECONDS), or its tasks were lost. `resume` queues it again."""
+    died (no claim or summary for STALE_SECONDS), or its tasks were lost; and it was not re-queued within
+    that time either. `resume` queues it again."""
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
+    if replay.resumed_at and replay.resumed_at >= stale:
+        return False  # already re-queued: give that task the same time a worker gets
     if replay.status == Replay.Status.SUMMARISING:
         return replay.summarising_at is None or replay.summarising_at < stale
     if replay.status != Replay.Status.RUNNING or (replay.started_at and replay.started_at >= stale):
@@ -423,11 +426,25 @@ def stalled(replay: Replay) -> bool:
 
 def resume(replay: Replay) -> bool:
     """Queue a stalled replay again: its task reclaims the stale chunks, then the summary. False when it
-    is not stalled (workers are on it, or it is finished)."""
+    is not stalled (workers are on it, it is finished, or another caller just re-queued it: the claim on
+    resumed_at is atomic, so many worker heartbeats queue one task)."""
     if not stalled(replay):
+        return False
+    stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
+    if not Replay.objects.filter(Q(resumed_at__isnull=True) | Q(resumed_at__lt=stale), id=replay.id).update(
+            resumed_at=timezone.now()):
         return False
     enqueue(replay)
     return True
+
+
+RESUME_SCAN = 100  # unfinished replays looked at per heartbeat: a handful exist at a time
+
+
+def resume_stalled() -> int:
+    """Re-queue every stalled replay (called by each worker's heartbeat, workers/tasks.py); how many."""
+    live = Replay.objects.filter(status__in=[Replay.Status.RUNNING, Replay.Status.SUMMARISING])
+    return sum(resume(r) for r in live.order_by("id")[:RESUME_SCAN])
 
 
 # ------------------------------------------------------------------------------------------- results
