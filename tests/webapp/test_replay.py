@@ -273,6 +273,7 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
     monkeypatch.setattr(services, "enqueue", queued.append)
     assert client_as("trainer").post(reverse("replays-resume", args=[replay.id])).status_code == 302
     assert [r.id for r in queued] == [replay.id]
+    assert services.resume_stalled() == 0 and len(queued) == 1  # re-queued once per stale limit, not per beat
     services.work(replay.id, "next-worker")  # what the queued task runs
     replay.refresh_from_db()
     assert replay.status == "succeeded" and replay.results is not None and "rollouts" in replay.summary
@@ -298,3 +299,26 @@ def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settin
     services.work(replay.id, "w2")
     replay.refresh_from_db()
     assert replay.status == "succeeded" and replay.done == replay.total and not services.stalled(replay)
+
+
+def test_it_requeues_each_stalled_replay_once_from_the_worker_heartbeat(drun, monkeypatch):
+    """What every worker's heartbeat runs (workers/tasks.py _beat): only stalled replays, one task each
+    however many workers beat, again after another stale limit if that task was lost too."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.replays import services
+    from webapp.replays.models import Replay
+
+    hour_ago = timezone.now() - timedelta(hours=1)
+    dead = services.create_replay(drun, {"versions": STRICT})
+    Replay.objects.filter(id=dead.id).update(status="summarising", summarising_at=hour_ago)
+    busy = services.create_replay(drun, {"versions": STRICT})
+    Replay.objects.filter(id=busy.id).update(status="summarising", summarising_at=timezone.now())
+    queued = []
+    monkeypatch.setattr(services, "enqueue", lambda r: queued.append(r.id))
+    assert services.resume_stalled() == 1 and services.resume_stalled() == 0  # two workers' beats
+    assert queued == [dead.id]
+    Replay.objects.filter(id=dead.id).update(resumed_at=hour_ago)  # that task was lost as well
+    assert services.resume_stalled() == 1 and queued == [dead.id, dead.id]
