@@ -3,8 +3,6 @@ through the ORM. Runs are stored through the ingestion service; the packed blobs
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
@@ -135,8 +133,18 @@ def test_it_unpacks_the_group_rows_postgres_returns():
         records(meta.tobytes()[:-3], arrays._META_DT)
 
 
+def _migrate_rollouts(target: str | None = None) -> None:
+    """Migrate the rollouts app to `target` (None: its latest migration)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    target = target or max(name for app, name in executor.loader.graph.leaf_nodes() if app == "rollouts")
+    executor.migrate([("rollouts", target)])
+
+
+@pytest.mark.django_db(transaction=True)  # migrations alter tables: SQLite cannot inside a transaction
 def test_it_backfills_the_same_blobs_ingestion_writes(run):
-    from django.apps import apps
     from django.db.models import Q
 
     from webapp.rollouts.models import Group
@@ -146,12 +154,24 @@ def test_it_backfills_the_same_blobs_ingestion_writes(run):
     written = (bytes(late.packed_scores), late.packed_components)
     assert written[1] == ",".join(map(str, ids))
     assert Group.objects.get(run=run, key="partial").packed_components == ",".join(map(str, ids[:3]))
-    Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(packed_scores=None, packed_components="")
-    migration = importlib.import_module("webapp.rollouts.migrations.0006_group_packed_scores")
-    migration.backfill(apps, None)
+    _migrate_rollouts("0008_search_index_by_run")  # the column is nullable again: groups stored before 0006
+    try:
+        Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(packed_scores=None, packed_components="")
+    finally:
+        _migrate_rollouts()  # 0009: backfills them, then NOT NULL
     assert not Group.objects.filter(packed_scores=None).exists()
     late.refresh_from_db()
     assert (bytes(late.packed_scores), late.packed_components) == written  # byte for byte
     # The backfill heads every group with the environment's current components.
     assert set(Group.objects.filter(step__lt=3).values_list("packed_components", flat=True)) == {written[1]}
     assert_same_arrays(arrays.read(run.id, ids), orm_read(run, ids))
+
+
+def test_it_refuses_a_group_without_a_blob_at_the_database(run):
+    from django.db import IntegrityError, transaction
+
+    from webapp.rollouts.models import Group
+
+    mixed_run(run)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Group.objects.filter(run=run).update(packed_scores=None)

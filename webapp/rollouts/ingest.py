@@ -497,7 +497,9 @@ class _OrmWriter:
     """SQLite (and any non-Postgres) path: bulk_create, which returns primary keys there."""
 
     def write(self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]) -> None:
-        group_objs = Group.objects.bulk_create([Group(**row) for row in _group_rows(run, groups, c)], batch_size=500)
+        # packed_scores (NOT NULL) is filled below, in this transaction, once the rollouts have their ids.
+        group_objs = Group.objects.bulk_create([Group(**row, packed_scores=b"") for row in _group_rows(run, groups, c)],
+                                               batch_size=500)
         rollouts, flat = [], []
         for gi, g in enumerate(groups):
             for r in g.rollouts:

@@ -48,8 +48,9 @@ class Group(models.Model):
 
     `packed_scores` holds the group's score matrix, written at ingest in the same transaction as its
     rows, so that reading a whole run into arrays scans one row per group instead of every rollout and
-    score row (webapp/diagnostics/services.py). Layout, little-endian, one fixed-width record per
-    rollout in ingestion order (= rollout id order), `size` records in all:
+    score row (webapp/rollouts/arrays.py, the one reader of a run's scores as arrays). Layout,
+    little-endian, one fixed-width record per rollout in ingestion order (= rollout id order), `size`
+    records in all:
 
         rollout id  int64
         length      float64   NaN: NULL
@@ -58,8 +59,9 @@ class Group(models.Model):
     `packed_components` is the comma-separated RewardComponent ids of the K columns (the run's
     environment components at ingest; "" when K = 0). A component added to the environment later is
     absent from older groups' headers: it reads as NaN there, as it would from the rows.
-    NULL `packed_scores`: not packed (written by something other than the ingestion service); readers
-    fall back to the rows for such groups. See webapp/rollouts/packed.py.
+    Every writer fills it (NOT NULL; migrations 0006 and 0009 backfilled the groups stored before); a
+    blob that does not hold the group's `size` records is refused by the reader. See
+    webapp/rollouts/packed.py.
     """
 
     class Split(models.TextChoices):
@@ -79,9 +81,8 @@ class Group(models.Model):
     reward_std = models.FloatField(null=True)
     zero_std = models.BooleanField(default=False)  # the aggregate reward is constant: no advantage anywhere
     all_unscorable = models.BooleanField(default=False)
-    packed_scores = models.BinaryField(null=True, editable=False)  # layout in the docstring
-    # "12,13,14": the column ids. A database default too, so that a raw INSERT or COPY without the
-    # packed columns (a bench's floor, a restore) stores an unpacked group rather than failing.
+    packed_scores = models.BinaryField(editable=False)  # layout in the docstring
+    # "12,13,14": the column ids ("" when K = 0, hence the defaults).
     packed_components = models.TextField(blank=True, default="", db_default="", editable=False)
 
     class Meta:
