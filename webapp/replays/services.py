@@ -28,7 +28,7 @@ from django.utils import timezone
 from training import reward_versions as rv
 from training import stats
 from webapp.replays.models import Replay, ReplayChunk, ReplayScore
-from webapp.rollouts.ingest import run_components, run_weights
+from webapp.rollouts.ingest import run_weights
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.runs.models import Run
 
@@ -97,7 +97,7 @@ def parse_versions(run: Run, raw: Any) -> list[rv.ComponentVersion]:
         raise ReplayError("run", "this run has no environment: nothing to replay")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_VERSIONS:
         raise ReplayError("versions", f"must be a list of 1 to {MAX_VERSIONS} versions")
-    names = {c.name for c in run_components(run)}
+    names = {c.name for c in run.components()}
     out: list[rv.ComponentVersion] = []
     for i, spec in enumerate(raw):
         try:
@@ -255,7 +255,7 @@ class _Version:
 
 def _prepare(replay: Replay) -> list[_Version]:
     """The replay's versions as callables; a VersionError if one no longer resolves on this worker."""
-    comps = {c.name: c for c in run_components(replay.run)}
+    comps = {c.name: c for c in replay.run.components()}
     out = []
     for v in replay.versions:
         fn = rv.resolve(v["target"])
@@ -476,7 +476,7 @@ def compute_results(replay: Replay) -> dict[str, np.ndarray]:
     from webapp.diagnostics.services import load_run_arrays
 
     run = replay.run
-    comps = run_components(run)
+    comps = run.components()
     data = load_run_arrays(run)
     groups = [g for ids in ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.DONE)
               .values_list("group_ids", flat=True) for g in ids]
@@ -523,7 +523,7 @@ def summarise(replay: Replay) -> None:
     from webapp.replays import analysis
 
     arrays = compute_results(replay)
-    comps = run_components(replay.run)
+    comps = replay.run.components()
     report = analysis.compare(arrays, [c.name for c in comps], replay.components(),
                               run_weights(replay.run, comps), analysis.regression_labels(replay.run_id))
     failed_chunks = list(ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.FAILED)
@@ -546,7 +546,7 @@ def report(replay: Replay) -> dict[str, Any] | None:
     arrays = load_results(replay)
     if arrays is None:
         return None
-    comps = run_components(replay.run)
+    comps = replay.run.components()
     return analysis.compare(arrays, [c.name for c in comps], replay.components(), run_weights(replay.run, comps),
                             analysis.regression_labels(replay.run_id))
 

@@ -363,12 +363,6 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
     return groups
 
 
-def run_components(run: Run) -> list[RewardComponent]:
-    if run.environment_id is None:
-        return []
-    return list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
-
-
 def run_weights(run: Run, components: list[RewardComponent]) -> np.ndarray:
     """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job config's,
     then the environment's defaults)."""
@@ -418,7 +412,7 @@ def _f(x: float) -> float | None:
 
 def ingest_groups(run: Run, body: Any) -> IngestResult:
     """Validate and store a batch of groups for `run`. All or nothing; idempotent on (step, key)."""
-    comps = run_components(run)
+    comps = run.components()
     groups = validate_batch(body, {c.name for c in comps})
     for attempt in range(RETRIES):
         try:
