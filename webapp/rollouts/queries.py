@@ -369,7 +369,7 @@ def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
 
 
 def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
-    comps_list = list(RewardComponent.objects.filter(environment_id=run.environment_id).order_by("position", "id"))
+    comps_list = run.components()
     comps = {c.name: c for c in comps_list}
     matched = _probe(run, q.search) if q.search is not None else None
     # Many hits: walk the sort order and check rows as they come (a bitmap would recheck every hit).
