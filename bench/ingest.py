@@ -198,6 +198,9 @@ def main() -> None:
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
+    from bench.pages import _require_postgres
+
+    _require_postgres()  # creates the database when missing
     call_command("migrate", verbosity=0)
     if args.realistic:
         return bench_realistic(args.rollouts)
