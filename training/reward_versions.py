@@ -362,13 +362,29 @@ def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
     for comp in env.components:
         v = by_name.get(comp.name)
         if v is not None:
-            fn = resolve(v["target"])
-            if v.get("source_hash") and source_hash(fn) != v["source_hash"]:
-                raise VersionError("reward_versions", f"{v['target']} changed since the version was recorded")
+            fn = _registered_fn(env.name, comp.name, v)
             comp = dataclasses.replace(comp, fn=TrainedVersion(fn, v, comp.min_value))
         components.append(comp)
     env.components = components
     return env
+
+
+def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable[..., Any]:
+    """The version's function, only if its target is registered for that component (a job config is JSON
+    anyone with the trainer role can write: it must not name an arbitrary importable callable), with its
+    source unchanged and its parameters fitting the signature."""
+    where = f"reward_versions.{component}"
+    if not any(r.target == v.get("target") and r.component == component for r in registered(env_name)):
+        raise VersionError(where, f"{str(v.get('target'))[:200]} is not a registered version of {component} "
+                                  f"for {env_name} (register it in a module named in RD_REWARD_MODULES)")
+    fn = resolve(v["target"])
+    if v.get("source_hash") and source_hash(fn) != v["source_hash"]:
+        raise VersionError(where, f"{v['target']} changed since the version was recorded")
+    try:
+        check_params(fn, v.get("params"))
+    except VersionError as e:
+        raise VersionError(f"{where}.{e.field}", e.message) from None
+    return fn
 
 
 class TrainedVersion:

@@ -233,7 +233,8 @@ def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatc
     (tmp_path / "replay_marker_mod.py").write_text(MARKER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        version = rv.make_version("diagram", "semantic_coverage", "replay_marker_mod:marker", {"value": 0.625})
+        version = rv.register("diagram", "semantic_coverage", "replay_marker_mod:marker", {"value": 0.625},
+                              name="semantic_coverage@marker")
         sink = MemorySink()
         summary = grpo(GRPOJobConfig(
             base_model=tiny_model, output_dir=str(tmp_path / "grpo"),
@@ -242,6 +243,7 @@ def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatc
             reward_versions={"semantic_coverage": version.as_dict()},
         ), sink=sink)
     finally:
+        rv._REGISTRY.pop(("diagram", "semantic_coverage@marker"), None)
         sys.modules.pop("replay_marker_mod", None)
     assert summary["global_step"] == 1 and sink.groups
     for g in sink.groups:
@@ -262,7 +264,7 @@ def test_it_refuses_to_train_a_version_whose_source_changed(tmp_path):
                         reward_versions={"semantic_coverage": strict})
     with pytest.raises(rv.VersionError) as e:
         grpo(cfg)
-    assert e.value.field == "reward_versions" and "changed" in e.value.message
+    assert e.value.field == "reward_versions.semantic_coverage" and "changed" in e.value.message
 
 
 def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, monkeypatch):
@@ -277,11 +279,13 @@ def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, 
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        versions = [rv.make_version("diagram", "semantic_coverage", "bad_versions_mod:boom").as_dict(),
-                    rv.make_version("diagram", "layout_quality", "bad_versions_mod:nan").as_dict()]
+        versions = [rv.register("diagram", "semantic_coverage", "bad_versions_mod:boom", name="cov@boom").as_dict(),
+                    rv.register("diagram", "layout_quality", "bad_versions_mod:nan", name="layout@nan").as_dict()]
         env, again = (rv.apply_versions(diagram.DiagramEnvironment(), versions) for _ in range(2))
         scores = env.score(PROMPT, _answer(["Build"], []))
     finally:
+        rv._REGISTRY.pop(("diagram", "cov@boom"), None)
+        rv._REGISTRY.pop(("diagram", "layout@nan"), None)
         sys.modules.pop("bad_versions_mod", None)
     cov, layout = scores["semantic_coverage"], scores["layout_quality"]
     assert cov.value == 0.0 and "RuntimeError: verifier down" in cov.reason
@@ -289,3 +293,18 @@ def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, 
     hashes = {c.name: c.source_hash() for c in env.components}
     assert hashes == {c.name: c.source_hash() for c in again.components}  # stable: no memory address in it
     assert hashes["semantic_coverage"] != diagram.DiagramEnvironment().components[2].source_hash()
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ({"target": "os:getcwd", "source_hash": ""}, "reward_versions.semantic_coverage", "not a registered version"),
+    ({"target": "training.environments.diagram:json_valid"}, "reward_versions.semantic_coverage",
+     "not a registered version"),  # registered, but for another component
+    ({"params": {"min_coverage": "high"}}, "reward_versions.semantic_coverage.params.min_coverage", "float"),
+    ({"params": {"shell": "rm -rf /"}}, "reward_versions.semantic_coverage.params.shell", "not a parameter"),
+])
+def test_it_trains_only_registered_versions_with_fitting_params(change, field, words):
+    """A job config is JSON a trainer can write by hand: it may name only deployed, registered code."""
+    strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), **change}
+    with pytest.raises(rv.VersionError) as e:
+        rv.apply_versions(diagram.DiagramEnvironment(), [strict])
+    assert e.value.field == field and words in e.value.message

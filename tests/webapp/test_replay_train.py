@@ -144,16 +144,24 @@ def test_it_overlays_the_replay_twin_with_the_original(personas, client_as, queu
 
 
 MARKER_MODULE = '''
+from training import reward_versions
+
+
 def marker(prompt, completion, *, value=0.5):
     return (value, "scored by the replayed marker version")
+
+
+reward_versions.register("diagram", "semantic_coverage", "replay_e2e_marker:marker", {"value": 0.625},
+                         name="semantic_coverage@marker")
 '''
 
 
 @pytest.fixture
 def marker_module(tmp_path, monkeypatch):
-    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH) and
-    registered in this process, as RD_REWARD_MODULES would at start-up. Requested before worker_process so
-    the worker (and its job child) inherit the path."""
+    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH, named
+    in RD_REWARD_MODULES) and imported here as the web process does at start-up. Requested before
+    worker_process so the worker (and its job child, which trains only registered versions) inherit both."""
+    import importlib
     import sys
 
     folder = tmp_path / "team_rewards"
@@ -161,9 +169,9 @@ def marker_module(tmp_path, monkeypatch):
     (folder / "replay_e2e_marker.py").write_text(MARKER_MODULE)
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
-    version = rv.register("diagram", "semantic_coverage", "replay_e2e_marker:marker", {"value": 0.625},
-                          name="semantic_coverage@marker")
-    yield version
+    monkeypatch.setenv("RD_REWARD_MODULES", "replay_e2e_marker")
+    importlib.import_module("replay_e2e_marker")
+    yield rv.lookup("diagram", "semantic_coverage@marker")
     rv._REGISTRY.pop(("diagram", "semantic_coverage@marker"), None)
     sys.modules.pop("replay_e2e_marker", None)
 
