@@ -127,7 +127,7 @@ def ablation_launch(request: HttpRequest, ablation_id: int) -> HttpResponse:
 @require_safe
 def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
     run = get_run_for(request, run_id)
-    other = get_object_or_404(Run.objects.select_related("environment"), id=other_id)
+    other = get_run_for(request, other_id)
     series = services.overlay_series([run, other])
     twin = run.id in (other.config.get("ablation_of"), other.config.get("replay_of"))  # ablation or replay twin
     for s, label in zip(series, ("original", "twin" if twin else "other")):
