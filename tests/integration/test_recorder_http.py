@@ -467,7 +467,8 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     # The environment exists with weight 1.0 everywhere; the run is created with those weights.
     run_id = Client(app_server.url, trainer_token, retries=0).create_run(f"three-{scale}", environment=THREE_ENV,
                                                                         components=comps, kind="grpo")
-    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl")
+    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl",
+                         timeout=60)  # a runserver on a loaded machine may take longer than the default 10 s
     jsonl = tmp_path / "rollouts.jsonl"
     config = grpo_config(tiny_model, tmp_path / "out")
     config.env, config.reward_weights, config.scale_rewards = THREE_ENV, TRAINED_WEIGHTS, scale
