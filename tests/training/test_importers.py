@@ -229,6 +229,12 @@ def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path
     assert reader.settings()["scale_rewards"] == "none"
 
 
+def test_it_gives_a_lone_verl_sample_verls_advantage(tmp_path):
+    (line,) = verl_lines(2, ["Q1"], n=1)
+    (g,), _, _ = items(open_reader("verl", write_jsonl(tmp_path / "2.jsonl", [dict(line, score=0.5)])))
+    assert g.record["rollouts"][0]["advantage"] == pytest.approx(0.5 / (1 + 1e-6))  # mean 0, std 1 in verl
+
+
 def test_it_reports_a_bad_verl_line_with_its_number_and_drops_its_group(tmp_path):
     lines: list[Any] = verl_lines(1, ["Q1", "Q2"], n=2)
     lines[2] = dict(lines[2], score="high")  # line 3: Q1's second sample

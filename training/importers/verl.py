@@ -16,7 +16,8 @@ too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gt
 rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's GRPO
 outcome advantage of `score` within the group, (r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`,
 verl/trainer/ppo/core_algos.py), or r - mean when the run had `norm_adv_by_std_in_grpo=False` (give
-`scale_rewards="none"`). The run records epsilon 1e-6 and that scaling.
+`scale_rewards="none"`); a lone sample keeps its score (verl's mean 0, std 1 for a group of one).
+The run records epsilon 1e-6 and that scaling.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class VerlReader(GroupingJsonlReader):
         return {"advantage_epsilon": VERL_EPS, "scale_rewards": "group", **(super().settings() or {})}
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        if len(rollouts) == 1 and rollouts[0].get("advantage") is None:
+            # verl gives a lone sample mean 0 and std 1 (TRL's formula would give it 0)
+            r = rollouts[0].get("reward")
+            rollouts[0]["advantage"] = 0.0 if r is None else r / (1.0 + VERL_EPS) if not self._no_std else r
+            return
         fill_advantages(rollouts, eps=VERL_EPS, scale=not self._no_std)
 
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
