@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from training.sinks import storable
-from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.errors import FieldError
+from webapp.rollouts.ingest import ingest_groups
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
@@ -23,7 +24,7 @@ class DatabaseSink:
         try:
             # storable(): a NUL a tokenizer decoded must not make ingestion refuse the whole batch
             ingest_groups(self.run, {"groups": storable(groups)})
-        except IngestError as e:
+        except FieldError as e:
             # A recorder bug must not kill a training run; it must be loud in the run's log.
             self.log(f"ingestion refused a batch of {len(groups)} groups: {e.errors[:3]}")
             log.error("ingestion refused a batch for run %s: %s", self.run.id, e.errors[:3])
@@ -38,7 +39,7 @@ class DatabaseSink:
         names = [c.name for c in self.run.components()]
         try:
             clean = reward_settings.validate(storable(settings), names)
-        except reward_settings.SettingsError as e:
+        except FieldError as e:
             self.log(f"the trainer's reward settings were refused: {e}")
             log.error("reward settings refused for run %s: %s", self.run.id, e)
             return

@@ -10,9 +10,10 @@ from django.urls import reverse
 from tests.conftest import make_group
 from webapp.annotations import services
 from webapp.annotations.models import ActivityEvent, Annotation, ItemAssignment, Label, QueueItem, ReviewQueue
+from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
+from webapp.rollouts.queries import ExplorerQuery, explore
 
 
 @pytest.fixture
@@ -224,7 +225,7 @@ def test_it_filters_the_explorer_by_label_and_annotated(run, rollouts, personas)
 
 
 def test_it_names_the_label_parameter_when_the_slug_is_unknown(run, rollouts):
-    with pytest.raises(QueryError) as e:
+    with pytest.raises(FieldError) as e:
         explore(run, ExplorerQuery.from_params({"label": "nope"}, []))
     assert e.value.field == "label" and "reward-hacking" in e.value.message
 

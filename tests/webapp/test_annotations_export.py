@@ -12,7 +12,7 @@ from django.urls import reverse
 from tests.webapp.test_annotations import annotate, make_queue, rollouts  # noqa: F401 - fixture
 from webapp.annotations import export
 from webapp.annotations.models import Dataset, DatasetRecord
-from webapp.annotations.services import AnnotationError
+from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
 from webapp.runs.models import Run
 
@@ -136,7 +136,7 @@ def test_it_counts_versions_per_name(run, cases, personas):
 
 def test_it_stores_nothing_when_nothing_qualifies(run, rollouts, personas):  # noqa: F811
     annotate(rollouts[0], personas["annotator"], "loop-repetition")  # bad, but no correction
-    with pytest.raises(AnnotationError) as e:
+    with pytest.raises(FieldError) as e:
         export_("sft", user=personas["trainer"], run=run)
     assert e.value.field == "source" and "1 bad case without a correction" in e.value.message
     assert not Dataset.objects.exists() and not DatasetRecord.objects.exists()
@@ -341,7 +341,7 @@ def test_it_refuses_a_multi_message_standard_prompt_without_a_model(run, cases, 
 
     Group.objects.filter(id=cases[0].group_id).update(prompt=[{"role": "system", "content": "be brief"},
                                                               {"role": "user", "content": "Prompt 0"}])
-    with pytest.raises(AnnotationError) as e:
+    with pytest.raises(FieldError) as e:
         export_("sft", "standard", user=personas["trainer"], run=run)
     assert e.value.field == "model" and "chat template" in e.value.message
     assert not Dataset.objects.exists()
@@ -358,7 +358,7 @@ def test_it_renders_standard_prompts_with_the_named_models_chat_template(run, ca
     assert rec["prompt"] == "<|user|>\nPrompt 0<|end|>\n<|assistant|>\n"  # ends where the answer starts
     assert rec["chosen"] == "the right answer"
     assert ds.source["prompt_format"] == f"chat template of {tmp_path / 'tok'}"
-    with pytest.raises(AnnotationError) as e:
+    with pytest.raises(FieldError) as e:
         export_("dpo", "standard", user=personas["trainer"], run=run, model=str(tmp_path / "missing"))
     assert e.value.field == "model"
 

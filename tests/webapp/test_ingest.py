@@ -7,7 +7,8 @@ import pytest
 
 from tests.conftest import make_group
 from training import stats
-from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.errors import FieldError
+from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout
 
 
@@ -103,7 +104,7 @@ def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(run, mutate, f
     body = {"groups": [make_group(0, "good", [{"correct": 1}, {"correct": 0}]),
                        make_group(0, "bad", [{"correct": 1}, {"correct": 0}])]}
     mutate(body)
-    with pytest.raises(IngestError) as e:
+    with pytest.raises(FieldError) as e:
         ingest_groups(run, body)
     assert any(err["field"].startswith(field) for err in e.value.errors), e.value.errors
     assert _counts() == (0, 0, 0, 0)

@@ -10,6 +10,7 @@ import pytest
 
 from tests.webapp import replay_fixtures as fx
 from training import reward_versions as rv
+from webapp.errors import FieldError
 
 STRICT = [{"version": "semantic_coverage@strict"}]
 STRICT_GROUP = [fx.FULL, fx.MISSING_EDGE, fx.MISSING_NODE, fx.EXTRA_NODE, fx.PROSE, fx.EDGE_SPAM]
@@ -92,7 +93,7 @@ def test_it_refuses_bad_requests_naming_the_field_and_stores_nothing(drun, body,
     from webapp.replays import services
     from webapp.replays.models import Replay, ReplayChunk
 
-    with pytest.raises(services.ReplayError) as e:
+    with pytest.raises(FieldError) as e:
         services.create_replay(drun, body)
     assert e.value.field == field
     assert not Replay.objects.exists() and not ReplayChunk.objects.exists()

@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 
 from tests.webapp import replay_fixtures as fx
+from webapp.errors import FieldError
 
 NO_EXTRAS = [{"version": "semantic_coverage@no_extras"}]
 COMPLETIONS = [fx.EDGE_SPAM, fx.FULL, fx.MISSING_EDGE, fx.EXTRA_NODE, fx.MISSING_NODE, fx.PROSE]
@@ -101,8 +102,8 @@ def test_it_links_the_replay_page_to_the_explorer_sorted_by_the_replayed_values(
 
 
 def test_it_refuses_a_replay_sort_built_in_code_without_a_replay(replayed):
-    from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
+    from webapp.rollouts.queries import ExplorerQuery, explore
 
-    with pytest.raises(QueryError) as e:
+    with pytest.raises(FieldError) as e:
         explore(replayed.run, ExplorerQuery(sort="replay.semantic_coverage"))
     assert e.value.field == "replay"

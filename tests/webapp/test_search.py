@@ -15,9 +15,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
+from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.rollouts.services import create_run
 
 SYSTEM = "You are a coding agent. Use the tools. sysmarkerword"
@@ -141,7 +142,7 @@ def test_it_answers_undecodable_query_bytes(client_as, searched):
 
 def test_it_refuses_a_query_no_index_can_serve(run):
     for query in ("ab", "-needle", "x" * 1001):
-        with pytest.raises(QueryError) as e:
+        with pytest.raises(FieldError) as e:
             ExplorerQuery.from_params({"q": query}, [])
         assert e.value.field == "q"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import database_url_for_children, wait_for
+from webapp.errors import FieldError
 from webapp.rollouts.services import create_run
 from webapp.runs.models import Run
 
@@ -105,11 +106,11 @@ def test_it_refuses_a_batch_for_a_run_deleted_meanwhile(transactional_db, run):
     """A job's recorder still holds its Run object when the row goes: its next batch is an ingestion
     error (logged by the database sink), not an IntegrityError raised into the trainer."""
     from tests.conftest import make_group
-    from webapp.rollouts.ingest import IngestError, ingest_groups
+    from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group
 
     Run.objects.filter(id=run.id).delete()
-    with pytest.raises(IngestError) as e:
+    with pytest.raises(FieldError) as e:
         ingest_groups(run, {"groups": [make_group(0, "late", [{"correct": 1.0}])]})
     assert e.value.errors == [{"field": "run", "error": f"run {run.id} was deleted"}]
     assert not Group.objects.filter(key="late").exists()

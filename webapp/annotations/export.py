@@ -45,7 +45,8 @@ from django.db.models import Exists, Max, OuterRef
 from django.utils.text import slugify
 
 from webapp.annotations.models import ActivityEvent, Annotation, Dataset, DatasetRecord, Label, ReviewQueue
-from webapp.annotations.services import AnnotationError, select_rollouts
+from webapp.annotations.services import select_rollouts
+from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
 from webapp.runs import launch
 from webapp.runs.models import Run
@@ -110,8 +111,8 @@ class PromptRenderer:
         if self.tokenizer is not None:
             return self.tokenizer.apply_chat_template(messages + prefix, tokenize=False, add_generation_prompt=True)
         if len(messages) > 1:
-            raise AnnotationError("model", "these prompts have several chat messages: name a model whose chat "
-                                           "template renders them, or export the conversational format")
+            raise FieldError("model", "these prompts have several chat messages: name a model whose chat "
+                                      "template renders them, or export the conversational format")
         return messages[0]["content"] + ("\n" + _text(prefix) if prefix else "")
 
     def describe(self) -> str:
@@ -126,9 +127,9 @@ def _load_tokenizer(model: str) -> Any:
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
     except Exception as e:  # no such run / folder, or a hub id not on this machine: never download
-        raise AnnotationError("model", f"no tokenizer for {model!r} on this machine ({type(e).__name__})") from e
+        raise FieldError("model", f"no tokenizer for {model!r} on this machine ({type(e).__name__})") from e
     if not getattr(tokenizer, "chat_template", None):
-        raise AnnotationError("model", f"{model!r} has no chat template: export the conversational format")
+        raise FieldError("model", f"{model!r} has no chat template: export the conversational format")
     return tokenizer
 
 
@@ -268,7 +269,7 @@ def source_rollout_ids(source: str, run: Run | None, queue: ReviewQueue | None, 
                     .values_list("rollout_id", flat=True).distinct())
     if source == "explorer" and run is not None:
         return select_rollouts(run, ReviewQueue.Source.EXPLORER, params, EXPORT_MAX_ROLLOUTS, None)
-    raise AnnotationError("source", "must be queue (with a queue), label (with a label and a run) or explorer")
+    raise FieldError("source", "must be queue (with a queue), label (with a label and a run) or explorer")
 
 
 def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: AbstractBaseUser, run: Run | None = None,
@@ -276,7 +277,7 @@ def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: Abstrac
                    params: dict[str, str] | None = None, include_good: bool = False, model: str = "",
                    min_margin: float | None = DEFAULT_MIN_MARGIN) -> Dataset:
     """Build the records and store them as the next version of `name`. Nothing is stored when no record
-    results (AnnotationError naming `source`, with the skip counts)."""
+    results (FieldError naming `source`, with the skip counts)."""
     params = params or {}
     run = queue.run if queue is not None else run
     ids = source_rollout_ids(source, run, queue, label, params)
@@ -285,7 +286,7 @@ def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: Abstrac
     built, skipped = build_records(ids, kind, opts)
     if not built:
         why = "; ".join(f"{n} {reason}" for reason, n in skipped.items()) or "no rollouts selected"
-        raise AnnotationError("source", f"nothing to export ({why})")
+        raise FieldError("source", f"nothing to export ({why})")
     description = {"type": source, "run_id": run.id if run else None, "queue_id": queue.id if queue else None,
                    "label": label.slug if label else None, "params": params, "include_good": include_good,
                    "rollouts": len(ids), "records": len(built), "skipped": skipped,
@@ -407,11 +408,11 @@ def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_mo
     from webapp.rollouts.services import create_run
 
     if kind != dataset.kind:
-        raise AnnotationError("kind", f"a {dataset.kind} dataset trains with {dataset.kind}, not {kind}")
+        raise FieldError("kind", f"a {dataset.kind} dataset trains with {dataset.kind}, not {kind}")
     source_run = Run.objects.filter(id=dataset.source.get("run_id")).select_related("environment").first()
     base_model = base_model.strip() or default_base_model(source_run)
     if not base_model:
-        raise AnnotationError("base_model", "the source run names no base model: give one")
+        raise FieldError("base_model", "the source run names no base model: give one")
     path = write_jsonl(dataset)
     epochs = DEFAULT_EPOCHS if epochs is None else epochs
     steps = max_steps or steps_for(dataset.records.count(), epochs, batch_size(kind))

@@ -23,17 +23,10 @@ from webapp.annotations.models import (
     QueueItem,
     ReviewQueue,
 )
+from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
 from webapp.runs.models import Run
-
-
-class AnnotationError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
-
 
 # --- annotations -------------------------------------------------------------------------------------
 
@@ -102,7 +95,7 @@ def bad_case_rollout_ids(run: Run | int) -> set[int]:
 
 def select_rollouts(run: Run, source: str, params: dict[str, str], limit: int, seed: int | None) -> list[int]:
     """The rollout ids a queue (or an export) takes: the top `limit` of an explorer view, or a seeded
-    random sample of the run. Raises QueryError naming the bad explorer parameter."""
+    random sample of the run. Raises FieldError naming the bad explorer parameter."""
     if source == ReviewQueue.Source.RANDOM:
         ids = list(Rollout.objects.filter(run=run).order_by("id").values_list("id", flat=True))
         return random.Random(seed or 0).sample(ids, min(limit, len(ids)))
@@ -124,7 +117,7 @@ def create_queue(*, name: str, run: Run, source: str, params: dict[str, str], li
                  overlap: int, created_by: AbstractBaseUser, assignees: list[AbstractBaseUser]) -> ReviewQueue:
     ids = select_rollouts(run, source, params, limit, seed)
     if not ids:
-        raise AnnotationError("params", "this selection contains no rollouts")
+        raise FieldError("params", "this selection contains no rollouts")
     queue = ReviewQueue.objects.create(name=name, run=run, source=source, params=params, limit=limit,
                                        seed=seed, overlap=overlap, created_by=created_by)
     QueueItem.objects.bulk_create([QueueItem(queue=queue, rollout_id=rid, position=i) for i, rid in enumerate(ids)],
@@ -142,7 +135,7 @@ def round_robin(n_items: int, n_people: int, overlap: int) -> list[list[int]]:
     if n_people == 0:
         return [[] for _ in range(n_items)]
     if not 1 <= overlap <= n_people:
-        raise AnnotationError("overlap", f"must be between 1 and the number of assignees ({n_people})")
+        raise FieldError("overlap", f"must be between 1 and the number of assignees ({n_people})")
     return [[(i * overlap + j) % n_people for j in range(overlap)] for i in range(n_items)]
 
 

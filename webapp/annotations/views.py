@@ -16,8 +16,8 @@ from webapp.annotations import export, services
 from webapp.annotations.forms import AnnotationForm, AssignForm, ExportForm, LabelForm, LaunchForm, QueueForm
 from webapp.annotations.models import ActivityEvent, Annotation, Dataset, Label, QueueItem, ReviewQueue
 from webapp.annotations.templatetags.annotation_tags import initial_from
+from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import QueryError
 from webapp.runs.models import Run
 
 
@@ -94,7 +94,7 @@ def queue_new(request: HttpRequest) -> HttpResponse:
             queue = services.create_queue(name=d["name"], run=d["run"], source=d["source"], params=d["params"],
                                           limit=d["limit"], seed=d["seed"], overlap=d["overlap"],
                                           created_by=request.user, assignees=list(d["assignees"]))
-        except (QueryError, services.AnnotationError) as e:
+        except FieldError as e:
             form.add_error("params", f"{e.field}: {e.message}")
         else:
             return redirect("annotations-queue", queue.id)
@@ -241,7 +241,7 @@ def export_view(request: HttpRequest) -> HttpResponse:
                                        user=request.user, run=d.get("run"), queue=d.get("queue"),
                                        label=d.get("label"), params=d["params"], include_good=d["include_good"],
                                        model=d.get("model") or "", min_margin=d.get("min_margin"))
-        except (QueryError, services.AnnotationError) as e:
+        except FieldError as e:
             form.add_error(None, f"{e.field}: {e.message}")
         else:
             messages.success(request, f"Exported {ds} with {ds.source['records']} records.")
@@ -282,7 +282,7 @@ def dataset_launch(request: HttpRequest, dataset_id: int) -> HttpResponse:
         d = form.cleaned_data
         run, note = export.launch_training(ds, d["kind"], request.user, d["base_model"], epochs=d.get("epochs"),
                                            max_steps=d.get("max_steps"))
-    except services.AnnotationError as e:
+    except FieldError as e:
         messages.error(request, f"{e.field}: {e.message}")
         return redirect("annotations-dataset", ds.id)
     messages.success(request, note)

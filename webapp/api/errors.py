@@ -1,6 +1,7 @@
-"""Every API error is JSON of the form {"errors": [{"field": "...", "error": "..."}]}: DRF's exceptions
-through `exception_handler`, unknown /api/ paths through `not_found`, and 404/500 raised outside DRF
-through the handlers webapp/urls.py installs."""
+"""Every API error is JSON of the form {"errors": [{"field": "...", "error": "..."}]}: the services'
+FieldError (bad input, 400; Conflict, 409) and DRF's exceptions through `exception_handler`, so views do not
+catch them; unknown /api/ paths through `not_found`, and 404/500 raised outside DRF through the handlers
+webapp/urls.py installs."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from webapp.errors import FieldError
+
 
 def error_response(errors: list[dict[str, str]], code: int = status.HTTP_400_BAD_REQUEST) -> Response:
     return Response({"errors": errors}, status=code)
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, FieldError):
+        return error_response(exc.errors, exc.status)
     response = drf_handler(exc, context)
     if response is None:
         return None

@@ -5,26 +5,23 @@ Writes need the trainer role (or ownership of the run); reads need any login. Au
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from webapp.accounts.roles import has_role
-from webapp.api.errors import error_response
-from webapp.rollouts.ingest import IngestError, ingest_groups, unstorable_text
+from webapp.api.parsing import parse_body
+from webapp.errors import Conflict, FieldError
+from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore
-from webapp.rollouts.queries import ExplorerQuery, QueryError, explore
+from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.rollouts.services import (
-    SpecError,
     create_run,
     ensure_environment,
     get_or_create_run,
@@ -36,42 +33,6 @@ from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
 
 
-class BodyError(ValueError):
-    def __init__(self, message: str, field: str = "body") -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def _reject_constant(name: str) -> Any:
-    raise BodyError(f"{name} is not allowed: numbers must be finite")
-
-
-def parse_body(request: Request) -> Any:
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise BodyError(f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
-    try:
-        body = json.loads(raw or b"null", parse_constant=_reject_constant)
-    except BodyError:
-        raise
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BodyError(f"malformed JSON: {e}") from None
-    except RecursionError:
-        raise BodyError("malformed JSON: nested too deeply") from None
-    except ValueError as e:  # an integer literal past Python's 4300-digit conversion limit
-        raise BodyError(f"malformed JSON: {e}") from None
-    # NUL and lone surrogates can only arrive as \u escapes: walk the body only when one may be there.
-    if _UNSTORABLE_ESCAPE.search(raw):
-        bad = unstorable_text(body, "")
-        if bad is not None:
-            raise BodyError(bad[1], field=bad[0])
-    return body
-
-
-_UNSTORABLE_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
-
-
 def _can_write(request: Request, run: Run | None = None) -> bool:
     """Trainers write to any run; a run's owner to their own while they keep at least the annotator role
     (a viewer changes nothing, owner or not). Roles are read on every request, token or session alike
@@ -81,9 +42,9 @@ def _can_write(request: Request, run: Run | None = None) -> bool:
     return run is not None and run.owner_id == request.user.id and has_role(request.user, "annotator")
 
 
-def _forbidden() -> Response:
-    return error_response([{"field": "", "error": "this needs the trainer role or ownership of the run"}],
-                          status.HTTP_403_FORBIDDEN)
+def _require_write(request: Request, run: Run | None = None) -> None:
+    if not _can_write(request, run):  # the handler answers {"errors": [{"field": "", "error": ...}]}, 403
+        raise PermissionDenied("this needs the trainer role or ownership of the run")
 
 
 def _run_json(run: Run) -> dict[str, Any]:
@@ -103,27 +64,17 @@ def runs(request: Request) -> Response:
         if name is not None:  # exact name, any age: the client's find_run
             qs = qs.filter(name=name.strip())
         return Response({"runs": [_run_json(r) for r in qs[:500]]})
-    if not _can_write(request):
-        return _forbidden()
-    try:
-        body = _run_body(parse_body(request))
-        env_name, comps = validate_environment_spec(body.get("environment"))
-        settings = _creation_settings(body, env_name, comps)
-    except BodyError as e:
-        return error_response([{"field": e.field, "error": str(e)}])
-    except (SpecError, reward_settings.SettingsError) as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    _require_write(request)
+    body = _run_body(parse_body(request))
+    env_name, comps = validate_environment_spec(body.get("environment"))
+    settings = _creation_settings(body, env_name, comps)
     env = ensure_environment(env_name, comps)
     fields = dict(name=body["name"].strip(), kind=body.get("kind", "import"), environment=env,
                   config=body.get("config", {}), owner=request.user, base_model=body.get("base_model", ""))
-    created = True
     if body.get("get_or_create"):
-        found = _get_or_create(request, fields)
-        if isinstance(found, Response):
-            return found
-        run, created = found
+        run, created = _get_or_create(request, fields)
     else:
-        run = create_run(**fields, status=Run.Status.RUNNING)
+        run, created = create_run(**fields, status=Run.Status.RUNNING), True
     if settings and created:
         run.reward_settings = settings
         run.save(update_fields=["reward_settings"])
@@ -139,37 +90,33 @@ _TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
 def _run_body(body: Any) -> dict[str, Any]:
     """The create-run body, checked key by key: unknown keys and wrong types are refused by name."""
     if not isinstance(body, dict):
-        raise SpecError("body", "must be a JSON object")
+        raise FieldError("body", "must be a JSON object")
     for key, value in body.items():
         if key not in RUN_FIELDS:
-            raise SpecError(str(key)[:100] or '""', f"unknown field; expected {', '.join(RUN_FIELDS)}")
+            raise FieldError(str(key)[:100] or '""', f"unknown field; expected {', '.join(RUN_FIELDS)}")
         if not isinstance(value, RUN_FIELDS[key]):
-            raise SpecError(key, f"must be {_TYPE_NAMES[RUN_FIELDS[key]]}")
+            raise FieldError(key, f"must be {_TYPE_NAMES[RUN_FIELDS[key]]}")
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise SpecError("name", "must be a non-empty string of at most 200 characters")
+        raise FieldError("name", "must be a non-empty string of at most 200 characters")
     if body.get("kind", "import") not in Run.Kind.values:
-        raise SpecError("kind", f"must be one of {', '.join(Run.Kind.values)}")
+        raise FieldError("kind", f"must be one of {', '.join(Run.Kind.values)}")
     if len(body.get("base_model", "")) > 500:
-        raise SpecError("base_model", "must be at most 500 characters")
+        raise FieldError("base_model", "must be at most 500 characters")
     return body
 
 
-def _get_or_create(request: Request, fields: dict[str, Any]) -> tuple[Run, bool] | Response:
+def _get_or_create(request: Request, fields: dict[str, Any]) -> tuple[Run, bool]:
     """`"get_or_create": true`: the run with this name if there is one, else a new one. Safe to retry
-    and to race: every caller naming one run gets the same run (rollouts.services.get_or_create_run)."""
-    try:
-        run, created = get_or_create_run(**fields)
-    except SpecError as e:
-        return error_response([{"field": e.field, "error": e.message}], status.HTTP_409_CONFLICT)
+    and to race: every caller naming one run gets the same run (rollouts.services.get_or_create_run,
+    whose RunNameConflict is a 409)."""
+    run, created = get_or_create_run(**fields)
     if created:
         return run, True
     if run.environment_id != fields["environment"].id:
         used = run.environment.name if run.environment_id else None
-        return error_response([{"field": "environment", "error": f"run {run.id} named {run.name!r} uses "
-                                f"environment {used!r}"}], status.HTTP_409_CONFLICT)
-    if not _can_write(request, run):
-        return _forbidden()
+        raise Conflict("environment", f"run {run.id} named {run.name!r} uses environment {used!r}")
+    _require_write(request, run)
     return run, False
 
 
@@ -192,14 +139,8 @@ def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str
 @api_view(["POST"])
 def run_settings(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
-    try:
-        body = parse_body(request)
-        names = [c.name for c in run.components()]
-        settings = reward_settings.validate(body, names, path="reward_settings")
-    except BodyError as e:
-        return error_response([{"field": e.field, "error": str(e)}])
-    except reward_settings.SettingsError as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    names = [c.name for c in run.components()]
+    settings = reward_settings.validate(parse_body(request), names, path="reward_settings")
     changed = reward_settings.apply(run, settings, settings.get("source") or "trainer")
     return Response({"reward_settings": run.reward_settings, "changed": changed})
 
@@ -212,12 +153,7 @@ def run_groups(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer", owner_may=True, related=())
     if request.method == "GET":
         return _group_detail(request, run)
-    try:
-        result = ingest_groups(run, parse_body(request))
-    except BodyError as e:
-        return error_response([{"field": e.field, "error": str(e)}])
-    except IngestError as e:
-        return error_response(e.errors)
+    result = ingest_groups(run, parse_body(request))
     return Response({"groups": result.groups, "rollouts": result.rollouts, "skipped_groups": result.skipped_groups},
                     status=status.HTTP_201_CREATED if result.groups else status.HTTP_200_OK)
 
@@ -225,11 +161,11 @@ def run_groups(request: Request, run_id: int) -> Response:
 def _group_detail(request: Request, run: Run) -> Response:
     step, key = request.query_params.get("step"), request.query_params.get("key")
     if step is None or key is None:
-        return error_response([{"field": "step" if step is None else "key", "error": "is required"}])
+        raise FieldError("step" if step is None else "key", "is required")
     try:
         group = get_object_or_404(Group, run=run, step=int(step), key=key)
     except ValueError:
-        return error_response([{"field": "step", "error": "must be an integer"}])
+        raise FieldError("step", "must be an integer") from None
     stats = {s.component.name: {"mean": s.mean, "std": s.std, "min": s.min, "max": s.max, "zero_std": s.zero_std}
              for s in GroupComponentStat.objects.filter(group=group).select_related("component")}
     rollouts = list(group.rollouts.order_by("index"))
@@ -252,13 +188,7 @@ def _group_detail(request: Request, run: Run) -> Response:
 @api_view(["POST"])
 def run_metrics(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
-    try:
-        n = record_metrics(run, parse_body(request))
-    except BodyError as e:
-        return error_response([{"field": e.field, "error": str(e)}])
-    except IngestError as e:
-        return error_response(e.errors)
-    return Response({"metrics": n})
+    return Response({"metrics": record_metrics(run, parse_body(request))})
 
 
 @extend_schema(summary="Mark an externally fed run finished", request=None, responses={200: dict})
@@ -279,11 +209,8 @@ def run_finish(request: Request, run_id: int) -> Response:
 def run_rollouts(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, related=())
     comp_names = [c.name for c in run.components()]
-    try:
-        q = ExplorerQuery.from_params(request.query_params, comp_names)
-        page = explore(run, q)
-    except QueryError as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    q = ExplorerQuery.from_params(request.query_params, comp_names)
+    page = explore(run, q)
     return Response({
         "sort": q.sort, "order": q.order, "next": page.next_cursor,
         "rollouts": [{"id": row.rollout.id, "step": row.rollout.step, "group_id": row.rollout.group_id,

@@ -23,11 +23,13 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from webapp.api.errors import error_response
-from webapp.api.views import BodyError, parse_body
+from training.ablation import AblationSpec
+from webapp.api.parsing import parse_body
 from webapp.diagnostics import report, services
 from webapp.diagnostics.models import Ablation
+from webapp.errors import FieldError
 from webapp.runs.access import get_run_for
+from webapp.runs.models import Run
 
 
 def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
@@ -48,27 +50,25 @@ def run_ablations(request: Request, run_id: int) -> Response:
     if request.method == "GET":
         qs = Ablation.objects.filter(run=run).select_related("created_by")[:200]
         return Response({"ablations": [_json(a, results=False) for a in qs]})
-    try:
-        body = parse_body(request)
-        if not isinstance(body, dict):
-            raise services.SpecError("body", "must be a JSON object with spec (and optionally name)")
-        extra = set(body) - {"name", "spec"}
-        if extra:
-            raise services.SpecError(sorted(extra)[0], "unknown key; expected name and spec")
-        name = body.get("name")
-        if name is not None and (not isinstance(name, str) or len(name) > 200):
-            raise services.SpecError("name", "must be a string of at most 200 characters")
-        if "spec" not in body:
-            raise services.SpecError("spec", "is required")
-        spec = services.parse_spec(body["spec"], run)
-    except BodyError as e:
-        return error_response([{"field": "body", "error": str(e)}])
-    except services.SpecError as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    name, spec = _ablation_body(parse_body(request), run)
     results = services.run_ablation(run, spec)
     a = Ablation.objects.create(run=run, name=(name or "").strip() or services.default_name(spec, run),
                                 spec=spec.as_dict(), results=results, created_by=request.user)
     return Response(_json(a), status=status.HTTP_201_CREATED)
+
+
+def _ablation_body(body: Any, run: Run) -> tuple[str | None, AblationSpec]:
+    if not isinstance(body, dict):
+        raise FieldError("body", "must be a JSON object with spec (and optionally name)")
+    extra = set(body) - {"name", "spec"}
+    if extra:
+        raise FieldError(sorted(extra)[0], "unknown key; expected name and spec")
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > 200):
+        raise FieldError("name", "must be a string of at most 200 characters")
+    if "spec" not in body:
+        raise FieldError("spec", "is required")
+    return name, services.parse_spec(body["spec"], run)
 
 
 @extend_schema(summary="A saved ablation with its results", responses={200: dict, 404: dict})
@@ -118,8 +118,4 @@ class _Diagnosis(serializers.Serializer):
 @api_view(["GET"])
 def run_diagnostics(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id)
-    try:
-        window = report.parse_window(request.query_params.get("window"))
-    except report.WindowError as e:
-        return error_response([{"field": "window", "error": str(e)}])
-    return Response(report.run_report(run, window))
+    return Response(report.run_report(run, report.parse_window(request.query_params.get("window"))))

@@ -12,6 +12,7 @@ from django import forms
 
 from training import ablation as abl
 from webapp.diagnostics import services
+from webapp.errors import FieldError
 from webapp.rollouts.models import RewardComponent
 from webapp.runs.models import Run
 
@@ -51,7 +52,7 @@ class AblationForm(forms.Form):
                "scale_rewards": data.get("scale_rewards"), "aggregation": data.get("aggregation")}
         try:
             self.spec = services.parse_spec(raw, self.run, self.components)
-        except services.SpecError as e:
+        except FieldError as e:
             field = e.field.removeprefix("spec.")
             field = f"weight_{field.split('.', 1)[1]}" if field.startswith("weights.") else field
             self.add_error(field if field in self.fields else None, f"{e.field}: {e.message}")

@@ -14,14 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from webapp.diagnostics import links, services
+from webapp.errors import FieldError
 from webapp.runs.models import Run
 
 MAX_WINDOW = 100_000
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-
-
-class WindowError(ValueError):
-    pass
 
 
 def parse_window(raw: str | None) -> int | None:
@@ -32,7 +29,7 @@ def parse_window(raw: str | None) -> int | None:
         return None
     if raw.isdigit() and 1 <= int(raw) <= MAX_WINDOW:
         return int(raw)
-    raise WindowError(f"must be 'all' or a whole number of steps from 1 to {MAX_WINDOW}")
+    raise FieldError("window", f"must be 'all' or a whole number of steps from 1 to {MAX_WINDOW}")
 
 
 def run_report(run: Run, window: int | None = services.DEFAULT_WINDOW) -> dict[str, Any]:

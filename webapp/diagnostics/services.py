@@ -18,6 +18,7 @@ from training import ablation as abl
 from training import diagnostics as dg
 from training import stats
 from webapp.annotations import services as annotations
+from webapp.errors import FieldError
 from webapp.rollouts.arrays import load_run_arrays
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
 from webapp.runs import launch
@@ -182,49 +183,42 @@ def _step_aggregates(run: Run) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ ablations
 
 
-class SpecError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
-
-
 def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -> abl.AblationSpec:
     """Validate an ablation spec (API JSON or the page's form, turned into the same dict). Raises
-    SpecError naming the field."""
+    FieldError naming the field."""
     comps = run.components() if comps is None else comps
     names = [c.name for c in comps]
     base = run_settings(run)
     if not isinstance(raw, dict):
-        raise SpecError("spec", "must be an object with drop, weights, scale_rewards, aggregation")
+        raise FieldError("spec", "must be an object with drop, weights, scale_rewards, aggregation")
     extra = set(raw) - {"drop", "weights", "scale_rewards", "aggregation"}
     if extra:
-        raise SpecError(f"spec.{sorted(extra)[0]}", "unknown key; expected drop, weights, scale_rewards, aggregation")
+        raise FieldError(f"spec.{sorted(extra)[0]}", "unknown key; expected drop, weights, scale_rewards, aggregation")
     # Absent or null means "as the run"; any other value must have the right type ({} is not a default).
     drop = [] if raw.get("drop") is None else raw["drop"]
     if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
-        raise SpecError("spec.drop", "must be a list of component names")
+        raise FieldError("spec.drop", "must be a list of component names")
     for d in drop:
         if d not in names:
-            raise SpecError("spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})")
+            raise FieldError("spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})")
     if names and len(set(drop)) == len(names):
-        raise SpecError("spec.drop", "cannot drop every component: nothing would be left to reward")
+        raise FieldError("spec.drop", "cannot drop every component: nothing would be left to reward")
     weights = {} if raw.get("weights") is None else raw["weights"]
     if not isinstance(weights, dict):
-        raise SpecError("spec.weights", "must be an object of component name -> number")
+        raise FieldError("spec.weights", "must be an object of component name -> number")
     clean: dict[str, float] = {}
     for name, w in weights.items():
         if name not in names:
-            raise SpecError(f"spec.weights.{str(name)[:80]}", f"unknown component (this run has: {', '.join(names)})")
+            raise FieldError(f"spec.weights.{str(name)[:80]}", f"unknown component (this run has: {', '.join(names)})")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-            raise SpecError(f"spec.weights.{name}", "must be a finite number")
+            raise FieldError(f"spec.weights.{name}", "must be a finite number")
         clean[name] = float(w)
     scale = base.scale_rewards if raw.get("scale_rewards") is None else raw["scale_rewards"]
     if not isinstance(scale, str) or scale not in SCALES:
-        raise SpecError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
+        raise FieldError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
     agg = base.aggregation if raw.get("aggregation") is None else raw["aggregation"]
     if not isinstance(agg, str) or agg not in AGGREGATIONS:
-        raise SpecError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
+        raise FieldError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
     return abl.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
 
 

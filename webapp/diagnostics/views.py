@@ -14,6 +14,7 @@ from webapp.accounts.roles import has_role, require_role
 from webapp.diagnostics import charts, links, report, services
 from webapp.diagnostics.forms import AblationForm
 from webapp.diagnostics.models import Ablation
+from webapp.errors import FieldError
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 
@@ -30,8 +31,8 @@ def _window(raw: str | None) -> tuple[int | None, str | None]:
     """(window in steps or None for the whole run, error naming the parameter)."""
     try:
         return report.parse_window(raw), None
-    except report.WindowError as e:
-        return services.DEFAULT_WINDOW, f"window: {e}"
+    except FieldError as e:
+        return services.DEFAULT_WINDOW, str(e)
 
 
 @require_safe

@@ -24,8 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from webapp.accounts.roles import require_role
-from webapp.api.errors import error_response
-from webapp.api.views import BodyError, parse_body
+from webapp.api.parsing import parse_body
 from webapp.replays import services
 from webapp.replays.models import Replay
 from webapp.runs.access import get_run_for
@@ -46,12 +45,7 @@ def run_replays(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
     if request.method == "GET":
         return Response({"replays": [replay_json(r) for r in run.replays.all()[:200]]})
-    try:
-        replay = services.create_replay(run, parse_body(request), request.user)
-    except BodyError as e:
-        return error_response([{"field": "body", "error": str(e)}])
-    except services.ReplayError as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    replay = services.create_replay(run, parse_body(request), request.user)
     services.enqueue(replay)
     return Response(replay_json(replay), status=status.HTTP_201_CREATED)
 
@@ -67,10 +61,7 @@ def replay_detail(request: Request, replay_id: int) -> Response:
 @api_view(["GET"])
 def replay_regress(request: Request, replay_id: int) -> Response:
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
-    try:
-        result = services.regress(replay)
-    except services.ReplayError as e:
-        return error_response([{"field": e.field, "error": e.message}], status.HTTP_409_CONFLICT)
+    result = services.regress(replay)  # a Conflict (409) while the replay has no results
     return Response({"ok": result.ok, "headline": result.headline,
                      "regressions": sum(r["regression"] for r in result.rows), "rows": result.rows})
 
@@ -82,10 +73,7 @@ def replay_train(request: Request, replay_id: int) -> Response:
     require_role(request, "trainer")  # the role before the lookup, as get_run_for does
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
     had_twin = replay.twin_id is not None
-    try:
-        twin = services.launch_training(replay, request.user)
-    except services.ReplayError as e:
-        return error_response([{"field": e.field, "error": e.message}])
+    twin = services.launch_training(replay, request.user)
     body = {"twin": twin.id, "name": twin.name, "status": twin.status,
             "reward_versions": twin.config["reward_versions"],
             "waits_for_run": bool(twin.config.get("start_after_parent")),

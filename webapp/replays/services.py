@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from training import reward_versions as rv
 from training import stats
+from webapp.errors import Conflict, FieldError
 from webapp.replays.models import Replay, ReplayChunk, ReplayScore
 from webapp.rollouts.ingest import run_weights
 from webapp.rollouts.models import Group, RewardComponent, Rollout
@@ -39,13 +40,6 @@ STALE_SECONDS = 600  # a chunk claimed this long ago by a worker that died is cl
 MAX_VERSIONS = 8
 MAX_SAMPLE_GROUPS = 1_000_000
 RESULT_KEYS = ("ids", "group_ids", "steps", "old", "new", "failed", "old_reward", "new_reward", "old_adv", "new_adv")
-
-
-class ReplayError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
 
 
 def parallel() -> int:
@@ -65,7 +59,7 @@ def _int(raw: dict[str, Any], key: str, path: str, low: int, high: int) -> int |
     if v is None or v == "":
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise ReplayError(f"{path}.{key}", f"must be a whole number from {low} to {high}")
+        raise FieldError(f"{path}.{key}", f"must be a whole number from {low} to {high}")
     return v
 
 
@@ -73,20 +67,20 @@ def parse_selection(raw: Any) -> dict[str, Any]:
     """{"mode": "all"} | {"mode": "steps", "step_min", "step_max"} | {"mode": "sample", "groups", "seed"}."""
     raw = {"mode": "all"} if raw is None else raw
     if not isinstance(raw, dict) or raw.get("mode") not in ("all", "steps", "sample"):
-        raise ReplayError("selection.mode", "must be all, steps or sample")
+        raise FieldError("selection.mode", "must be all, steps or sample")
     extra = set(raw) - {"mode", "step_min", "step_max", "groups", "seed"}
     if extra:
-        raise ReplayError(f"selection.{sorted(extra)[0][:80]}", "unknown key")
+        raise FieldError(f"selection.{sorted(extra)[0][:80]}", "unknown key")
     out: dict[str, Any] = {"mode": raw["mode"]}
     if raw["mode"] == "steps":
         out["step_min"] = _int(raw, "step_min", "selection", 0, 2**31 - 1)
         out["step_max"] = _int(raw, "step_max", "selection", 0, 2**31 - 1)
         if out["step_min"] is not None and out["step_max"] is not None and out["step_min"] > out["step_max"]:
-            raise ReplayError("selection.step_max", "must not be below step_min")
+            raise FieldError("selection.step_max", "must not be below step_min")
     if raw["mode"] == "sample":
         out["groups"] = _int(raw, "groups", "selection", 1, MAX_SAMPLE_GROUPS)
         if out["groups"] is None:
-            raise ReplayError("selection.groups", "give how many groups to sample")
+            raise FieldError("selection.groups", "give how many groups to sample")
         out["seed"] = _int(raw, "seed", "selection", 0, 2**31 - 1) or 0
     return out
 
@@ -94,21 +88,21 @@ def parse_selection(raw: Any) -> dict[str, Any]:
 def parse_versions(run: Run, raw: Any) -> list[rv.ComponentVersion]:
     """Registered versions of components of the run's environment, one per component."""
     if run.environment_id is None:
-        raise ReplayError("run", "this run has no environment: nothing to replay")
+        raise FieldError("run", "this run has no environment: nothing to replay")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_VERSIONS:
-        raise ReplayError("versions", f"must be a list of 1 to {MAX_VERSIONS} versions")
+        raise FieldError("versions", f"must be a list of 1 to {MAX_VERSIONS} versions")
     names = {c.name for c in run.components()}
     out: list[rv.ComponentVersion] = []
     for i, spec in enumerate(raw):
         try:
             version = rv.from_spec(run.environment.name, spec, f"versions[{i}]")
         except rv.VersionError as e:
-            raise ReplayError(e.field, e.message) from None
+            raise FieldError(e.field, e.message) from None
         if version.component not in names:
-            raise ReplayError(f"versions[{i}].version", f"scores {version.component!r}, which this run's "
-                                                        f"environment does not have")
+            raise FieldError(f"versions[{i}].version", f"scores {version.component!r}, which this run's "
+                                                       f"environment does not have")
         if version.component in {v.component for v in out}:
-            raise ReplayError(f"versions[{i}].version", f"a second version of {version.component!r}")
+            raise FieldError(f"versions[{i}].version", f"a second version of {version.component!r}")
         out.append(version)
     return out
 
@@ -151,21 +145,21 @@ def _default_name(versions: list[rv.ComponentVersion]) -> str:
 @transaction.atomic
 def create_replay(run: Run, raw: Any, user: Any = None) -> Replay:
     """Validate {"versions": [...], "selection": {...}, "name"?} and store the replay and its chunks.
-    Raises ReplayError naming the field; nothing is stored then."""
+    Raises FieldError naming the field; nothing is stored then."""
     if not isinstance(raw, dict):
-        raise ReplayError("body", "must be an object with versions, selection and optionally name")
+        raise FieldError("body", "must be an object with versions, selection and optionally name")
     extra = set(raw) - {"versions", "selection", "name"}
     if extra:
-        raise ReplayError(sorted(extra)[0][:80], "unknown key; expected versions, selection, name")
+        raise FieldError(sorted(extra)[0][:80], "unknown key; expected versions, selection, name")
     versions = parse_versions(run, raw.get("versions"))
     selection = parse_selection(raw.get("selection"))
     name = raw.get("name") or _default_name(versions)
     if not isinstance(name, str):
-        raise ReplayError("name", "must be a string")
+        raise FieldError("name", "must be a string")
     last = Group.objects.filter(run=run).order_by("-id").values_list("id", flat=True).first() or 0
     groups = select_groups(run, selection, last)
     if not groups:
-        raise ReplayError("selection", "selects no stored groups of this run")
+        raise FieldError("selection", "selects no stored groups of this run")
     replay = Replay.objects.create(
         run=run, name=name[:200], versions=[v.as_dict() for v in versions], selection=selection,
         last_group_id=last, run_was_live=not run.is_finished, created_by=user,
@@ -213,7 +207,7 @@ def training_versions(replay: Replay) -> dict[str, dict[str, Any]]:
 def launch_training(replay: Replay, user: Any) -> Run:
     """A GRPO twin of the replay's run: same start point (config, base model, weights), trained with the
     replayed versions (GRPOJobConfig.reward_versions), the run's child, queued through runs.launch (behind
-    the run while it still trains). One twin per replay: a second call returns it. Raises ReplayError
+    the run while it still trains). One twin per replay: a second call returns it. Raises FieldError
     when the run cannot be retrained or a version no longer resolves to the code that was replayed."""
     from training.environments import get_environment
     from webapp.diagnostics.services import twin_config
@@ -225,12 +219,12 @@ def launch_training(replay: Replay, user: Any) -> Run:
         return locked.twin
     why = training_blocker(locked)
     if why:
-        raise ReplayError("replay", why)
+        raise FieldError("replay", why)
     run, versions = locked.run, training_versions(locked)
     try:  # the worker would refuse them too, after waiting for a GPU: say so now
         rv.apply_versions(get_environment(run.environment.name), [{**v, "component": c} for c, v in versions.items()])
     except (rv.VersionError, KeyError) as e:
-        raise ReplayError("versions", str(e)) from None
+        raise FieldError("versions", str(e)) from None
     config = twin_config(run, reward_versions=versions, replay_of=run.id, replay_id=locked.id)
     twin = launch.launch_run(name=f"{run.name} / replay: {locked.name}"[:200], kind=Run.Kind.GRPO,
                              environment=run.environment, config=config, owner=user, base_model=run.base_model,
@@ -560,10 +554,10 @@ class Regression:
 
 
 def regress(replay: Replay) -> Regression:
-    """The negative-test verdict of a finished replay (reward_regress and the API). ReplayError when the
+    """The negative-test verdict of a finished replay (reward_regress and the API). Conflict when the
     replay has no results to judge."""
     if replay.status not in (Replay.Status.SUCCEEDED, Replay.Status.FAILED) or replay.results is None:
-        raise ReplayError("replay", f"replay {replay.id} is {replay.status}: it has no results to check yet")
+        raise Conflict("replay", f"replay {replay.id} is {replay.status}: it has no results to check yet")
     rep = report(replay)
     assert rep is not None
     return Regression(ok=not any(r["regression"] for r in rep["regression"]), headline=rep["headline"],

@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from webapp.accounts.roles import has_role, require_role
+from webapp.errors import FieldError
 from webapp.replays import charts, services
 from webapp.replays.forms import ReplayForm
 from webapp.replays.models import Replay
@@ -32,7 +33,7 @@ def run_replays(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             replay = services.create_replay(run, form.request_body(), request.user)
-        except services.ReplayError as e:
+        except FieldError as e:
             form.add_error(None, f"{e.field}: {e.message}")
         else:
             services.enqueue(replay)
@@ -90,7 +91,7 @@ def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
     had_twin = replay.twin_id is not None
     try:
         twin = services.launch_training(replay, request.user)
-    except services.ReplayError as e:
+    except FieldError as e:
         messages.error(request, f"Not started: {e.field}: {e.message}")
         return redirect("replays-detail", replay.id)
     if had_twin:

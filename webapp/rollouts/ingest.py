@@ -22,23 +22,14 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from training import stats
+from webapp.errors import MAX_ERRORS, FieldError
 from webapp.rollouts import packed, text
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.runs.models import Run
 
 ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
 MAX_KEY = 300
-MAX_ERRORS = 50  # enough to fix a batch; more only floods the client
 MAX_INT = 2**31 - 1  # steps, indexes and lengths are 32-bit integer columns: larger ones would be a 500
-
-
-class IngestError(ValueError):
-    """Bad input. `errors` is a list of {"field": "groups[0].rollouts[2].rewards.x", "error": "..."}."""
-
-    def __init__(self, errors: list[dict[str, str]]) -> None:
-        self.errors = errors[:MAX_ERRORS]
-        first = self.errors[0] if self.errors else {"field": "", "error": "invalid"}
-        super().__init__(f"{first['field']}: {first['error']}")
 
 
 @dataclass
@@ -297,10 +288,10 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> _R
 
 
 def validate_batch(body: Any, components: set[str]) -> list[_Group]:
-    """Parse and check a whole batch. Raises IngestError listing every problem (up to MAX_ERRORS)."""
+    """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS)."""
     errs = _Errors()
     if not isinstance(body, dict) or not isinstance(body.get("groups"), list):
-        raise IngestError([{"field": "groups", "error": "must be a list of groups"}])
+        raise FieldError("groups", "must be a list of groups")
     _unknown_fields(body, BATCH_FIELDS, "", errs)
     max_size = settings.INGEST_MAX_GROUP_SIZE
     groups: list[_Group] = []
@@ -353,7 +344,7 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
             errs.add(f"{gp}.rollouts", "advantage: give it for every rollout of the group or for none")
         groups.append(group)
     if errs:
-        raise IngestError(errs.items)
+        raise FieldError.of(errs.items)
     for group in groups:
         group.prompt_text = _flatten_prompt(group.prompt)
         for r in group.rollouts:
@@ -423,7 +414,7 @@ def ingest_groups(run: Run, body: Any) -> IngestResult:
             # skips the groups that are now stored.
             if isinstance(e, IntegrityError) and not Run.objects.filter(id=run.id).exists():
                 # Deleted while we wrote (its job is being stopped): a refusal, not a crash in the trainer.
-                raise IngestError([{"field": "run", "error": f"run {run.id} was deleted"}]) from None
+                raise FieldError("run", f"run {run.id} was deleted") from None
             if attempt == RETRIES - 1 or not _lost_race(e):
                 raise
     raise AssertionError("unreachable")

@@ -24,20 +24,14 @@ from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, 
 from django.db.models.functions import Cast, Greatest, Length, StrIndex, Substr, Upper
 from django.utils.safestring import SafeString
 
+from webapp.errors import FieldError
 from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
-from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchError, SearchQuery, highlight, parse_query
+from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery, highlight, parse_query
 from webapp.runs.models import Run
 
 BUILTIN_SORTS = ("reward", "advantage", "length", "step")
 REPLAY_PREFIX = "replay."  # sort=replay.<component>, min_/max_replay.<component>: a replay's values (replay=<id>)
 MAX_LIMIT = 500
-
-
-class QueryError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
 
 
 @dataclass
@@ -60,31 +54,28 @@ class ExplorerQuery:
 
     def __post_init__(self) -> None:
         if self.text and self.search is None:
-            try:
-                self.search = parse_query(self.text)
-            except SearchError as e:
-                raise QueryError("q", str(e)) from None
+            self.search = parse_query(self.text)  # a FieldError naming q
 
     @classmethod
     def from_params(cls, params: Any, components: list[str]) -> ExplorerQuery:
-        """Parse query-string params (a QueryDict or dict). Raises QueryError naming the parameter."""
+        """Parse query-string params (a QueryDict or dict). Raises FieldError naming the parameter."""
         q = cls()
         q.sort = params.get("sort") or "reward"
         replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX):] in components
         if q.sort not in BUILTIN_SORTS and q.sort not in components and not replayed:
-            raise QueryError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
+            raise FieldError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
                                      f"or {REPLAY_PREFIX}<component> with replay=<id>")
         q.order = params.get("order") or "desc"
         if q.order not in ("asc", "desc"):
-            raise QueryError("order", "must be asc or desc")
+            raise FieldError("order", "must be asc or desc")
         q.step_min = _int_param(params, "step_min")
         q.step_max = _int_param(params, "step_max")
         q.split = params.get("split") or None
         if q.split not in (None, "train", "holdout"):
-            raise QueryError("split", "must be train or holdout")
+            raise FieldError("split", "must be train or holdout")
         q.zero_std_only = params.get("zero_std") in ("1", "true", "on")
         q.text = params.get("q") or ""
-        q.__post_init__()  # parses the search: a QueryError naming q
+        q.__post_init__()  # parses the search: a FieldError naming q
         for name in components:
             lo, hi = _float_param(params, f"min_{name}"), _float_param(params, f"max_{name}")
             if lo is not None or hi is not None:
@@ -94,14 +85,14 @@ class ExplorerQuery:
                 q.replay_ranges[name] = (lo, hi)
         q.replay = _int_param(params, "replay")
         if q.replay is None and (replayed or q.replay_ranges):
-            raise QueryError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
+            raise FieldError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
         q.label = params.get("label") or None
         ann = params.get("annotated")
         q.annotated = {"1": True, "yes": True, "0": False, "no": False}.get(ann) if ann else None
         limit = _int_param(params, "limit")
         q.limit = 50 if limit is None else limit
         if not 1 <= q.limit <= MAX_LIMIT:
-            raise QueryError("limit", f"must be between 1 and {MAX_LIMIT}")
+            raise FieldError("limit", f"must be between 1 and {MAX_LIMIT}")
         q.cursor = params.get("cursor") or None
         return q
 
@@ -147,7 +138,7 @@ def _int_param(params: Any, name: str) -> int | None:
     try:
         return int(raw)
     except (TypeError, ValueError):
-        raise QueryError(name, f"must be an integer, got {str(raw)[:40]!r}") from None
+        raise FieldError(name, f"must be an integer, got {str(raw)[:40]!r}") from None
 
 
 def _float_param(params: Any, name: str) -> float | None:
@@ -157,9 +148,9 @@ def _float_param(params: Any, name: str) -> float | None:
     try:
         v = float(raw)
     except (TypeError, ValueError):
-        raise QueryError(name, f"must be a number, got {str(raw)[:40]!r}") from None
+        raise FieldError(name, f"must be a number, got {str(raw)[:40]!r}") from None
     if not math.isfinite(v):
-        raise QueryError(name, "must be a finite number")
+        raise FieldError(name, "must be a finite number")
     return v
 
 
@@ -175,7 +166,7 @@ def decode_cursor(cursor: str) -> tuple[float | None, int]:
             raise ValueError
         return value, row_id
     except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
-        raise QueryError("cursor", "is not a cursor this server issued") from None
+        raise FieldError("cursor", "is not a cursor this server issued") from None
 
 
 def keyset_fetch(
@@ -340,14 +331,14 @@ def _replay(run: Run, q: ExplorerQuery) -> Any:
     used = set(q.replay_ranges) | ({q.sort[len(REPLAY_PREFIX):]} if q.sort.startswith(REPLAY_PREFIX) else set())
     if q.replay is None:
         if used:
-            raise QueryError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
+            raise FieldError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
         return None
     replay = Replay.objects.filter(id=q.replay, run=run).first()
     if replay is None:
-        raise QueryError("replay", f"no replay {q.replay} of this run")
+        raise FieldError("replay", f"no replay {q.replay} of this run")
     missing = sorted(used - set(replay.components()))
     if missing:
-        raise QueryError("replay", f"replay {replay.id} does not replay {missing[0]!r} "
+        raise FieldError("replay", f"replay {replay.id} does not replay {missing[0]!r} "
                                    f"(it replays {', '.join(replay.components())})")
     return replay
 
@@ -360,7 +351,7 @@ def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
 
         if not Label.objects.filter(slug=q.label).exists():
             slugs = ", ".join(Label.objects.values_list("slug", flat=True))
-            raise QueryError("label", f"no label {q.label[:60]!r}; labels are: {slugs}")
+            raise FieldError("label", f"no label {q.label[:60]!r}; labels are: {slugs}")
         out.append(Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__label__slug=q.label)))
     if q.annotated is not None:
         any_ann = Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__isnull=False))

@@ -9,17 +9,11 @@ import numpy as np
 from django.db import connection, transaction
 
 from training import stats
+from webapp.errors import Conflict, FieldError
 from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, Rollout
 from webapp.runs.models import Run
 
 KINDS = {k for k, _ in RewardComponent.Kind.choices}
-
-
-class SpecError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
 
 
 ENVIRONMENT_FIELDS = ("name", "components")
@@ -30,43 +24,43 @@ def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -
     for key in obj:
         if key not in allowed:
             name = str(key)[:100] or '""'
-            raise SpecError(f"{path}.{name}", f"unknown field; expected {', '.join(allowed)}")
+            raise FieldError(f"{path}.{name}", f"unknown field; expected {', '.join(allowed)}")
 
 
 def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str, list[dict[str, Any]]]:
     if not isinstance(spec, dict):
-        raise SpecError(path, "must be an object with name and components")
+        raise FieldError(path, "must be an object with name and components")
     _no_unknown_keys(spec, ENVIRONMENT_FIELDS, path)
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise SpecError(f"{path}.name", "must be a non-empty string of at most 200 characters")
+        raise FieldError(f"{path}.name", "must be a non-empty string of at most 200 characters")
     comps = spec.get("components", [])
     if not isinstance(comps, list):
-        raise SpecError(f"{path}.components", "must be a list")
+        raise FieldError(f"{path}.components", "must be a list")
     out, seen = [], set()
     for i, c in enumerate(comps):
         p = f"{path}.components[{i}]"
         if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
-            raise SpecError(f"{p}.name", "must be a non-empty string")
+            raise FieldError(f"{p}.name", "must be a non-empty string")
         _no_unknown_keys(c, COMPONENT_FIELDS, p)
         for key in ("description", "source_hash"):
             if not isinstance(c.get(key, ""), str):
-                raise SpecError(f"{p}.{key}", "must be a string")
+                raise FieldError(f"{p}.{key}", "must be a string")
         if len(c["name"]) > 200 or not all(ch.isalnum() or ch in "_-./" for ch in c["name"]):
-            raise SpecError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
+            raise FieldError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
         if c["name"] in seen:
-            raise SpecError(f"{p}.name", f"duplicate component {c['name']!r}")
+            raise FieldError(f"{p}.name", f"duplicate component {c['name']!r}")
         seen.add(c["name"])
         w = c.get("weight", 1.0)
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-            raise SpecError(f"{p}.weight", "must be a finite number")
+            raise FieldError(f"{p}.weight", "must be a finite number")
         kind = c.get("kind", "outcome")
         if kind not in KINDS:
-            raise SpecError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
+            raise FieldError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
         for key in ("min_value", "max_value"):
             v = c.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                raise SpecError(f"{p}.{key}", "must be a finite number or null")
+                raise FieldError(f"{p}.{key}", "must be a finite number or null")
         out.append({"name": c["name"], "weight": float(w), "kind": kind, "min_value": c.get("min_value"),
                     "max_value": c.get("max_value"), "description": str(c.get("description", ""))[:2000],
                     "source_hash": str(c.get("source_hash", ""))[:64]})
@@ -138,7 +132,7 @@ def create_run(*, name: str, kind: str, environment: Environment | None, config:
                               base_model=base_model, parent=parent, status=status, provenance=provenance)
 
 
-class RunNameConflict(SpecError):
+class RunNameConflict(Conflict):
     """More than one run already has the name, so "the run named X" means nothing."""
 
 

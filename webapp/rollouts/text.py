@@ -22,6 +22,8 @@ from typing import Any
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from webapp.errors import FieldError
+
 PREVIEW_CHARS = 300
 PROMPT_ROLES = ("system", "user", "developer")
 MAX_QUERY_CHARS = 1000  # past this a query is refused (400): every term is an index probe
@@ -94,10 +96,6 @@ def search_document(prompt_text: str, prompt: Any, transcript: list[dict[str, An
     return " ".join(" ".join(parts).split())
 
 
-class SearchError(ValueError):
-    pass
-
-
 @dataclass(frozen=True)
 class SearchQuery:
     include: tuple[str, ...]  # every one must occur
@@ -112,13 +110,13 @@ _TOKEN = re.compile(r'(-?)"([^"]*)"?|(\S+)')
 
 
 def parse_query(raw: str) -> SearchQuery | None:
-    """None for an empty query. Raises SearchError (a 400 naming `q`) for a query no index can serve."""
+    """None for an empty query. Raises FieldError (a 400 naming `q`) for a query no index can serve."""
     if not raw or not raw.strip():
         return None
     if len(raw) > MAX_QUERY_CHARS:
-        raise SearchError(f"at most {MAX_QUERY_CHARS} characters (got {len(raw)})")
+        raise FieldError("q", f"at most {MAX_QUERY_CHARS} characters (got {len(raw)})")
     if "\x00" in raw:
-        raise SearchError("must not contain NUL characters")
+        raise FieldError("q", "must not contain NUL characters")
     include, exclude = [], []
     for neg, phrase, word in _TOKEN.findall(raw):
         if word:
@@ -129,12 +127,12 @@ def parse_query(raw: str) -> SearchQuery | None:
         if term:
             (exclude if negative else include).append(term)
     if not include:
-        raise SearchError("give at least one word to look for (a query of only -exclusions would scan every row)")
+        raise FieldError("q", "give at least one word to look for (a query of only -exclusions would scan every row)")
     if len(include) + len(exclude) > MAX_TERMS:
-        raise SearchError(f"at most {MAX_TERMS} terms")
+        raise FieldError("q", f"at most {MAX_TERMS} terms")
     if max(len(t) for t in include) < MIN_TERM_CHARS:
         # Shorter words are checked on the rows a longer one found; alone they would scan every row.
-        raise SearchError(f"give at least one word of {MIN_TERM_CHARS} or more characters")
+        raise FieldError("q", f"give at least one word of {MIN_TERM_CHARS} or more characters")
     return SearchQuery(tuple(dict.fromkeys(include)), tuple(dict.fromkeys(exclude)))
 
 

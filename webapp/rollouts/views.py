@@ -24,11 +24,11 @@ from training.environments import get_environment
 from training.environments.base import Prompt
 from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
+from webapp.errors import FieldError
 from webapp.rollouts.ingest import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
     ExplorerQuery,
-    QueryError,
     decode_cursor,
     encode_cursor,
     explore,
@@ -63,7 +63,7 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         q = ExplorerQuery.from_params(request.GET, [c.name for c in components])
         page = explore(run, q)
-    except QueryError as exc:
+    except FieldError as exc:
         error = exc
     qs = urlencode(q.params())
     ctx = {
@@ -207,7 +207,7 @@ def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
         step_min, step_max = _opt_int(request, "step_min"), _opt_int(request, "step_max")
         after = decode_cursor(request.GET["cursor"]) if request.GET.get("cursor") else None
-    except QueryError as exc:
+    except FieldError as exc:
         error, step_min, step_max, after = exc, None, None, None
     cond = Q()
     if step_min is not None:
@@ -239,7 +239,7 @@ def _opt_int(request: HttpRequest, name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise QueryError(name, f"must be an integer, got {raw[:40]!r}") from None
+        raise FieldError(name, f"must be an integer, got {raw[:40]!r}") from None
 
 
 @functools.lru_cache(maxsize=16)
@@ -271,7 +271,7 @@ def neighbours(
     """(previous, next) rollout ids in the explorer order described by `params`."""
     try:
         q = ExplorerQuery.from_params(params, [c.name for c in components])
-    except QueryError:
+    except FieldError:
         return None, None
     comp = next((c for c in components if c.name == q.sort), None)
     if comp is not None:

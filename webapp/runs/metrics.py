@@ -7,7 +7,8 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from webapp.rollouts.ingest import MAX_INT, IngestError
+from webapp.errors import FieldError
+from webapp.rollouts.ingest import MAX_INT
 from webapp.runs.models import Run, StepMetric
 
 MAX_NAME = 200
@@ -26,7 +27,7 @@ def _unknown(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> list[d
 
 def validate_metrics(body: Any) -> list[tuple[int, str, float | None]]:
     if not isinstance(body, dict) or not isinstance(body.get("metrics"), list):
-        raise IngestError([{"field": "metrics", "error": "must be a list of {step, values}"}])
+        raise FieldError("metrics", "must be a list of {step, values}")
     rows: list[tuple[int, str, float | None]] = []
     errors = _unknown(body, ("metrics",), "")
     for i, m in enumerate(body["metrics"]):
@@ -53,7 +54,7 @@ def validate_metrics(body: Any) -> list[tuple[int, str, float | None]]:
             else:
                 rows.append((step, name, float(v)))
     if errors:
-        raise IngestError(errors)
+        raise FieldError.of(errors)
     return rows
 
 

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from training import stats
+from webapp.errors import FieldError
 
 DEFAULTS: dict[str, Any] = {"scale_rewards": "group", "aggregation": "sum_then_normalize",
                             "advantage_epsilon": stats.EPS, "group_size": None}
@@ -28,73 +29,66 @@ KEYS = ("weights", "scale_rewards", "aggregation", "advantage_epsilon", "group_s
 MAX_TRAINER_KEYS = 100
 
 
-class SettingsError(ValueError):
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        self.message = message
-        super().__init__(f"{field_name}: {message}")
-
-
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def validate(raw: Any, components: list[str], path: str = "reward_settings") -> dict[str, Any]:
-    """The clean settings dict, or SettingsError naming the first bad field. Weights must name
+    """The clean settings dict, or FieldError naming the first bad field. Weights must name
     components of the run's environment."""
     if not isinstance(raw, dict):
-        raise SettingsError(path, f"must be an object with any of {', '.join(KEYS)}")
+        raise FieldError(path, f"must be an object with any of {', '.join(KEYS)}")
     extra = sorted(set(raw) - set(KEYS))
     if extra:
-        raise SettingsError(f"{path}.{str(extra[0])[:80]}", f"unknown setting; expected {', '.join(KEYS)}")
+        raise FieldError(f"{path}.{str(extra[0])[:80]}", f"unknown setting; expected {', '.join(KEYS)}")
     out: dict[str, Any] = {}
     if raw.get("weights") is not None:
         out["weights"] = _weights(raw["weights"], components, f"{path}.weights")
     for key, choices in (("scale_rewards", stats.SCALES), ("aggregation", stats.AGGREGATIONS)):
         if raw.get(key) is not None:
             if raw[key] not in choices:
-                raise SettingsError(f"{path}.{key}", f"must be one of {', '.join(choices)}")
+                raise FieldError(f"{path}.{key}", f"must be one of {', '.join(choices)}")
             out[key] = raw[key]
     eps = raw.get("advantage_epsilon")
     if eps is not None:
         if not _finite(eps) or eps < 0:
-            raise SettingsError(f"{path}.advantage_epsilon", "must be a finite number >= 0")
+            raise FieldError(f"{path}.advantage_epsilon", "must be a finite number >= 0")
         out["advantage_epsilon"] = float(eps)
     size = raw.get("group_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000:
-            raise SettingsError(f"{path}.group_size", "must be an integer between 1 and 100000")
+            raise FieldError(f"{path}.group_size", "must be an integer between 1 and 100000")
         out["group_size"] = size
     if raw.get("trainer") is not None:
         out["trainer"] = _trainer(raw["trainer"], f"{path}.trainer")
     if raw.get("source") is not None:
         if not isinstance(raw["source"], str):
-            raise SettingsError(f"{path}.source", "must be a string")
+            raise FieldError(f"{path}.source", "must be a string")
         out["source"] = raw["source"][:100]
     return out
 
 
 def _weights(raw: Any, components: list[str], path: str) -> dict[str, float]:
     if not isinstance(raw, dict):
-        raise SettingsError(path, "must be an object of component name -> number")
+        raise FieldError(path, "must be an object of component name -> number")
     out = {}
     for name, w in raw.items():
         if name not in components:
             have = ", ".join(components) or "none"
-            raise SettingsError(f"{path}.{str(name)[:80]}", f"unknown component (this run's environment has: {have})")
+            raise FieldError(f"{path}.{str(name)[:80]}", f"unknown component (this run's environment has: {have})")
         if not _finite(w):
-            raise SettingsError(f"{path}.{name}", "must be a finite number")
+            raise FieldError(f"{path}.{name}", "must be a finite number")
         out[name] = float(w)
     return out
 
 
 def _trainer(raw: Any, path: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or len(raw) > MAX_TRAINER_KEYS:
-        raise SettingsError(path, f"must be an object of at most {MAX_TRAINER_KEYS} name -> scalar")
+        raise FieldError(path, f"must be an object of at most {MAX_TRAINER_KEYS} name -> scalar")
     out = {}
     for k, v in raw.items():
         if v is not None and not isinstance(v, (str, bool)) and not _finite(v):
-            raise SettingsError(f"{path}.{str(k)[:80]}", "must be a string, a finite number, true/false or null")
+            raise FieldError(f"{path}.{str(k)[:80]}", "must be a string, a finite number, true/false or null")
         out[str(k)[:100]] = v[:500] if isinstance(v, str) else v
     return out
 

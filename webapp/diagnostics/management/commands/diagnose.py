@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from webapp.diagnostics import report
+from webapp.errors import FieldError
 from webapp.runs.models import Run
 
 EXIT_FINDINGS, EXIT_USAGE = 1, 2
@@ -46,8 +47,8 @@ class Command(BaseCommand):
         target = _run(run)
         try:
             steps = report.parse_window(window)
-        except report.WindowError as e:
-            raise CommandError(f"--window: {e}", returncode=EXIT_USAGE) from None
+        except FieldError as e:
+            raise CommandError(f"--window: {e.message}", returncode=EXIT_USAGE) from None
         doc = report.run_report(target, steps)
         self.stdout.write(_json_text(doc) if as_json else _text(doc))
         if report.fails(doc, fail_on):

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from webapp.errors import FieldError
 from webapp.replays import services
 from webapp.replays.models import Replay
 
@@ -35,7 +36,7 @@ class Command(BaseCommand):
                                returncode=2)
         try:
             result = services.regress(replay)
-        except services.ReplayError as e:
+        except FieldError as e:
             raise CommandError(f"{e.field}: {e.message}", returncode=2) from None
         h = result.headline
         self.stdout.write(f"replay {replay.id} ({replay.name}): {replay.summary}")

@@ -11,8 +11,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from webapp.errors import FieldError
 from webapp.rollouts.exporters import GroupFilter, write_hf, write_jsonl
-from webapp.rollouts.queries import ExplorerQuery, QueryError
+from webapp.rollouts.queries import ExplorerQuery
 from webapp.runs.models import Run
 
 
@@ -68,5 +69,5 @@ class Command(BaseCommand):
         comps = [c.name for c in run.components()]
         try:
             return ExplorerQuery.from_params({k: v for k, v in params.items() if v is not None}, comps)
-        except QueryError as e:
+        except FieldError as e:
             raise CommandError(f"--{e.field.replace('_', '-')}: {e.message}") from None

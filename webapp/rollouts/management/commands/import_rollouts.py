@@ -30,10 +30,10 @@ from training.importers import (
     SettingsItem,
     open_reader,
 )
-from webapp.rollouts.ingest import IngestError, ingest_groups
+from webapp.errors import FieldError
+from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.services import (
     RunNameConflict,
-    SpecError,
     ensure_environment,
     get_or_create_run,
     validate_environment_spec,
@@ -118,7 +118,7 @@ class Importer:
         while batch:
             try:
                 result = ingest_groups(self.run, {"groups": [item.record for item in batch]})
-            except IngestError as e:
+            except FieldError as e:
                 bad = self._attribute(e, "groups", batch)
                 first = min(bad)
                 if self.on_error == "stop":
@@ -137,7 +137,7 @@ class Importer:
             try:
                 record_metrics(self.run, {"metrics": [item.record for item in batch]})
                 return
-            except IngestError as e:
+            except FieldError as e:
                 bad = self._attribute(e, "metrics", batch)
                 if self.on_error == "stop":
                     first = min(bad)
@@ -155,14 +155,14 @@ class Importer:
                 self._known.update(new)
         try:
             clean = reward_settings.validate(item.record, sorted(self._known), path="settings")
-        except reward_settings.SettingsError as e:
+        except FieldError as e:
             self._bad(item.where(), f"{e.field}: {e.message}", 1)
             if self.on_error == "stop":
                 raise ImportStopped(f"{item.where()}: {e.field}: {e.message}") from None
             return
         self.stats.settings_changed += reward_settings.apply(self.run, clean, clean.get("source") or "import")
 
-    def _attribute(self, e: IngestError, kind: str, batch: list[Any]) -> dict[int, list[tuple[int | None, str]]]:
+    def _attribute(self, e: FieldError, kind: str, batch: list[Any]) -> dict[int, list[tuple[int | None, str]]]:
         """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items, report
         each with its file and line, and count what is skipped."""
         bad: dict[int, list[tuple[int | None, str]]] = {}
@@ -221,7 +221,7 @@ def _valid_component(name: str) -> bool:
     try:
         validate_environment_spec({"name": "x", "components": [{"name": name}]})
         return True
-    except SpecError:
+    except FieldError:
         return False
 
 
@@ -359,7 +359,7 @@ class Command(BaseCommand):
     def _spec(self, env_name: str, names: list[str], given: bool = True) -> list[dict[str, Any]]:
         try:
             return validate_environment_spec({"name": env_name, "components": [{"name": n} for n in names]})[1]
-        except SpecError as e:
+        except FieldError as e:
             source = "--components" if given else f"components found in the first records ({', '.join(names)})"
             raise CommandError(f"{source}: {e.field}: {e.message}") from None
 

@@ -18,6 +18,7 @@ from training.demo_stories import story_groups
 from training.environments import get_environment
 from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.accounts.roles import set_role
+from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group
 from webapp.rollouts.services import environment_from_training, get_or_create_run
@@ -185,7 +186,6 @@ def _review_queue(run: Run, user, annotator):
 def _dpo_dataset(queue, user):
     from webapp.annotations.export import export_dataset
     from webapp.annotations.models import Dataset
-    from webapp.annotations.services import AnnotationError
 
     found = Dataset.objects.filter(name=DATASET_NAME).order_by("-version").first()
     if found is not None:
@@ -193,6 +193,6 @@ def _dpo_dataset(queue, user):
     try:
         return export_dataset(name=DATASET_NAME, kind=Dataset.Kind.DPO, fmt=Dataset.Format.CONVERSATIONAL,
                               source="queue", user=user, queue=queue)
-    except AnnotationError as e:  # the demo still works without it; say why
+    except FieldError as e:  # the demo still works without it; say why
         log.warning("demo DPO dataset not exported: %s", e)
         return None
