@@ -22,11 +22,15 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-# Production-like request path: no DEBUG query log, no HTTPS redirect for the test client.
-os.environ.setdefault("DEBUG", "0")
-os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
-os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
-os.environ.setdefault("DB_CONN_MAX_AGE", "60")  # persistent connections, as gunicorn would run
+
+
+def production_like_env() -> None:
+    """Production-like request path: no DEBUG query log, no HTTPS redirect for the test client.
+    Called by main() only: importing this module (tests borrow its data shapes) changes nothing."""
+    os.environ.setdefault("DEBUG", "0")
+    os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
+    os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
+    os.environ.setdefault("DB_CONN_MAX_AGE", "60")  # persistent connections, as gunicorn would run
 
 G = 8
 STEPS = 500
@@ -145,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the key queries")
     args = parser.parse_args(argv)
     _require_postgres()
+    production_like_env()
 
     import django
 

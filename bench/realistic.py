@@ -25,15 +25,12 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-os.environ.setdefault("DEBUG", "0")
-os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
-os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
-os.environ.setdefault("DB_CONN_MAX_AGE", "60")
 
 import numpy as np  # noqa: E402
 
 from bench.pages import _require_postgres as require_postgres  # noqa: E402
 from bench.pages import median_ms as _median_min_ms  # noqa: E402
+from bench.pages import production_like_env  # noqa: E402
 from bench.progress import progress  # noqa: E402
 
 G = 8
@@ -275,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
     require_postgres()
+    production_like_env()
     import django
 
     django.setup()

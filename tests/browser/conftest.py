@@ -20,7 +20,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API keeps an event loop running in this thread while the browser
+# lives; it must be gone before tests elsewhere call asyncio.run().
+@pytest.fixture(scope="package")
 def browser():
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI_BROWSER_REQUIRED"):  # .ci/run installs it: missing there is a failure

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.browser.conftest import browser, login, page, shot  # noqa: F401  (fixtures)
+from tests.browser.conftest import login
 from tests.conftest import PASSWORD
 from tests.webapp import replay_fixtures as fx
 
@@ -11,7 +11,7 @@ HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>\n' + fx.EDGE_
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_it_draws_a_replay_and_runs_no_script_from_model_output(page, live_server, personas, shot):  # noqa: F811
+def test_it_draws_a_replay_and_runs_no_script_from_model_output(page, live_server, personas, shot):
     from webapp.replays import services
 
     run = fx.diagram_run(personas["trainer"])
