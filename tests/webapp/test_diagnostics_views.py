@@ -262,6 +262,18 @@ def test_it_overlays_the_curves_of_a_run_and_its_twin(client_as, run, monkeypatc
     assert figs["reward"]["data"][2]["name"].endswith("(trainer log)") and figs["reward"]["data"][2]["y"] == [0.4] * 3
     assert figs["reward"]["data"][1]["x"] == [0, 1, 2] and figs["reward"]["data"][1]["y"] == [0.5, 0.5, 0.5]
     assert any(f["layout"]["title"]["text"].startswith("correct") for k, f in figs.items() if k != "reward")
+    # The twin dropped "format": its aggregate curve differs by construction, and the page says so.
+    assert [w for _, w in r.context["weights"]] == [run.reward_weights(), twin.reward_weights()]
+    assert "sum their rewards with different weights" in r.content.decode()
+
+
+def test_it_says_nothing_about_weights_when_an_overlay_shares_them(client_as, run, env3):
+    from webapp.rollouts.services import create_run
+
+    other = create_run(name="same weights", kind="grpo", environment=env3, config={})
+    r = client_as("viewer").get(f"/diagnostics/runs/{run.id}/overlay/{other.id}/")
+    assert r.status_code == 200 and r.context["weights"] is None
+    assert "different weights" not in r.content.decode()
 
 
 # ---------------------------------------------------------------- API

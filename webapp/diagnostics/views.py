@@ -17,6 +17,7 @@ from webapp.diagnostics.models import Ablation
 from webapp.errors import FieldError
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
+from webapp.runs.services import weights_differ
 
 MAX_COMPARE = 8
 
@@ -136,5 +137,5 @@ def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
     return render(request, "diagnostics/overlay.html", {
         "run": run, "other": other, "figures": charts.overlay_figures(
             [{k: v for k, v in s.items() if k != "run"} for s in series]),
-        "has_steps": any(s["steps"] for s in series),
+        "has_steps": any(s["steps"] for s in series), "weights": weights_differ([run, other]),
     })

@@ -21,6 +21,7 @@ from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
+from webapp.runs.services import weights_differ
 
 KIND_TITLES = {kind: job.title for kind, job in JOBS.items()}
 
@@ -143,15 +144,6 @@ def compare(request: HttpRequest) -> HttpResponse:
         "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
         "figures": figures, "evals": evals, "weights": weights_differ(curves),
     })
-
-
-def weights_differ(runs: list[Run]) -> list[tuple[Run, dict[str, float]]] | None:
-    """Each run's reward weights when they are not all the same: the aggregate reward curves then differ
-    by construction, and only the per-component curves compare like with like."""
-    weights = [(r, r.reward_weights()) for r in runs if r.environment_id]
-    if len({tuple(sorted(w.items())) for _, w in weights}) <= 1:
-        return None
-    return weights
 
 
 def eval_summary(runs: list[Run]) -> dict | None:

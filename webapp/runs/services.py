@@ -48,3 +48,12 @@ def device_name() -> str:
 
         return f"cuda ({gpus}x {torch.cuda.get_device_name(0)})"
     return "cpu"
+
+
+def weights_differ(runs: list[Run]) -> list[tuple[Run, dict[str, float]]] | None:
+    """Each run's reward weights when they are not all the same: the aggregate reward curves then differ
+    by construction, and only the per-component curves compare like with like."""
+    weights = [(r, r.reward_weights()) for r in runs if r.environment_id]
+    if len({tuple(sorted(w.items())) for _, w in weights}) <= 1:
+        return None
+    return weights
