@@ -29,7 +29,13 @@ COMPONENTS = [
     {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
     {"name": "format", "weight": 0.5, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
     {"name": "progress", "weight": 0.5, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {"name": "length_penalty", "weight": 0.2, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+    {
+        "name": "length_penalty",
+        "weight": 0.2,
+        "kind": "penalty",
+        "min_value": -1.0,
+        "max_value": 0.0,
+    },
 ]
 TARGET_S = 2.0
 
@@ -47,12 +53,27 @@ def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> dict
             fmt = (rng.random(G) < 0.9).astype(float).tolist()
             prog = np.round(rng.random(G), 3).tolist()
             lengths = rng.integers(20, 400, G).tolist()
-            groups.append({
-                "step": step, "key": f"p{gi}", "prompt": f"prompt {gi}",
-                "rollouts": [{"index": i, "completion": f"c{i}", "length": lengths[i],
-                              "rewards": {"correct": correct[i], "format": fmt[i], "progress": prog[i],
-                                          "length_penalty": -round(lengths[i] / 1000, 3)}} for i in range(G)],
-            })
+            groups.append(
+                {
+                    "step": step,
+                    "key": f"p{gi}",
+                    "prompt": f"prompt {gi}",
+                    "rollouts": [
+                        {
+                            "index": i,
+                            "completion": f"c{i}",
+                            "length": lengths[i],
+                            "rewards": {
+                                "correct": correct[i],
+                                "format": fmt[i],
+                                "progress": prog[i],
+                                "length_penalty": -round(lengths[i] / 1000, 3),
+                            },
+                        }
+                        for i in range(G)
+                    ],
+                }
+            )
     return {"groups": groups}
 
 
@@ -79,18 +100,31 @@ def ensure_run(n: int):
     t0 = time.perf_counter()
     chunk = max(1, 2000 // per_step)  # ~2000 groups per ingest call
     for s0 in range(0, steps, chunk):
-        ingest_groups(run, _batch(rng, range(s0, min(steps, s0 + chunk)), per_step))  # idempotent on retry
+        ingest_groups(
+            run, _batch(rng, range(s0, min(steps, s0 + chunk)), per_step)
+        )  # idempotent on retry
         done = min(steps, s0 + chunk)
-        print(f"  seeded {done * per_step * G:>9} rollouts ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"  seeded {done * per_step * G:>9} rollouts ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     return run
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rollouts", type=int, default=1_000_000, help="size of the stored run (default 1,000,000)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed repetitions of the end-to-end ablation")
-    ap.add_argument("--loop-groups", type=int, default=0,
-                    help="time the Python loop on this many groups and scale (0: all; the loop is slow)")
+    ap.add_argument(
+        "--rollouts", type=int, default=1_000_000, help="size of the stored run (default 1,000,000)"
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="timed repetitions of the end-to-end ablation"
+    )
+    ap.add_argument(
+        "--loop-groups",
+        type=int,
+        default=0,
+        help="time the Python loop on this many groups and scale (0: all; the loop is slow)",
+    )
     args = ap.parse_args(argv)
     django.setup()
     from django.core.management import call_command
@@ -99,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     from training import ablation as abl
     from webapp.diagnostics.services import load_run_arrays, run_ablation
 
-    call_command("migrate", verbosity=0)  # an older bench database gains (and backfills) the packed scores
+    call_command(
+        "migrate", verbosity=0
+    )  # an older bench database gains (and backfills) the packed scores
 
     run = ensure_run(args.rollouts)
     spec = abl.AblationSpec(drop=("format",), weights={"correct": 2.0})
@@ -108,12 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         result = run_ablation(run, spec)
-        colds.append((time.perf_counter() - t0, result["timing"]["read_s"], result["timing"]["compute_s"]))
+        colds.append(
+            (time.perf_counter() - t0, result["timing"]["read_s"], result["timing"]["compute_s"])
+        )
     data = load_run_arrays(run)
     n_groups = int(np.unique(data.group_ids).size)
     # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over groups.
     keep = np.array([c.name != "format" for c in data.components])
-    w_new = [2.0 if c.name == "correct" else c.weight for c in data.components if c.name != "format"]
+    w_new = [
+        2.0 if c.name == "correct" else c.weight for c in data.components if c.name != "format"
+    ]
     gids, mat = data.group_ids, data.matrix
     if args.loop_groups and args.loop_groups < n_groups:
         first = np.unique(gids)[: args.loop_groups]
@@ -129,16 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     cold_best = min(colds)
     cold_med = statistics.median(t for t, _, _ in colds)
     compute = min(c for _, _, c in colds)
-    print(f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "
-          f"{len(data.components)} components; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "
+        f"{len(data.components)} components; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     print(f"ablation {spec.as_dict()}")
-    print(f"  COLD end to end (every byte from the database): best {cold_best[0]:.3f} s, median "
-          f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute {cold_best[2]:.3f} s)  "
-          f"target < {TARGET_S} s: {'PASS' if cold_best[0] < TARGET_S else 'FAIL'}")
-    print(f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  -> "
-          f"vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end {loop_s / cold_best[0]:.1f}x")
-    print(f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips {result['sign_flip_frac']:.4f}, "
-          f"best changed {result['best_changed_frac']:.4f}, spearman {result['spearman_mean']:.4f}")
+    print(
+        f"  COLD end to end (every byte from the database): best {cold_best[0]:.3f} s, median "
+        f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute {cold_best[2]:.3f} s)  "
+        f"target < {TARGET_S} s: {'PASS' if cold_best[0] < TARGET_S else 'FAIL'}"
+    )
+    print(
+        f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  -> "
+        f"vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end {loop_s / cold_best[0]:.1f}x"
+    )
+    print(
+        f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips {result['sign_flip_frac']:.4f}, "
+        f"best changed {result['best_changed_frac']:.4f}, spearman {result['spearman_mean']:.4f}"
+    )
     return 0 if cold_best[0] < TARGET_S else 1
 
 

@@ -28,9 +28,19 @@ from training import diagnostics as dg
 C = dg.ComponentInfo
 MAX_ROLLOUTS = 40_000  # per generated run: keeps the whole bench to about a minute on two cores
 # Healthy start levels per kind (penalties: how often they fire): groups keep varying at these.
-LEVELS = {"outcome": (0.25, 0.5), "process": (0.3, 0.6), "behavioural": (0.45, 0.7), "penalty": (0.05, 0.3)}
+LEVELS = {
+    "outcome": (0.25, 0.5),
+    "process": (0.3, 0.6),
+    "behavioural": (0.45, 0.7),
+    "penalty": (0.05, 0.3),
+}
 SLIP = 0.005  # saturation and trivial outputs are planted with 1 rollout in 200 escaping them
-RANGES = {"outcome": (0.0, 1.0), "process": (0.0, 1.0), "behavioural": (0.0, 1.0), "penalty": (-1.0, 0.0)}
+RANGES = {
+    "outcome": (0.0, 1.0),
+    "process": (0.0, 1.0),
+    "behavioural": (0.0, 1.0),
+    "penalty": (-1.0, 0.0),
+}
 
 
 @dataclass
@@ -44,7 +54,9 @@ class Spec:
     # after the onset (step >= onset): "const" (value `after`), "level" (level becomes `after`), or None
     mode: str | None = None
     after: float = 0.0
-    slip: float = 0.0  # with "const": the share of rollouts that still get their ordinary draw (noise)
+    slip: float = (
+        0.0  # with "const": the share of rollouts that still get their ordinary draw (noise)
+    )
 
 
 @dataclass
@@ -64,7 +76,9 @@ class Planted:
 
 
 def random_shape(rng: np.random.Generator, min_steps: int = 10) -> Shape:
-    steps = int(rng.choice([rng.integers(min_steps, 40), rng.integers(40, 150), rng.integers(150, 501)]))
+    steps = int(
+        rng.choice([rng.integers(min_steps, 40), rng.integers(40, 150), rng.integers(150, 501)])
+    )
     G = int(rng.choice([4, 6, 8, 12, 16]))
     groups = int(np.clip(rng.integers(2, 17), 1, max(1, MAX_ROLLOUTS // (steps * G))))
     return Shape(steps, groups, G)
@@ -81,7 +95,11 @@ def healthy_specs(rng: np.random.Generator, k: int, declared: bool) -> list[Spec
         kind = "outcome" if j == 0 else str(rng.choice(["behavioural", "process", "penalty"]))
         lo, hi = LEVELS[kind]
         start = float(rng.uniform(lo, hi))
-        end = min(start + float(rng.uniform(0.05, 0.25)), hi + 0.1) if improving and kind != "penalty" else start
+        end = (
+            min(start + float(rng.uniform(0.05, 0.25)), hi + 0.1)
+            if improving and kind != "penalty"
+            else start
+        )
         weight = float(weights[j - 1]) if j else 1.0
         rng_range = RANGES[kind] if rng.random() < 0.6 else (None, None)
         info = C(f"c{j}_{kind}", weight, kind if declared else "", *rng_range)
@@ -89,8 +107,14 @@ def healthy_specs(rng: np.random.Generator, k: int, declared: bool) -> list[Spec
     return out
 
 
-def generate(specs: list[Spec], shape: Shape, onset: int | None, rng: np.random.Generator,
-             solved_after: float = 0.0, length_hack: bool = False) -> dg.RunArrays:
+def generate(
+    specs: list[Spec],
+    shape: Shape,
+    onset: int | None,
+    rng: np.random.Generator,
+    solved_after: float = 0.0,
+    length_hack: bool = False,
+) -> dg.RunArrays:
     """Rollouts step by step. Each prompt has a difficulty offset; a binary component succeeds with
     probability level + offset, a graded one scores level + offset + noise, on a grid of eighths (like a
     fraction of 8 tests). Penalties fire with probability `level` (-1, or a graded -U). From `onset` on,
@@ -123,21 +147,35 @@ def generate(specs: list[Spec], shape: Shape, onset: int | None, rng: np.random.
             best = np.array([0.0 if sp.info.name.endswith("_penalty") else 1.0 for sp in specs])
             vals[solved] = best
         length = rng.integers(40, 400, (m, g)).astype(float)
-        if length_hack:  # longer completions score higher inside each group, and get longer over the run
+        if (
+            length_hack
+        ):  # longer completions score higher inside each group, and get longer over the run
             r = vals @ np.array([sp.info.weight for sp in specs])
-            length = (60 + 300 * frac) * (1.0 + (r - r.min()) / max(float(np.ptp(r)), 1e-9) + 0.1 * rng.random((m, g)))
+            length = (60 + 300 * frac) * (
+                1.0 + (r - r.min()) / max(float(np.ptp(r)), 1e-9) + 0.1 * rng.random((m, g))
+            )
         mats.append(vals.reshape(m * g, k))
         lens.append(length.reshape(-1))
     n = s * m * g
     steps = np.repeat(np.arange(s), m * g)
     group_ids = np.repeat(np.arange(s * m), g) + 1000
-    return dg.RunArrays(components=[sp.info for sp in specs], matrix=np.vstack(mats), group_ids=group_ids,
-                        steps=steps, lengths=np.concatenate(lens), rollout_ids=np.arange(1, n + 1))
+    return dg.RunArrays(
+        components=[sp.info for sp in specs],
+        matrix=np.vstack(mats),
+        group_ids=group_ids,
+        steps=steps,
+        lengths=np.concatenate(lens),
+        rollout_ids=np.arange(1, n + 1),
+    )
 
 
 def _behavioural(rng: np.random.Generator, declared: bool) -> Spec:
-    return Spec(C("format", 0.6, "behavioural" if declared else "", 0.0, 1.0), bool(rng.random() < 0.5),
-                float(rng.uniform(0.45, 0.65)), float(rng.uniform(0.5, 0.7)))
+    return Spec(
+        C("format", 0.6, "behavioural" if declared else "", 0.0, 1.0),
+        bool(rng.random() < 0.5),
+        float(rng.uniform(0.45, 0.65)),
+        float(rng.uniform(0.5, 0.7)),
+    )
 
 
 def plant(kind: str, rng: np.random.Generator, declared: bool) -> Planted:
@@ -146,34 +184,82 @@ def plant(kind: str, rng: np.random.Generator, declared: bool) -> Planted:
     specs = healthy_specs(rng, int(rng.integers(2, 6)), declared)
     onset = int(rng.uniform(0.1, 0.6) * shape.steps)
     out = specs[0].info.name
-    if kind == "dead":  # a verifier stops running: a process-kind check returns a fixed 0.5 from the onset
-        specs.append(Spec(C("verifier", 0.8, "process" if declared else "", 0.0, 1.0), False, 0.4, 0.6, "const", 0.5))
-        return Planted(kind, generate(specs, shape, onset, rng), {"dead_component"}, "verifier", onset)
+    if (
+        kind == "dead"
+    ):  # a verifier stops running: a process-kind check returns a fixed 0.5 from the onset
+        specs.append(
+            Spec(
+                C("verifier", 0.8, "process" if declared else "", 0.0, 1.0),
+                False,
+                0.4,
+                0.6,
+                "const",
+                0.5,
+            )
+        )
+        return Planted(
+            kind, generate(specs, shape, onset, rng), {"dead_component"}, "verifier", onset
+        )
     if kind == "saturation":
         specs.insert(1, replace(_behavioural(rng, declared), mode="const", after=1.0, slip=SLIP))
         return Planted(kind, generate(specs, shape, onset, rng), {"saturation"}, "format", onset)
-    if kind == "unreachable":  # the outcome drops to (almost) never succeeding: only the easiest prompts, rarely
-        specs[0] = replace(specs[0], binary=True, mode="level", after=-0.1)  # p = offset - 0.1: 0.6% succeed
+    if (
+        kind == "unreachable"
+    ):  # the outcome drops to (almost) never succeeding: only the easiest prompts, rarely
+        specs[0] = replace(
+            specs[0], binary=True, mode="level", after=-0.1
+        )  # p = offset - 0.1: 0.6% succeed
         # Not one success after the onset (small runs) reads as "never varies", with "out of reach" in its fix.
-        return Planted(kind, generate(specs, shape, onset, rng), {"unreachable_reward", "dead_component"}, out, onset)
+        return Planted(
+            kind,
+            generate(specs, shape, onset, rng),
+            {"unreachable_reward", "dead_component"},
+            out,
+            onset,
+        )
     if kind == "signal_collapse":
-        return Planted(kind, generate(specs, shape, onset, rng, solved_after=0.9), {"signal_collapse"}, None, onset)
+        return Planted(
+            kind,
+            generate(specs, shape, onset, rng, solved_after=0.9),
+            {"signal_collapse"},
+            None,
+            onset,
+        )
     if kind == "trivial_outputs":  # validity saturates, the task goes flat at zero
-        specs = [replace(specs[0], mode="const", after=0.0, slip=SLIP),
-                 replace(_behavioural(rng, declared), mode="const", after=1.0, slip=SLIP)]
+        specs = [
+            replace(specs[0], mode="const", after=0.0, slip=SLIP),
+            replace(_behavioural(rng, declared), mode="const", after=1.0, slip=SLIP),
+        ]
         return Planted(kind, generate(specs, shape, onset, rng), {"trivial_outputs"}, None, onset)
     if kind == "length_hacking":
-        return Planted(kind, generate(specs, shape, None, rng, length_hack=True), {"length_hacking"}, None, None)
-    if kind == "aggregation_collapse":  # two binary components with equal weights: [1, 0] and [0, 1] tie
+        return Planted(
+            kind,
+            generate(specs, shape, None, rng, length_hack=True),
+            {"length_hacking"},
+            None,
+            None,
+        )
+    if (
+        kind == "aggregation_collapse"
+    ):  # two binary components with equal weights: [1, 0] and [0, 1] tie
         a = C(specs[0].info.name, 1.0, specs[0].info.kind, 0.0, 1.0)
         b = C("other", 1.0, "process" if declared else "", 0.0, 1.0)
         specs = [Spec(a, True, 0.5, 0.5), Spec(b, True, 0.5, 0.5)]
-        return Planted(kind, generate(specs, shape, None, rng), {"aggregation_collapse"}, None, None)
+        return Planted(
+            kind, generate(specs, shape, None, rng), {"aggregation_collapse"}, None, None
+        )
     raise ValueError(f"unknown failure kind {kind!r}")
 
 
-FAILURES = ("dead", "saturation", "unreachable", "signal_collapse", "trivial_outputs", "length_hacking",
-            "aggregation_collapse")
+FAILURES = (
+    "dead",
+    "saturation",
+    "unreachable",
+    "signal_collapse",
+    "trivial_outputs",
+    "length_hacking",
+    "aggregation_collapse",
+)
 
 
 def healthy(rng: np.random.Generator) -> Planted:
@@ -183,21 +269,33 @@ def healthy(rng: np.random.Generator) -> Planted:
 
 
 def detected(p: Planted, d: dg.Diagnosis) -> dg.Finding | None:
-    return next((f for f in d.findings if f.code in p.expect and (p.component is None or f.component == p.component)),
-                None)
+    return next(
+        (
+            f
+            for f in d.findings
+            if f.code in p.expect and (p.component is None or f.component == p.component)
+        ),
+        None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=30, help="planted runs per failure kind and kind mode")
+    ap.add_argument(
+        "--runs", type=int, default=30, help="planted runs per failure kind and kind mode"
+    )
     ap.add_argument("--healthy", type=int, default=240, help="healthy runs")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
-    whole_window = dg.Thresholds(max_onset_candidates=1)  # the rules before onsets: one range, the window
-    print(f"{'failure':<22}{'kinds':<10}{'found':>8}{'onset error (steps) median / p90 / max':>42}"
-          f"{'whole-window rules alone':>28}")
+    whole_window = dg.Thresholds(
+        max_onset_candidates=1
+    )  # the rules before onsets: one range, the window
+    print(
+        f"{'failure':<22}{'kinds':<10}{'found':>8}{'onset error (steps) median / p90 / max':>42}"
+        f"{'whole-window rules alone':>28}"
+    )
     missed_any = False
     for kind in FAILURES:
         for declared in (True, False):
@@ -211,9 +309,15 @@ def main(argv: list[str] | None = None) -> int:
                     if p.onset is not None and f.onset_step is not None:
                         errors.append(abs(f.onset_step - p.onset))
             missed_any |= found < args.runs
-            err = (f"{np.median(errors):.0f} / {np.percentile(errors, 90):.0f} / {max(errors)}" if errors else "n/a")
-            print(f"{kind:<22}{'declared' if declared else 'none':<10}{found:>4}/{args.runs:<3}{err:>42}"
-                  f"{before:>24}/{args.runs}")
+            err = (
+                f"{np.median(errors):.0f} / {np.percentile(errors, 90):.0f} / {max(errors)}"
+                if errors
+                else "n/a"
+            )
+            print(
+                f"{kind:<22}{'declared' if declared else 'none':<10}{found:>4}/{args.runs:<3}{err:>42}"
+                f"{before:>24}/{args.runs}"
+            )
     critical = warned = 0
     codes: dict[str, int] = {}
     for _ in range(args.healthy):
@@ -222,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         warned += bool(d.findings)
         for f in d.findings:
             codes[f.code] = codes.get(f.code, 0) + 1
-    print(f"healthy runs: {critical}/{args.healthy} with a critical finding (false alarms), "
-          f"{warned}/{args.healthy} with any finding {dict(sorted(codes.items()))}")
-    print(f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"healthy runs: {critical}/{args.healthy} with a critical finding (false alarms), "
+        f"{warned}/{args.healthy} with any finding {dict(sorted(codes.items()))}"
+    )
+    print(
+        f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     return 1 if critical or missed_any else 0
 
 

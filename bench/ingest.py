@@ -46,20 +46,30 @@ GROUPS_PER_BATCH = 250
 def make_groups(n_rollouts: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     n_groups = n_rollouts // G
-    values = rng.integers(0, 5, size=(n_groups, G, K)) / 4.0  # quarter steps: many ties, some zero-std groups
+    values = (
+        rng.integers(0, 5, size=(n_groups, G, K)) / 4.0
+    )  # quarter steps: many ties, some zero-std groups
     groups = []
     for gi in range(n_groups):
-        groups.append({
-            "step": gi // 50,
-            "key": f"prompt-{gi % 50}",
-            "prompt": f"Draw diagram number {gi % 50} with a few boxes and arrows.",
-            "rollouts": [
-                {"index": i, "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": {gi % 700}}}]',
-                 "rewards": {NAMES[j]: {"value": float(values[gi, i, j]), "reason": "ok"} for j in range(K)},
-                 "length": 20 + i}
-                for i in range(G)
-            ],
-        })
+        groups.append(
+            {
+                "step": gi // 50,
+                "key": f"prompt-{gi % 50}",
+                "prompt": f"Draw diagram number {gi % 50} with a few boxes and arrows.",
+                "rollouts": [
+                    {
+                        "index": i,
+                        "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": {gi % 700}}}]',
+                        "rewards": {
+                            NAMES[j]: {"value": float(values[gi, i, j]), "reason": "ok"}
+                            for j in range(K)
+                        },
+                        "length": 20 + i,
+                    }
+                    for i in range(G)
+                ],
+            }
+        )
     return groups
 
 
@@ -73,7 +83,9 @@ def make_realistic_groups(n_rollouts: int, seed: int) -> list[dict]:
         for g in make_step("realistic", step, 50, vocab, rng):
             for r in g["rollouts"]:
                 values = rng.integers(0, 5, K) / 4.0
-                r["rewards"] = {NAMES[j]: {"value": float(values[j]), "reason": "ok"} for j in range(K)}
+                r["rewards"] = {
+                    NAMES[j]: {"value": float(values[j]), "reason": "ok"} for j in range(K)
+                }
             groups.append(g)
     return groups
 
@@ -91,7 +103,7 @@ def bench_service(groups: list[dict]) -> float:
     run = new_run(f"bench-service-{time.time()}")
     t0 = time.perf_counter()
     for i in track(range(0, len(groups), GROUPS_PER_BATCH), "service", "batch"):
-        ingest_groups(run, {"groups": groups[i:i + GROUPS_PER_BATCH]})
+        ingest_groups(run, {"groups": groups[i : i + GROUPS_PER_BATCH]})
     return time.perf_counter() - t0
 
 
@@ -102,14 +114,18 @@ def bench_raw_copy(groups: list[dict]) -> float:
     comps = {c.name: c.id for c in run.environment.components.all()}
     prepared = []
     for i in track(range(0, len(groups), GROUPS_PER_BATCH), "raw COPY (prebuilding rows)", "batch"):
-        batch = groups[i:i + GROUPS_PER_BATCH]
+        batch = groups[i : i + GROUPS_PER_BATCH]
         with connection.cursor() as dc:
             cur = dc.cursor
-            cur.execute("SELECT nextval(pg_get_serial_sequence('rollouts_group','id')) FROM generate_series(1,%s)",
-                        [len(batch)])
+            cur.execute(
+                "SELECT nextval(pg_get_serial_sequence('rollouts_group','id')) FROM generate_series(1,%s)",
+                [len(batch)],
+            )
             gids = [r[0] for r in cur.fetchall()]
-            cur.execute("SELECT nextval(pg_get_serial_sequence('rollouts_rollout','id')) FROM generate_series(1,%s)",
-                        [len(batch) * G])
+            cur.execute(
+                "SELECT nextval(pg_get_serial_sequence('rollouts_rollout','id')) FROM generate_series(1,%s)",
+                [len(batch) * G],
+            )
             rids = [r[0] for r in cur.fetchall()]
         g_rows, r_rows, s_rows, st_rows = [], [], [], []
         k = 0
@@ -118,25 +134,76 @@ def bench_raw_copy(groups: list[dict]) -> float:
             m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
             tot = m.sum(axis=1)
             lengths = np.array([r["length"] for r in g["rollouts"]], dtype=np.float64)
-            blob = packed.pack_groups(np.array(rids[gi * G:(gi + 1) * G]), lengths, m, [G])[0]
+            blob = packed.pack_groups(np.array(rids[gi * G : (gi + 1) * G]), lengths, m, [G])[0]
             prompt_text = text_of(g["prompt"])
-            g_rows.append((gid, run.id, g["step"], g["key"], json.dumps(g["prompt"]), prompt_text, "train", G,
-                           float(tot.mean()), float(tot.std(ddof=1)), False, False, blob, header))
+            g_rows.append(
+                (
+                    gid,
+                    run.id,
+                    g["step"],
+                    g["key"],
+                    json.dumps(g["prompt"]),
+                    prompt_text,
+                    "train",
+                    G,
+                    float(tot.mean()),
+                    float(tot.std(ddof=1)),
+                    False,
+                    False,
+                    blob,
+                    header,
+                )
+            )
             for r in g["rollouts"]:
                 rid = rids[k]
                 k += 1
                 tr = _transcript(r)
                 sm = text.summarize(tr, g["prompt"])
                 doc = text.search_document(prompt_text, g["prompt"], tr, ["ok"] * K)
-                r_rows.append((rid, gid, run.id, g["step"], "train", r["index"], json.dumps(tr),
-                               tr[-1]["content"], 0.0, 0.0, r["length"], False, "", "",
-                               json.dumps(r["state"]) if r.get("state") else None,
-                               sm.head, sm.tail, sm.turns, sm.tool_calls, sm.chars, doc))
+                r_rows.append(
+                    (
+                        rid,
+                        gid,
+                        run.id,
+                        g["step"],
+                        "train",
+                        r["index"],
+                        json.dumps(tr),
+                        tr[-1]["content"],
+                        0.0,
+                        0.0,
+                        r["length"],
+                        False,
+                        "",
+                        "",
+                        json.dumps(r["state"]) if r.get("state") else None,
+                        sm.head,
+                        sm.tail,
+                        sm.turns,
+                        sm.tool_calls,
+                        sm.chars,
+                        doc,
+                    )
+                )
                 for n in NAMES:
-                    s_rows.append((rid, comps[n], run.id, g["step"], r["rewards"][n]["value"], "ok"))
+                    s_rows.append(
+                        (rid, comps[n], run.id, g["step"], r["rewards"][n]["value"], "ok")
+                    )
             for j, n in enumerate(NAMES):
-                st_rows.append((gid, comps[n], run.id, g["step"], G, float(m[:, j].mean()),
-                                float(m[:, j].std(ddof=1)), float(m[:, j].min()), float(m[:, j].max()), False))
+                st_rows.append(
+                    (
+                        gid,
+                        comps[n],
+                        run.id,
+                        g["step"],
+                        G,
+                        float(m[:, j].mean()),
+                        float(m[:, j].std(ddof=1)),
+                        float(m[:, j].min()),
+                        float(m[:, j].max()),
+                        False,
+                    )
+                )
         prepared.append((g_rows, r_rows, s_rows, st_rows))
     sqls = (
         "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
@@ -172,21 +239,47 @@ def bench_orm_loop(groups: list[dict], one_transaction: bool) -> float:
     t0 = time.perf_counter()
     with transaction.atomic() if one_transaction else contextlib.nullcontext():
         for g in track(groups, "ORM save()", "group"):
-            grp = Group(run=run, step=g["step"], key=g["key"], prompt=g["prompt"], prompt_text=g["prompt"], size=G,
-                        packed_scores=b"")  # naive code: the score blob is not even built
+            grp = Group(
+                run=run,
+                step=g["step"],
+                key=g["key"],
+                prompt=g["prompt"],
+                prompt_text=g["prompt"],
+                size=G,
+                packed_scores=b"",
+            )  # naive code: the score blob is not even built
             grp.save()
             m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
             for r in g["rollouts"]:
-                ro = Rollout(group=grp, run=run, step=g["step"], index=r["index"],
-                             transcript=[{"role": "assistant", "content": r["completion"]}],
-                             completion=r["completion"], length=r["length"])
+                ro = Rollout(
+                    group=grp,
+                    run=run,
+                    step=g["step"],
+                    index=r["index"],
+                    transcript=[{"role": "assistant", "content": r["completion"]}],
+                    completion=r["completion"],
+                    length=r["length"],
+                )
                 ro.save()
                 for n in NAMES:
-                    RewardScore(rollout=ro, component=comps[n], run=run, step=g["step"],
-                                value=r["rewards"][n]["value"], reason="ok").save()
+                    RewardScore(
+                        rollout=ro,
+                        component=comps[n],
+                        run=run,
+                        step=g["step"],
+                        value=r["rewards"][n]["value"],
+                        reason="ok",
+                    ).save()
             for j, n in enumerate(NAMES):
-                GroupComponentStat(group=grp, component=comps[n], run=run, step=g["step"], count=G,
-                                   mean=float(m[:, j].mean()), std=float(m[:, j].std(ddof=1))).save()
+                GroupComponentStat(
+                    group=grp,
+                    component=comps[n],
+                    run=run,
+                    step=g["step"],
+                    count=G,
+                    mean=float(m[:, j].mean()),
+                    std=float(m[:, j].std(ddof=1)),
+                ).save()
     return time.perf_counter() - t0
 
 
@@ -194,7 +287,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=200_000)
     parser.add_argument("--orm-sample", type=int, default=5_000)
-    parser.add_argument("--realistic", action="store_true", help="multi-turn transcripts (no ORM loop)")
+    parser.add_argument(
+        "--realistic", action="store_true", help="multi-turn transcripts (no ORM loop)"
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
@@ -221,7 +316,9 @@ def main() -> None:
     print(f"ORM save() in one transaction: {orm_tx_rate:>10,.0f} rollouts/s ({t_orm_tx:.1f} s)")
     print(f"ratio service / ORM loop  = {svc_rate / orm_rate:.1f}x (target >= 30x)")
     print(f"ratio service / ORM loop in one transaction = {svc_rate / orm_tx_rate:.1f}x")
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    print(
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+    )
     for run_name in ("bench-service-", "bench-copy-", "bench-orm-"):
         from webapp.runs.models import Run
 
@@ -233,11 +330,17 @@ def bench_realistic(n_rollouts: int) -> None:
     n = len(groups) * G
     t_copy = bench_raw_copy(groups)
     t_service = bench_service(groups)
-    print(f"realistic rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)")
+    print(
+        f"realistic rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)"
+    )
     print(f"service   : {n / t_service:>10,.0f} rollouts/s ({t_service:.1f} s)")
-    print(f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, prebuilt")
+    print(
+        f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, prebuilt"
+    )
     print(f"ratio service / raw COPY  = {t_copy / t_service:.2f}  (target >= 0.5)")
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    print(
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+    )
     from webapp.runs.models import Run
 
     Run.objects.filter(name__startswith="bench-service-").delete()

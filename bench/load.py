@@ -41,10 +41,22 @@ def free_port() -> int:
 def batch(writer: int, n: int, groups: int, size: int, rng: random.Random) -> list[dict]:
     out = []
     for g in range(groups):
-        out.append({"step": n, "key": f"w{writer}-b{n}-g{g}", "prompt": f"Prompt {writer}.{n}.{g}: solve it",
-                    "rollouts": [{"index": i, "completion": f"answer {i} " + "word " * rng.randint(5, 60),
-                                  "rewards": {c: round(rng.random(), 3) for c in COMPONENTS},
-                                  "length": rng.randint(5, 300)} for i in range(size)]})
+        out.append(
+            {
+                "step": n,
+                "key": f"w{writer}-b{n}-g{g}",
+                "prompt": f"Prompt {writer}.{n}.{g}: solve it",
+                "rollouts": [
+                    {
+                        "index": i,
+                        "completion": f"answer {i} " + "word " * rng.randint(5, 60),
+                        "rewards": {c: round(rng.random(), 3) for c in COMPONENTS},
+                        "length": rng.randint(5, 300),
+                    }
+                    for i in range(size)
+                ],
+            }
+        )
     return out
 
 
@@ -59,7 +71,9 @@ def ensure_database(url: str) -> None:
     except psycopg.OperationalError as e:
         if "does not exist" not in str(e):
             raise
-        with psycopg.connect(urllib.parse.urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        with psycopg.connect(
+            urllib.parse.urlunsplit(parts._replace(path="/postgres")), autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
@@ -73,7 +87,9 @@ def percentile(xs: list[float], q: float) -> float:
 class Reader(threading.Thread):
     """Pages the explorer API sorted by one component after another, up to 5 pages per sort."""
 
-    def __init__(self, base: str, token: str, run_id: int, stop: threading.Event, seed: int) -> None:
+    def __init__(
+        self, base: str, token: str, run_id: int, stop: threading.Event, seed: int
+    ) -> None:
         super().__init__(daemon=True)
         self.base, self.token, self.run_id, self.stop = base, token, run_id, stop
         self.latencies: list[float] = []
@@ -82,12 +98,22 @@ class Reader(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            sort, order, cursor = self.rng.choice(COMPONENTS), self.rng.choice(["asc", "desc"]), None
+            sort, order, cursor = (
+                self.rng.choice(COMPONENTS),
+                self.rng.choice(["asc", "desc"]),
+                None,
+            )
             for _ in range(5):
-                q = {"sort": sort, "order": order, "limit": 50, **({"cursor": cursor} if cursor else {})}
-                req = urllib.request.Request(f"{self.base}/api/v1/runs/{self.run_id}/rollouts/?"
-                                             f"{urllib.parse.urlencode(q)}",
-                                             headers={"Authorization": f"Token {self.token}"})
+                q = {
+                    "sort": sort,
+                    "order": order,
+                    "limit": 50,
+                    **({"cursor": cursor} if cursor else {}),
+                }
+                req = urllib.request.Request(
+                    f"{self.base}/api/v1/runs/{self.run_id}/rollouts/?{urllib.parse.urlencode(q)}",
+                    headers={"Authorization": f"Token {self.token}"},
+                )
                 t0 = time.perf_counter()
                 try:
                     with urllib.request.urlopen(req, timeout=30) as res:
@@ -104,7 +130,9 @@ class Reader(threading.Thread):
 
 
 class Writer(threading.Thread):
-    def __init__(self, client, run_id: int, idx: int, stop: threading.Event, groups: int, size: int) -> None:
+    def __init__(
+        self, client, run_id: int, idx: int, stop: threading.Event, groups: int, size: int
+    ) -> None:
         super().__init__(daemon=True)
         self.client, self.run_id, self.idx, self.stop = client, run_id, idx, stop
         self.groups, self.size = groups, size
@@ -131,7 +159,9 @@ class Writer(threading.Thread):
             n += 1
 
 
-def run_phase(base: str, token: str, run_id: int, seconds: float, readers: int, writers: list) -> dict:
+def run_phase(
+    base: str, token: str, run_id: int, seconds: float, readers: int, writers: list
+) -> dict:
     stop = threading.Event()
     rs = [Reader(base, token, run_id, stop, seed=i) for i in range(readers)]
     for t in rs + writers:
@@ -141,18 +171,29 @@ def run_phase(base: str, token: str, run_id: int, seconds: float, readers: int, 
     for t in rs + writers:
         t.join(timeout=60)
     lat = [x for r in rs for x in r.latencies]
-    return {"reads": len(lat), "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
-            "read_errors": sum(len(r.errors) for r in rs), "errors": [e for r in rs for e in r.errors][:3]}
+    return {
+        "reads": len(lat),
+        "p50": percentile(lat, 0.5),
+        "p95": percentile(lat, 0.95),
+        "read_errors": sum(len(r.errors) for r in rs),
+        "errors": [e for r in rs for e in r.errors][:3],
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=60, help="length of the load phase (baseline: a third)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--seconds", type=float, default=60, help="length of the load phase (baseline: a third)"
+    )
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--groups", type=int, default=8, help="groups per posted batch")
     ap.add_argument("--group-size", type=int, default=8, help="rollouts per group")
-    ap.add_argument("--seed-groups", type=int, default=400, help="groups stored before the baseline")
+    ap.add_argument(
+        "--seed-groups", type=int, default=400, help="groups stored before the baseline"
+    )
     args = ap.parse_args()
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
@@ -160,8 +201,12 @@ def main() -> int:
         return 2
     ensure_database(url)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", DB_CONN_MAX_AGE=os.environ.get("DB_CONN_MAX_AGE", "0"))
-    subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True)
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", DB_CONN_MAX_AGE=os.environ.get("DB_CONN_MAX_AGE", "0")
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
+    )
 
     import django
 
@@ -179,11 +224,27 @@ def main() -> int:
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    log = open(ROOT / "var" / "load-server.log", "ab") if (ROOT / "var").is_dir() else subprocess.DEVNULL
-    server_env = dict(env, DEBUG="0", SECURE_SSL_REDIRECT="0",
-                      SECRET_KEY=os.environ.get("SECRET_KEY", "load-bench-only-secret-key-0123456789-abcdefghijkl"))
-    server = subprocess.Popen(["make", "serve", f"BIND=127.0.0.1:{port}"], cwd=ROOT, env=server_env, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    log = (
+        open(ROOT / "var" / "load-server.log", "ab")
+        if (ROOT / "var").is_dir()
+        else subprocess.DEVNULL
+    )
+    server_env = dict(
+        env,
+        DEBUG="0",
+        SECURE_SSL_REDIRECT="0",
+        SECRET_KEY=os.environ.get(
+            "SECRET_KEY", "load-bench-only-secret-key-0123456789-abcdefghijkl"
+        ),
+    )
+    server = subprocess.Popen(
+        ["make", "serve", f"BIND=127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=server_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180  # make serve collects static files first
         while True:
@@ -196,16 +257,27 @@ def main() -> int:
                     return 1
                 time.sleep(0.2)
         client = Client(base, token, timeout=60, retries=3, backoff=0.5)
-        run_id = client.create_run(f"load {time.strftime('%H:%M:%S')}", environment="load-bench",
-                                   components=COMPONENTS)
+        run_id = client.create_run(
+            f"load {time.strftime('%H:%M:%S')}", environment="load-bench", components=COMPONENTS
+        )
         rng = random.Random(0)
         seeded = 0
         for n in range(0, args.seed_groups, 50):
-            seeded += client.post_groups(run_id, batch(99, n, min(50, args.seed_groups - n), args.group_size,
-                                                       rng))["rollouts"]
+            seeded += client.post_groups(
+                run_id, batch(99, n, min(50, args.seed_groups - n), args.group_size, rng)
+            )["rollouts"]
         baseline = run_phase(base, token, run_id, max(5.0, args.seconds / 3), args.readers, [])
-        writers = [Writer(Client(base, token, timeout=60, retries=5, backoff=0.5), run_id, i, threading.Event(),
-                          args.groups, args.group_size) for i in range(args.writers)]
+        writers = [
+            Writer(
+                Client(base, token, timeout=60, retries=5, backoff=0.5),
+                run_id,
+                i,
+                threading.Event(),
+                args.groups,
+                args.group_size,
+            )
+            for i in range(args.writers)
+        ]
         stop_writers = threading.Event()
         for w in writers:
             w.stop = stop_writers
@@ -225,24 +297,37 @@ def main() -> int:
 
     ratio50 = loaded["p50"] / baseline["p50"]
     ratio95 = loaded["p95"] / baseline["p95"]
-    print(f"\nload bench: {args.writers} writers x {args.groups}x{args.group_size} rollouts per batch, "
-          f"{args.readers} readers, {args.seconds:g} s under load, Postgres, gunicorn (make serve)")
+    print(
+        f"\nload bench: {args.writers} writers x {args.groups}x{args.group_size} rollouts per batch, "
+        f"{args.readers} readers, {args.seconds:g} s under load, Postgres, gunicorn (make serve)"
+    )
     print(f"{'':<28}{'baseline':>12}{'under load':>12}{'ratio':>8}")
     print(f"{'explorer reads':<28}{baseline['reads']:>12}{loaded['reads']:>12}")
-    print(f"{'read p50 (ms)':<28}{baseline['p50'] * 1e3:>12.1f}{loaded['p50'] * 1e3:>12.1f}{ratio50:>8.2f}")
-    print(f"{'read p95 (ms)':<28}{baseline['p95'] * 1e3:>12.1f}{loaded['p95'] * 1e3:>12.1f}{ratio95:>8.2f}")
+    print(
+        f"{'read p50 (ms)':<28}{baseline['p50'] * 1e3:>12.1f}{loaded['p50'] * 1e3:>12.1f}{ratio50:>8.2f}"
+    )
+    print(
+        f"{'read p95 (ms)':<28}{baseline['p95'] * 1e3:>12.1f}{loaded['p95'] * 1e3:>12.1f}{ratio95:>8.2f}"
+    )
     print(f"{'batches posted (acked)':<28}{'':>12}{batches:>12}")
     print(f"{'rollouts acked':<28}{seeded:>12}{acked:>12}")
     print(f"{'ingest rollouts/s':<28}{'':>12}{acked / args.seconds:>12.0f}")
-    print(f"{'write p50 / p95 (ms)':<28}{'':>12}{percentile(wl, .5) * 1e3:>6.0f}/{percentile(wl, .95) * 1e3:<5.0f}")
+    print(
+        f"{'write p50 / p95 (ms)':<28}{'':>12}{percentile(wl, 0.5) * 1e3:>6.0f}/{percentile(wl, 0.95) * 1e3:<5.0f}"
+    )
     print(f"{'rollouts stored (db)':<28}{stored:>24}")
     under = f"{loaded['read_errors']} / {write_errors}"
     print(f"{'errors (read / write)':<28}{baseline['read_errors']:>12}{under:>12}")
     print(f"{'lost rollouts':<28}{lost:>24}")
     errors = baseline["read_errors"] + loaded["read_errors"] + write_errors
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    print(
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+    )
     if errors or lost:
-        print("FAILED:", baseline["errors"] + loaded["errors"] + [e for w in writers for e in w.errors][:3])
+        print(
+            "FAILED:",
+            baseline["errors"] + loaded["errors"] + [e for w in writers for e in w.errors][:3],
+        )
         return 1
     return 0
 

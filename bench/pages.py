@@ -32,6 +32,7 @@ def production_like_env() -> None:
     os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
     os.environ.setdefault("DB_CONN_MAX_AGE", "60")  # persistent connections, as gunicorn would run
 
+
 G = 8
 STEPS = 500
 BATCH_GROUPS = 250
@@ -39,16 +40,26 @@ COMPONENTS = [
     {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
     {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
     {"name": "coverage", "weight": 0.5, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {"name": "length_penalty", "weight": 0.1, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+    {
+        "name": "length_penalty",
+        "weight": 0.1,
+        "kind": "penalty",
+        "min_value": -1.0,
+        "max_value": 0.0,
+    },
 ]
-WORDS = ("alpha beta gamma delta shape connect node edge label rect ellipse diamond canvas json list "
-         "overlap inside start end deploy build test review merge ship").split()
+WORDS = (
+    "alpha beta gamma delta shape connect node edge label rect ellipse diamond canvas json list "
+    "overlap inside start end deploy build test review merge ship"
+).split()
 
 
 def _require_postgres() -> None:
     url = os.environ.get("DATABASE_URL", "")
     if not url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("DATABASE_URL: set it to a Postgres database (the benchmark measures Postgres plans)")
+        raise SystemExit(
+            "DATABASE_URL: set it to a Postgres database (the benchmark measures Postgres plans)"
+        )
     import psycopg
 
     base, _, name = url.rpartition("/")
@@ -65,7 +76,9 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
     skill = 0.2 + 0.7 * step / max(STEPS - 1, 1)
     n = groups_per_step * G
     correct = (rng.random(n) < skill).astype(float)
-    fmt = np.where(rng.random(n) < 0.9, 1.0, rng.choice([0.0, 0.5], n))  # saturates early: many tied groups
+    fmt = np.where(
+        rng.random(n) < 0.9, 1.0, rng.choice([0.0, 0.5], n)
+    )  # saturates early: many tied groups
     coverage = np.clip(rng.normal(skill, 0.2, n), 0, 1).round(3)
     penalty = np.where(rng.random(n) < 0.15, -rng.random(n).round(2), 0.0)
     words = rng.integers(0, len(WORDS), (n, 14))
@@ -75,13 +88,28 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
         for i in range(G):
             k = g * G + i
             text = " ".join(WORDS[w] for w in words[k])
-            rollouts.append({
-                "index": i, "completion": f"[step {step}] {text}", "length": int(20 + words[k].sum() % 200),
-                "rewards": {"correct": correct[k], "format": fmt[k], "coverage": coverage[k],
-                            "length_penalty": penalty[k]},
-            })
-        groups.append({"step": step, "key": f"p{g:05d}", "prompt": f"prompt {g} at step {step}",
-                       "split": "holdout" if g % 10 == 0 else "train", "rollouts": rollouts})
+            rollouts.append(
+                {
+                    "index": i,
+                    "completion": f"[step {step}] {text}",
+                    "length": int(20 + words[k].sum() % 200),
+                    "rewards": {
+                        "correct": correct[k],
+                        "format": fmt[k],
+                        "coverage": coverage[k],
+                        "length_penalty": penalty[k],
+                    },
+                }
+            )
+        groups.append(
+            {
+                "step": step,
+                "key": f"p{g:05d}",
+                "prompt": f"prompt {g} at step {step}",
+                "split": "holdout" if g % 10 == 0 else "train",
+                "rollouts": rollouts,
+            }
+        )
     return groups
 
 
@@ -96,8 +124,14 @@ def seed(n_rollouts: int) -> Any:
     groups_per_step = max(1, n_rollouts // (G * STEPS))
     env = ensure_environment("bench-4c", COMPONENTS)
     name = f"bench-pages-{n_rollouts}"
-    run, _ = get_or_create_run(name=name, kind="grpo", environment=env, config={"num_generations": G},
-                               status="running", base_model="bench/tiny")
+    run, _ = get_or_create_run(
+        name=name,
+        kind="grpo",
+        environment=env,
+        config={"num_generations": G},
+        status="running",
+        base_model="bench/tiny",
+    )
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
     todo = [s for s in range(STEPS) if s not in done]
     if not todo:
@@ -119,13 +153,20 @@ def seed(n_rollouts: int) -> Any:
             ingest_groups(run, {"groups": groups})
             bar.update(len(groups) * G)
     dt = time.perf_counter() - t0
-    print(f"seeded {len(todo) * groups_per_step * G:,} rollouts in {dt:.0f} s "
-          f"({len(todo) * groups_per_step * G / dt:,.0f} rollouts/s)")
+    print(
+        f"seeded {len(todo) * groups_per_step * G:,} rollouts in {dt:.0f} s "
+        f"({len(todo) * groups_per_step * G / dt:,.0f} rollouts/s)"
+    )
     from django.db import connection
 
     with connection.cursor() as cur:  # fresh statistics, as autovacuum would eventually give
-        for table in ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat",
-                      "rollouts_stepstat"):
+        for table in (
+            "rollouts_group",
+            "rollouts_rollout",
+            "rollouts_rewardscore",
+            "rollouts_groupcomponentstat",
+            "rollouts_stepstat",
+        ):
             cur.execute(f"VACUUM ANALYZE {table}")
     return run
 
@@ -146,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollouts", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--page", type=int, default=500, help="the deep page for keyset vs OFFSET")
-    parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the key queries")
+    parser.add_argument(
+        "--explain", action="store_true", help="print EXPLAIN ANALYZE of the key queries"
+    )
     args = parser.parse_args(argv)
     _require_postgres()
     production_like_env()
@@ -177,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     args.page = max(2, min(args.page, n // limit))  # a small quick run has fewer pages
     offset = (args.page - 1) * limit
     base = RewardScore.objects.filter(run=run, component=comp).order_by("-value", "-rollout_id")
-    boundary = base.values_list("value", "rollout_id")[offset - 1 : offset].get()  # setup, not timed
+    boundary = base.values_list("value", "rollout_id")[
+        offset - 1 : offset
+    ].get()  # setup, not timed
     cursor = encode_cursor(boundary[0], boundary[1])
     rollout = Rollout.objects.filter(run=run).order_by("id")[n // 2 : n // 2 + 1].get()
     group_id = rollout.group_id
@@ -187,22 +232,33 @@ def main(argv: list[str] | None = None) -> None:
         def call() -> None:
             resp = client.get(url)
             assert resp.status_code == 200, (url, resp.status_code)
+
         return call
 
     pages = [
         ("explorer p1, sort by component", f"{explorer}?sort=coverage&order=desc", 100),
         ("explorer p1, sort by component asc", f"{explorer}?sort=coverage&order=asc", 100),
         ("explorer p1, sort by reward", f"{explorer}?sort=reward&order=desc", 100),
-        ("explorer p1, component + step filter", f"{explorer}?sort=correct&order=desc&step_min=200&step_max=210", 100),
-        (f"explorer p{args.page} by keyset (page)", f"{explorer}?sort=coverage&order=desc&cursor={cursor}", 100),
+        (
+            "explorer p1, component + step filter",
+            f"{explorer}?sort=correct&order=desc&step_min=200&step_max=210",
+            100,
+        ),
+        (
+            f"explorer p{args.page} by keyset (page)",
+            f"{explorer}?sort=coverage&order=desc&cursor={cursor}",
+            100,
+        ),
         ("group view", f"/groups/{group_id}/", None),
         ("transcript (with prev/next)", f"/rollouts/{rollout.id}/?sort=coverage&order=desc", None),
         ("run dashboard", f"/runs/{run.id}/", 300),
         ("runs list", "/", None),
         ("no-signal groups", f"/runs/{run.id}/no-signal/", None),
     ]
-    print(f"\nrun {run.id}: {n:,} rollouts, {Group.objects.filter(run=run).count():,} groups; "
-          f"median of {args.repeat} requests (min), test client, DEBUG={os.environ['DEBUG']}")
+    print(
+        f"\nrun {run.id}: {n:,} rollouts, {Group.objects.filter(run=run).count():,} groups; "
+        f"median of {args.repeat} requests (min), test client, DEBUG={os.environ['DEBUG']}"
+    )
     print(f"{'page':42} {'median ms':>10} {'min ms':>8} {'queries':>8}  target")
     for label, url, target in pages:
         counted: list[str] = []
@@ -214,7 +270,9 @@ def main(argv: list[str] | None = None) -> None:
         with connection.execute_wrapper(count):
             get(url)()
         med, mn = median_ms(get(url), args.repeat)
-        verdict = "" if target is None else (f"< {target} ms  " + ("ok" if med < target else "MISSED"))
+        verdict = (
+            "" if target is None else (f"< {target} ms  " + ("ok" if med < target else "MISSED"))
+        )
         print(f"{label:42} {med:10.1f} {mn:8.1f} {len(counted):8d}  {verdict}")
 
     # Page `--page` and a page in the middle of the run: keyset (explore with a cursor) vs OFFSET.
@@ -232,8 +290,10 @@ def main(argv: list[str] | None = None) -> None:
 
         key_med, _ = median_ms(by_keyset, args.repeat)
         off_med, _ = median_ms(by_offset, args.repeat)
-        print(f"page {page_no:,} (rows {off:,}..{off + limit:,}) query + hydrate: keyset {key_med:.1f} ms, "
-              f"OFFSET {off_med:.1f} ms, OFFSET/keyset = {off_med / key_med:.2f}x")
+        print(
+            f"page {page_no:,} (rows {off:,}..{off + limit:,}) query + hydrate: keyset {key_med:.1f} ms, "
+            f"OFFSET {off_med:.1f} ms, OFFSET/keyset = {off_med / key_med:.2f}x"
+        )
 
     if args.explain:
         from webapp.runs.queries import component_series, reward_series
@@ -244,7 +304,11 @@ def main(argv: list[str] | None = None) -> None:
             component_series(run, list(RewardComponent.objects.filter(environment=run.environment)))
         with connection.cursor() as cur:
             for q in ctx.captured_queries:
-                if "SELECT" not in q["sql"] or "GROUP BY" not in q["sql"] and "ORDER BY" not in q["sql"]:
+                if (
+                    "SELECT" not in q["sql"]
+                    or "GROUP BY" not in q["sql"]
+                    and "ORDER BY" not in q["sql"]
+                ):
                     continue
                 cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + q["sql"])
                 print("\n" + q["sql"][:300] + "\n" + "\n".join(r[0] for r in cur.fetchall()))

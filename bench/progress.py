@@ -12,7 +12,13 @@ T = TypeVar("T")
 
 class TenPercent:
     def __init__(self, total: int, desc: str) -> None:
-        self.total, self.desc, self.done, self.shown, self.t0 = total, desc, 0, 0, time.perf_counter()
+        self.total, self.desc, self.done, self.shown, self.t0 = (
+            total,
+            desc,
+            0,
+            0,
+            time.perf_counter(),
+        )
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -20,7 +26,10 @@ class TenPercent:
         if reached > self.shown:  # one line, however many tenths this step crossed
             self.shown = reached
             rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
-            print(f"{self.desc}: {self.shown * 10}% ({self.done:,}/{self.total:,}, {rate:,.1f}/s)", flush=True)
+            print(
+                f"{self.desc}: {self.shown * 10}% ({self.done:,}/{self.total:,}, {rate:,.1f}/s)",
+                flush=True,
+            )
 
     def __enter__(self) -> TenPercent:
         return self

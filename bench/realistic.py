@@ -40,11 +40,21 @@ COMPONENTS = [
     {"name": "tests_pass", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
     {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
     {"name": "tool_use", "weight": 0.3, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {"name": "length_penalty", "weight": 0.1, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+    {
+        "name": "length_penalty",
+        "weight": 0.1,
+        "kind": "penalty",
+        "min_value": -1.0,
+        "max_value": 0.0,
+    },
 ]
 # word -> planted rate per rollout, and where it is planted (every part of a rollout is searched).
-RARE_WORDS = {"quokkaflux": (1e-3, "tool_result"), "zephyrine": (1e-3, "tool_args"),
-              "marmotide": (1e-3, "reason"), "xylobranch": (1e-4, "tool_result")}
+RARE_WORDS = {
+    "quokkaflux": (1e-3, "tool_result"),
+    "zephyrine": (1e-3, "tool_args"),
+    "marmotide": (1e-3, "reason"),
+    "xylobranch": (1e-4, "tool_result"),
+}
 COMMON_WORD = "assert"  # in most tool results: the "common word" search
 MEDIAN_BYTES, SIGMA, MAX_BYTES = 5_000, 1.1, 400_000  # of generated text; JSON adds ~3 KB
 TOOLS = ("bash", "read_file", "write_file", "run_tests", "search_code")
@@ -61,10 +71,14 @@ class Vocabulary:
         syll = np.array("ka lo mi te ra su no vi de pa ri to ze fu ga be lu mo chi sa".split())
         lens = rng.integers(1, 5, size)
         parts = rng.integers(0, len(syll), (size, 4))
-        common = ("the a to of and in is it for that on with this be as error file test line value return "
-                  "def self import none true false result data raise function call output input config path "
-                  "index name").split()
-        self.words = np.array(common + ["".join(syll[parts[i, : lens[i]]]) for i in range(size)], dtype=object)
+        common = (
+            "the a to of and in is it for that on with this be as error file test line value return "
+            "def self import none true false result data raise function call output input config path "
+            "index name"
+        ).split()
+        self.words = np.array(
+            common + ["".join(syll[parts[i, : lens[i]]]) for i in range(size)], dtype=object
+        )
         self.rng = rng
         ids = np.minimum(rng.zipf(1.3, self.CORPUS_CHARS // 6) - 1, len(self.words) - 1)
         self.prose = " ".join(self.words[ids].tolist())
@@ -84,7 +98,7 @@ class Vocabulary:
     def _slice(self, corpus: str, n_chars: int) -> str:
         n = min(n_chars, len(corpus) - 1)
         start = int(self.rng.integers(0, len(corpus) - n))
-        return corpus[start:start + n]
+        return corpus[start : start + n]
 
     def text(self, n_chars: int) -> str:
         return self._slice(self.prose, n_chars)
@@ -98,7 +112,9 @@ def _plant(rng: np.random.Generator) -> dict[str, str]:
     return {place: word for word, (rate, place) in RARE_WORDS.items() if rng.random() < rate}
 
 
-def realistic_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int, prompt: list[dict]) -> dict:
+def realistic_rollout(
+    vocab: Vocabulary, rng: np.random.Generator, index: int, prompt: list[dict]
+) -> dict:
     target = int(min(MAX_BYTES, rng.lognormal(np.log(MEDIAN_BYTES), SIGMA)))
     turns = int(np.clip(rng.geometric(1 / 7) + 1, 2, 40))
     planted = _plant(rng)
@@ -111,46 +127,94 @@ def realistic_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int, p
         if planted.get("tool_args") and t == turns // 2:
             args["query"] += f" {planted['tool_args']}"
         call_id = f"call_{index}_{t}"
-        messages.append({"role": "assistant", "content": vocab.text(int(rng.integers(60, 400))),
-                         "tool_calls": [{"id": call_id, "type": "function",
-                                         "function": {"name": tool, "arguments": json.dumps(args)}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": vocab.text(int(rng.integers(60, 400))),
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": tool, "arguments": json.dumps(args)},
+                    }
+                ],
+            }
+        )
         size = int(shares[t])
         result = vocab.code(size // 2) + "\n" + vocab.text(size - size // 2)
         if t == 0:
             result += f"\n{COMMON_WORD} ok"
         if planted.get("tool_result") and t == turns - 1:
-            result = result[: len(result) // 2] + f" {planted['tool_result']} " + result[len(result) // 2:]
+            result = (
+                result[: len(result) // 2]
+                + f" {planted['tool_result']} "
+                + result[len(result) // 2 :]
+            )
         messages.append({"role": "tool", "tool_call_id": call_id, "name": tool, "content": result})
-    messages.append({"role": "assistant", "content": "Done. " + vocab.text(int(rng.integers(100, 500)))})
+    messages.append(
+        {"role": "assistant", "content": "Done. " + vocab.text(int(rng.integers(100, 500)))}
+    )
     values = rng.random(4).round(3)
     reason = "tests " + vocab.text(40) + (f" {planted['reason']}" if planted.get("reason") else "")
-    return {"index": index, "transcript": messages, "length": target // 4,
-            "rewards": {"tests_pass": {"value": float(values[0] > 0.4), "reason": reason},
-                        "format": float(values[1] > 0.1), "tool_use": float(values[2]),
-                        "length_penalty": -float(values[3] < 0.2) * float(values[3])},
-            "state": {"files_changed": int(rng.integers(0, 6)), "tests_run": int(rng.integers(0, 40)),
-                      "exit_code": int(rng.integers(0, 2))}}
+    return {
+        "index": index,
+        "transcript": messages,
+        "length": target // 4,
+        "rewards": {
+            "tests_pass": {"value": float(values[0] > 0.4), "reason": reason},
+            "format": float(values[1] > 0.1),
+            "tool_use": float(values[2]),
+            "length_penalty": -float(values[3] < 0.2) * float(values[3]),
+        },
+        "state": {
+            "files_changed": int(rng.integers(0, 6)),
+            "tests_run": int(rng.integers(0, 40)),
+            "exit_code": int(rng.integers(0, 2)),
+        },
+    }
 
 
 def oneline_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int) -> dict:
     values = rng.random(4).round(3)
-    return {"index": index, "completion": vocab.text(80), "length": int(rng.integers(5, 60)),
-            "rewards": {"tests_pass": float(values[0] > 0.4), "format": float(values[1] > 0.1),
-                        "tool_use": float(values[2]), "length_penalty": -float(values[3] < 0.2) * float(values[3])}}
+    return {
+        "index": index,
+        "completion": vocab.text(80),
+        "length": int(rng.integers(5, 60)),
+        "rewards": {
+            "tests_pass": float(values[0] > 0.4),
+            "format": float(values[1] > 0.1),
+            "tool_use": float(values[2]),
+            "length_penalty": -float(values[3] < 0.2) * float(values[3]),
+        },
+    }
 
 
-def make_step(kind: str, step: int, groups: int, vocab: Vocabulary, rng: np.random.Generator) -> list[dict]:
+def make_step(
+    kind: str, step: int, groups: int, vocab: Vocabulary, rng: np.random.Generator
+) -> list[dict]:
     out = []
     for g in range(groups):
-        task = f"Task {g} at step {step}: fix the failing test in module {vocab.text(30)}. " + vocab.text(300)
-        prompt = [{"role": "system", "content": "You are a coding agent. " + vocab.text(500)},
-                  {"role": "user", "content": task}]
+        task = (
+            f"Task {g} at step {step}: fix the failing test in module {vocab.text(30)}. "
+            + vocab.text(300)
+        )
+        prompt = [
+            {"role": "system", "content": "You are a coding agent. " + vocab.text(500)},
+            {"role": "user", "content": task},
+        ]
         if kind == "realistic":
             rollouts = [realistic_rollout(vocab, rng, i, prompt) for i in range(G)]
         else:
             rollouts = [oneline_rollout(vocab, rng, i) for i in range(G)]
-        out.append({"step": step, "key": f"t{g:05d}", "prompt": prompt if kind == "realistic" else task,
-                    "split": "holdout" if g % 10 == 0 else "train", "rollouts": rollouts})
+        out.append(
+            {
+                "step": step,
+                "key": f"t{g:05d}",
+                "prompt": prompt if kind == "realistic" else task,
+                "split": "holdout" if g % 10 == 0 else "train",
+                "rollouts": rollouts,
+            }
+        )
     return out
 
 
@@ -165,8 +229,13 @@ def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
     env = ensure_environment("bench-realistic", COMPONENTS)
     name = f"bench-{kind}-{n_rollouts}"
     run = Run.objects.filter(name=name).first() or create_run(
-        name=name, kind="grpo", environment=env, config={"num_generations": G}, status="running",
-        base_model="bench/tiny")
+        name=name,
+        kind="grpo",
+        environment=env,
+        config={"num_generations": G},
+        status="running",
+        base_model="bench/tiny",
+    )
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
     todo = [s for s in range(STEPS) if s not in done]
     if not todo:
@@ -178,13 +247,19 @@ def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
     ingest_s = 0.0
     with progress(len(todo) * groups_per_step * G, f"seeding {kind}") as bar:
         for i in range(0, len(todo), per_batch):
-            groups = [g for s in todo[i:i + per_batch] for g in make_step(kind, s, groups_per_step, vocab, rng)]
+            groups = [
+                g
+                for s in todo[i : i + per_batch]
+                for g in make_step(kind, s, groups_per_step, vocab, rng)
+            ]
             t0 = time.perf_counter()
             ingest_groups(run, {"groups": groups})
             ingest_s += time.perf_counter() - t0
             bar.update(len(groups) * G)
     n = len(todo) * groups_per_step * G
-    print(f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not counted)")
+    print(
+        f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not counted)"
+    )
     return run, n / ingest_s
 
 
@@ -192,8 +267,13 @@ def vacuum() -> None:
     from django.db import connection
 
     with connection.cursor() as cur:
-        for table in ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat",
-                      "rollouts_stepstat"):
+        for table in (
+            "rollouts_group",
+            "rollouts_rollout",
+            "rollouts_rewardscore",
+            "rollouts_groupcomponentstat",
+            "rollouts_stepstat",
+        ):
             cur.execute(f"VACUUM ANALYZE {table}")
 
 
@@ -205,16 +285,25 @@ def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
     """(label, url, target ms) for one run: the issue's pages, on its biggest rollout for the transcript."""
     from webapp.rollouts.models import Rollout
 
-    big = Rollout.objects.filter(run=run).order_by("-text_chars", "id").only("id", "group_id").first()
-    mid = Rollout.objects.filter(run=run).order_by("id").only("id", "group_id")[
-        Rollout.objects.filter(run=run).count() // 2]
+    big = (
+        Rollout.objects.filter(run=run).order_by("-text_chars", "id").only("id", "group_id").first()
+    )
+    mid = (
+        Rollout.objects.filter(run=run)
+        .order_by("id")
+        .only("id", "group_id")[Rollout.objects.filter(run=run).count() // 2]
+    )
     ex = f"/runs/{run.id}/rollouts/"
     rare = next(iter(RARE_WORDS))
     return [
         ("explorer p1, sort by component", f"{ex}?sort=tool_use&order=desc", 100),
         ("explorer p1, sort by reward", f"{ex}?sort=reward&order=desc", 100),
         (f"explorer search rare word ({rare})", f"{ex}?sort=tool_use&order=desc&q={rare}", 300),
-        (f"explorer search common word ({COMMON_WORD})", f"{ex}?sort=tool_use&order=desc&q={COMMON_WORD}", 300),
+        (
+            f"explorer search common word ({COMMON_WORD})",
+            f"{ex}?sort=tool_use&order=desc&q={COMMON_WORD}",
+            300,
+        ),
         ("group view (8 rollouts)", f"/groups/{mid.group_id}/", 150),
         ("no-signal groups", f"/runs/{run.id}/no-signal/", None),
         ("transcript page (median rollout)", f"/rollouts/{mid.id}/", 150),
@@ -238,16 +327,25 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         def call() -> None:
             resp = client.get(url)
             assert resp.status_code == 200, (url, resp.status_code)
+
         return call
 
     urls = {kind: page_urls(run) for kind, run in runs.items()}
-    big = Rollout.objects.filter(run=runs["realistic"]).order_by("-text_chars").values_list("text_chars", flat=True)[0]
-    print(f"\nmedian of {repeat} requests, test client, DEBUG={os.environ['DEBUG']}; "
-          f"largest realistic rollout: {big / 1000:,.0f} K characters of text")
+    big = (
+        Rollout.objects.filter(run=runs["realistic"])
+        .order_by("-text_chars")
+        .values_list("text_chars", flat=True)[0]
+    )
+    print(
+        f"\nmedian of {repeat} requests, test client, DEBUG={os.environ['DEBUG']}; "
+        f"largest realistic rollout: {big / 1000:,.0f} K characters of text"
+    )
     print(f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7}  target (realistic)")
     for (label, one_url, target), (_, real_url, _) in zip(urls["oneline"], urls["realistic"]):
         one, real = median_ms(get(one_url), repeat), median_ms(get(real_url), repeat)
-        verdict = "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
+        verdict = (
+            "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
+        )
         print(f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f}  {verdict}")
 
 
@@ -268,7 +366,9 @@ def count_hits(run: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=1_000_000, help="per run (two runs are seeded)")
+    parser.add_argument(
+        "--rollouts", type=int, default=1_000_000, help="per run (two runs are seeded)"
+    )
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args(argv)
     require_postgres()
@@ -285,7 +385,9 @@ def main(argv: list[str] | None = None) -> None:
     vacuum()
     count_hits(runs["realistic"])
     time_pages(runs, args.repeat)
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    print(
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+    )
 
 
 if __name__ == "__main__":

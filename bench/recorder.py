@@ -49,7 +49,9 @@ def instrument_recorder() -> None:
         setattr(RolloutRecorder, name, timed(getattr(RolloutRecorder, name)))
 
 
-def run_once(model_dir: str, steps: int, record: bool, workdir: str, completion_length: int) -> dict[str, list[float]]:
+def run_once(
+    model_dir: str, steps: int, record: bool, workdir: str, completion_length: int
+) -> dict[str, list[float]]:
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -62,7 +64,9 @@ def run_once(model_dir: str, steps: int, record: bool, workdir: str, completion_
     prompts = env.prompts("train", 64, seed=0)
     funcs, weights = environment_reward_funcs(env, prompts)
     dataset = Dataset.from_list([{"prompt": chat_prompt(p.text), "key": p.key} for p in prompts])
-    marks: list[tuple[float, float, float]] = []  # (wall, process CPU, recorder seconds) at each step start
+    marks: list[
+        tuple[float, float, float]
+    ] = []  # (wall, process CPU, recorder seconds) at each step start
 
     def mark() -> None:
         marks.append((time.perf_counter(), time.process_time(), RECORDER_SECONDS[0]))
@@ -75,16 +79,38 @@ def run_once(model_dir: str, steps: int, record: bool, workdir: str, completion_
             mark()
 
     args = GRPOConfig(
-        output_dir=os.path.join(workdir, "out"), max_steps=steps, num_generations=8, per_device_train_batch_size=16,
-        max_completion_length=completion_length, learning_rate=1e-5, reward_weights=weights, logging_steps=1,
-        use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none", save_strategy="no",
-        disable_tqdm=True, seed=0,
+        output_dir=os.path.join(workdir, "out"),
+        max_steps=steps,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        max_completion_length=completion_length,
+        learning_rate=1e-5,
+        reward_weights=weights,
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
     )
-    trainer = GRPOTrainer(model=load_model(model_dir), reward_funcs=funcs, args=args, train_dataset=dataset,
-                          processing_class=load_tokenizer(model_dir), callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+        model=load_model(model_dir),
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(model_dir),
+        callbacks=[StepClock()],
+    )
     trainer.remove_callback(PrinterCallback)  # printing every log dict is noise for both sides
-    recorder = RolloutRecorder.attach(trainer, jsonl=os.path.join(workdir, f"rollouts-{time.time_ns()}.jsonl")) \
-        if record else None
+    recorder = (
+        RolloutRecorder.attach(
+            trainer, jsonl=os.path.join(workdir, f"rollouts-{time.time_ns()}.jsonl")
+        )
+        if record
+        else None
+    )
     trainer.train()
     if recorder is not None:
         recorder.close()
@@ -97,13 +123,17 @@ def run_once(model_dir: str, steps: int, record: bool, workdir: str, completion_
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     # 3 pairs (15 steps a side) measured anywhere from 0.98 to 1.13 on a quiet machine, and a control whose
     # only difference was a thread came in at 1.13: step-to-step noise is ~10%. 8 pairs settle it.
     parser.add_argument("--rounds", type=int, default=8, help="off/on pairs")
     parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
     parser.add_argument("--completion-length", type=int, default=48, help="max_completion_length")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadier on a shared box)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is steadier on a shared box)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -116,21 +146,28 @@ def main() -> None:
         model_dir = str(ensure_tiny_model("diagram", os.path.join(workdir, "tiny")))
         runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
         for r in range(args.rounds):
-            for record in ((False, True) if r % 2 == 0 else (True, False)):
+            for record in (False, True) if r % 2 == 0 else (True, False):
                 result = run_once(model_dir, args.steps, record, workdir, args.completion_length)
                 for k, v in result.items():
                     runs[record].setdefault(k, []).extend(v)
-                print(f"round {r} recorder={'on ' if record else 'off'} "
-                      f"wall {sum(result['wall']):.2f}s cpu {sum(result['cpu']):.2f}s", flush=True)
+                print(
+                    f"round {r} recorder={'on ' if record else 'off'} "
+                    f"wall {sum(result['wall']):.2f}s cpu {sum(result['cpu']):.2f}s",
+                    flush=True,
+                )
     off, on = runs[False], runs[True]
     print(f"steps per side: {len(off['wall'])}")
     for k in ("wall", "cpu"):
-        print(f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on {statistics.fmean(on[k]):.4f}s  "
-              f"ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
-              f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})")
+        print(
+            f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on {statistics.fmean(on[k]):.4f}s  "
+            f"ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
+            f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})"
+        )
     inside = sum(on["recorder"]) / len(on["recorder"])
-    print(f"inside the recorder: {inside * 1e3:.2f} ms per step = {inside / statistics.fmean(on['wall']):.4%} "
-          f"of the step -> ratio bound {1 + inside / statistics.fmean(off['wall']):.4f}")
+    print(
+        f"inside the recorder: {inside * 1e3:.2f} ms per step = {inside / statistics.fmean(on['wall']):.4%} "
+        f"of the step -> ratio bound {1 + inside / statistics.fmean(off['wall']):.4f}"
+    )
 
 
 if __name__ == "__main__":

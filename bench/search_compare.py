@@ -29,10 +29,12 @@ from bench.realistic import COMMON_WORD, RARE_WORDS, G, Vocabulary, make_step, p
 KINDS = {
     "tsvector GIN (expression)": (
         "CREATE INDEX search_cmp_idx ON search_cmp USING gin (to_tsvector('simple', doc))",
-        "to_tsvector('simple', doc) @@ phraseto_tsquery('simple', %s)"),
+        "to_tsvector('simple', doc) @@ phraseto_tsquery('simple', %s)",
+    ),
     "pg_trgm GIN (UPPER(doc) LIKE)": (
         "CREATE INDEX search_cmp_idx ON search_cmp USING gin (UPPER(doc) gin_trgm_ops)",
-        "UPPER(doc) LIKE UPPER('%%' || %s || '%%')"),
+        "UPPER(doc) LIKE UPPER('%%' || %s || '%%')",
+    ),
 }
 
 
@@ -43,7 +45,10 @@ def fill(cur, rows: int) -> None:
     cur.execute("CREATE TABLE search_cmp (id bigint PRIMARY KEY, score float8, doc text)")
     rng, vocab = np.random.default_rng(3), Vocabulary(np.random.default_rng(7))
     n = 0
-    with progress(rows, "documents") as bar, cur.copy("COPY search_cmp (id, score, doc) FROM STDIN") as cp:
+    with (
+        progress(rows, "documents") as bar,
+        cur.copy("COPY search_cmp (id, score, doc) FROM STDIN") as cp,
+    ):
         while n < rows:
             for g in make_step("realistic", n // 1000, 1000 // G, vocab, rng):
                 for r in g["rollouts"]:
@@ -88,15 +93,21 @@ def compare(rows: int, repeat: int) -> None:
             cur.execute("SELECT pg_size_pretty(pg_relation_size('search_cmp_idx'))")
             print(f"\n{kind}: build {build:.1f} s, size {cur.fetchone()[0]}")
             for word in (rare, COMMON_WORD):
-                page = f"SELECT id FROM search_cmp WHERE {match} ORDER BY score DESC, id DESC LIMIT 50"
+                page = (
+                    f"SELECT id FROM search_cmp WHERE {match} ORDER BY score DESC, id DESC LIMIT 50"
+                )
                 count = f"SELECT id FROM search_cmp WHERE {match}"
                 ms, _ = timed(cur, page, [word], repeat)
                 cms, hits = timed(cur, count, [word], repeat)
                 cur.execute("EXPLAIN " + page, [word])
                 plan = " / ".join(r[0].strip().split("  (")[0] for r in cur.fetchall()[:3])
-                print(f"  {word!r:14} first page {ms:8.1f} ms | all {hits:,} hits {cms:8.1f} ms | plan: {plan}")
+                print(
+                    f"  {word!r:14} first page {ms:8.1f} ms | all {hits:,} hits {cms:8.1f} ms | plan: {plan}"
+                )
         cur.execute("DROP TABLE search_cmp")
-    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)")
+    print(
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -67,9 +67,27 @@ def env3(db):
     return ensure_environment(
         "toy",
         [
-            {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
-            {"name": "format", "weight": 0.5, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
-            {"name": "penalty", "weight": 0.2, "kind": "penalty", "min_value": -1.0, "max_value": 0.0},
+            {
+                "name": "correct",
+                "weight": 1.0,
+                "kind": "outcome",
+                "min_value": 0.0,
+                "max_value": 1.0,
+            },
+            {
+                "name": "format",
+                "weight": 0.5,
+                "kind": "behavioural",
+                "min_value": 0.0,
+                "max_value": 1.0,
+            },
+            {
+                "name": "penalty",
+                "weight": 0.2,
+                "kind": "penalty",
+                "min_value": -1.0,
+                "max_value": 0.0,
+            },
         ],
     )
 
@@ -78,8 +96,14 @@ def env3(db):
 def run(env3, personas):
     from webapp.rollouts.services import create_run
 
-    return create_run(name="toy-run", kind="import", environment=env3, config={}, owner=personas["trainer"],
-                      status="running")
+    return create_run(
+        name="toy-run",
+        kind="import",
+        environment=env3,
+        config={},
+        owner=personas["trainer"],
+        status="running",
+    )
 
 
 def make_group(step: int, key: str, values: list[dict], prompt: str = "Solve it") -> dict:
@@ -117,8 +141,14 @@ def _private_cache():
     configured shared cache (test_login_limit_shared checks it holds across processes)."""
     from django.test.utils import override_settings
 
-    private = override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                                    "LOCATION": "tests"}})
+    private = override_settings(
+        CACHES={
+            "default": {
+                "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                "LOCATION": "tests",
+            }
+        }
+    )
     private.enable()
     yield
     private.disable()
@@ -154,14 +184,41 @@ def worker_process(transactional_db, tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, DATABASE_URL=database_url_for_children(), PYTHONUNBUFFERED="1")
     log = tmp_path / "worker.log"
-    subprocess.run([sys.executable, "-m", "celery", "-A", "workers", "purge", "-f", "-Q", "default,gpu"], cwd=root,
-                   env=env, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "workers", "purge", "-f", "-Q", "default,gpu"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     hostname = f"test-{os.getpid()}@%h"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "default,gpu", "--pool", "solo",
-             "--concurrency", "1", "-n", hostname, "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
-            cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers",
+                "worker",
+                "-Q",
+                "default,gpu",
+                "--pool",
+                "solo",
+                "--concurrency",
+                "1",
+                "-n",
+                hostname,
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=root,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.time() + 90
@@ -204,7 +261,9 @@ def _default_labels(request):
     if request.node.get_closest_marker("django_db") is not None:
         request.getfixturevalue("_django_db_helper")  # pytest-django's own db setup for the mark
     elif {"db", "transactional_db", "live_server"} & names:
-        request.getfixturevalue("transactional_db" if names & {"transactional_db", "live_server"} else "db")
+        request.getfixturevalue(
+            "transactional_db" if names & {"transactional_db", "live_server"} else "db"
+        )
     else:
         return
     from webapp.annotations.taxonomy import ensure_default_labels

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 
 from training import stats
-from training.diagnostics import ComponentInfo, RunArrays, _json_float, _pct, dense_ids, regular_blocks
+from training.diagnostics import (
+    ComponentInfo,
+    RunArrays,
+    _json_float,
+    _pct,
+    dense_ids,
+    regular_blocks,
+)
 
 NO_SIGNAL = "this component produced (almost) no training signal in this run"
 
@@ -28,8 +35,12 @@ class AblationSpec:
     aggregation: str = "sum_then_normalize"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"drop": list(self.drop), "weights": dict(self.weights), "scale_rewards": self.scale_rewards,
-                "aggregation": self.aggregation}
+        return {
+            "drop": list(self.drop),
+            "weights": dict(self.weights),
+            "scale_rewards": self.scale_rewards,
+            "aggregation": self.aggregation,
+        }
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,9 @@ class Baseline:
 
     scale_rewards: str = "group"
     aggregation: str = "sum_then_normalize"
-    eps: float = stats.EPS  # the trainer's constant in the advantage denominator (TRL 1e-4, verl 1e-6)
+    eps: float = (
+        stats.EPS
+    )  # the trainer's constant in the advantage denominator (TRL 1e-4, verl 1e-6)
 
 
 def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
@@ -69,7 +82,9 @@ def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
     return ranks
 
 
-Blocks = tuple[np.ndarray | None, int]  # (row permutation, or None when rows already run group by group; G)
+Blocks = tuple[
+    np.ndarray | None, int
+]  # (row permutation, or None when rows already run group by group; G)
 
 
 def _rows(a: np.ndarray, blocks: Blocks, m: int) -> np.ndarray:
@@ -101,12 +116,16 @@ def _block_ranks(v: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def group_spearman(old: np.ndarray, new: np.ndarray, gidx: np.ndarray, m: int,
-                   blocks: Blocks | None = None) -> np.ndarray:
+def group_spearman(
+    old: np.ndarray, new: np.ndarray, gidx: np.ndarray, m: int, blocks: Blocks | None = None
+) -> np.ndarray:
     """Spearman correlation of two orderings inside each group (NaN where either is constant):
     tie-averaged ranks, then Pearson on the ranks per group."""
     if blocks is not None:
-        prep = lambda a: _rows(np.nan_to_num(np.asarray(a, dtype=np.float64), nan=-np.inf), blocks, m)  # noqa: E731
+
+        def prep(a):
+            return _rows(np.nan_to_num(np.asarray(a, dtype=np.float64), nan=-np.inf), blocks, m)  # noqa: E731
+
         ro, rn = _block_ranks(prep(old)), _block_ranks(prep(new))
         do, dn = ro - ro.mean(axis=1, keepdims=True), rn - rn.mean(axis=1, keepdims=True)
         cov, vo, vn = (do * dn).sum(axis=1), (do * do).sum(axis=1), (dn * dn).sum(axis=1)
@@ -116,14 +135,20 @@ def group_spearman(old: np.ndarray, new: np.ndarray, gidx: np.ndarray, m: int,
         with np.errstate(invalid="ignore", divide="ignore"):
             do = ro - (np.bincount(gidx, ro, m) / cnt)[gidx]
             dn = rn - (np.bincount(gidx, rn, m) / cnt)[gidx]
-        cov, vo, vn = np.bincount(gidx, do * dn, m), np.bincount(gidx, do * do, m), np.bincount(gidx, dn * dn, m)
+        cov, vo, vn = (
+            np.bincount(gidx, do * dn, m),
+            np.bincount(gidx, do * do, m),
+            np.bincount(gidx, dn * dn, m),
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         rho = cov / np.sqrt(vo * vn)
     rho[(vo <= 1e-12) | (vn <= 1e-12)] = np.nan
     return rho
 
 
-def resolve_weights(components: list[ComponentInfo], spec: AblationSpec) -> tuple[np.ndarray, np.ndarray]:
+def resolve_weights(
+    components: list[ComponentInfo], spec: AblationSpec
+) -> tuple[np.ndarray, np.ndarray]:
     """(columns kept, their weights) for a spec: dropped components are removed outright, as if the
     reward function were not there (a rollout only they scored becomes unscorable)."""
     keep = np.array([c.name not in spec.drop for c in components], dtype=bool)
@@ -155,12 +180,26 @@ def ablate(
         if not np.array_equal(perm, np.arange(perm.size)):
             data, g = data.select(perm), g[perm]
         blocks, layout = (None, size), {"group_size": size}
-    base = stats.compute_advantages(data.matrix, data.weights, **layout, scale_rewards=baseline.scale_rewards,
-                                    aggregation=baseline.aggregation, batch_ids=data.steps, eps=baseline.eps)
+    base = stats.compute_advantages(
+        data.matrix,
+        data.weights,
+        **layout,
+        scale_rewards=baseline.scale_rewards,
+        aggregation=baseline.aggregation,
+        batch_ids=data.steps,
+        eps=baseline.eps,
+    )
     keep, w = resolve_weights(data.components, spec)
     kept = [c for c, k in zip(data.components, keep) if k]
-    new = stats.compute_advantages(data.matrix[:, keep], w, **layout, scale_rewards=spec.scale_rewards,
-                                   aggregation=spec.aggregation, batch_ids=data.steps, eps=baseline.eps)
+    new = stats.compute_advantages(
+        data.matrix[:, keep],
+        w,
+        **layout,
+        scale_rewards=spec.scale_rewards,
+        aggregation=spec.aggregation,
+        batch_ids=data.steps,
+        eps=baseline.eps,
+    )
     a0, a1 = base.advantages, new.advantages
     delta = np.abs(a1 - a0)
     tol = 1e-9
@@ -195,9 +234,16 @@ def ablate(
         "zero_std_before": float(z0.mean()) if m else 0.0,
         "zero_std_after": float(z1.mean()) if m else 0.0,
         "zero_std_change": float(z1.mean() - z0.mean()) if m else 0.0,
-        "top_groups": [{"group_id": int(group_db_ids[i]), "step": int(group_steps[i]),
-                        "mean_abs_delta": float(per_group[i]),
-                        "spearman": _json_float(rho[i])} for i in worst if per_group[i] > tol],
+        "top_groups": [
+            {
+                "group_id": int(group_db_ids[i]),
+                "step": int(group_steps[i]),
+                "mean_abs_delta": float(per_group[i]),
+                "spearman": _json_float(rho[i]),
+            }
+            for i in worst
+            if per_group[i] > tol
+        ],
     }
     out["verdict"] = ablation_verdict(out, spec)
     return out
@@ -217,9 +263,11 @@ def _group_max(a: np.ndarray, g: np.ndarray, m: int, blocks: Blocks | None) -> n
     return mx
 
 
-def _best_changed(a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float,
-                  blocks: Blocks | None = None) -> tuple[np.ndarray, int]:
+def _best_changed(
+    a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float, blocks: Blocks | None = None
+) -> tuple[np.ndarray, int]:
     """Among groups with a unique best completion before, those where it is no longer the unique best."""
+
     def top_info(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mx = _group_max(a, g, m, blocks)
         at_top = a >= mx[g] - tol
@@ -235,26 +283,40 @@ def _best_changed(a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: fl
 
 
 # "(almost) nothing": advantages are in units of a group std, so 0.05 is a twentieth of one std.
-NEGLIGIBLE = {"mean_abs_delta": 0.05, "sign_flip_frac": 0.01, "best_changed_frac": 0.02, "zero_std_change": 0.01}
+NEGLIGIBLE = {
+    "mean_abs_delta": 0.05,
+    "sign_flip_frac": 0.01,
+    "best_changed_frac": 0.02,
+    "zero_std_change": 0.01,
+}
 
 
 def ablation_verdict(r: dict[str, Any], spec: AblationSpec) -> dict[str, str]:
     negligible = all(abs(r[k]) <= v for k, v in NEGLIGIBLE.items())
     what = (", ".join(f"'{d}'" for d in spec.drop)) if spec.drop else None
     if negligible:
-        text = (f"Dropping {what} changes (almost) nothing: {NO_SIGNAL}." if what
-                else "This change leaves the advantages (almost) unchanged: it would not change what the run learns.")
+        text = (
+            f"Dropping {what} changes (almost) nothing: {NO_SIGNAL}."
+            if what
+            else "This change leaves the advantages (almost) unchanged: it would not change what the run learns."
+        )
         return {"level": "no_signal", "text": text}
-    parts = (f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, best "
-             f"completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
-             f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}")
-    strong = r["sign_flip_frac"] >= 0.1 or r["best_changed_frac"] >= 0.2 or r["mean_abs_delta"] >= 0.5
+    parts = (
+        f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, best "
+        f"completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
+        f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}"
+    )
+    strong = (
+        r["sign_flip_frac"] >= 0.1 or r["best_changed_frac"] >= 0.2 or r["mean_abs_delta"] >= 0.5
+    )
     subject = f"{what} shaped" if what else "This change reshapes"
     text = f"{subject} the training signal: {parts}."
     return {"level": "strong" if strong else "moderate", "text": text}
 
 
-def python_loop_advantages(rows: list[tuple[int, list[float]]], weights: list[float]) -> list[float]:
+def python_loop_advantages(
+    rows: list[tuple[int, list[float]]], weights: list[float]
+) -> list[float]:
     """The baseline the benchmark compares against: sum-then-normalise per group in plain Python.
 
     `rows` is [(group id, component values)], grouped by id in any order."""

@@ -40,7 +40,9 @@ class ApiError(Exception):
     """The API refused a request (status 4xx/5xx), or could not be reached after every retry
     (status None). `errors` is the server's list of {"field", "error"}."""
 
-    def __init__(self, status: int | None, errors: list[dict[str, str]], method: str = "", url: str = "") -> None:
+    def __init__(
+        self, status: int | None, errors: list[dict[str, str]], method: str = "", url: str = ""
+    ) -> None:
         self.status = status
         self.errors = errors
         self.method = method
@@ -48,8 +50,10 @@ class ApiError(Exception):
         self.retry_after = 0.0  # seconds the server asked us to wait (429/503 Retry-After)
         first = errors[0] if errors else {"field": "", "error": "request failed"}
         where = f"{first['field']}: " if first.get("field") else ""
-        super().__init__(f"{method} {url} -> {status if status is not None else 'unreachable'}: "
-                         f"{where}{first.get('error', '')}")
+        super().__init__(
+            f"{method} {url} -> {status if status is not None else 'unreachable'}: "
+            f"{where}{first.get('error', '')}"
+        )
 
     @property
     def retryable(self) -> bool:
@@ -58,7 +62,9 @@ class ApiError(Exception):
 
 
 class Client:
-    def __init__(self, base_url: str, token: str, timeout: float = 30, retries: int = 5, backoff: float = 0.5) -> None:
+    def __init__(
+        self, base_url: str, token: str, timeout: float = 30, retries: int = 5, backoff: float = 0.5
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout  # seconds per attempt
@@ -74,31 +80,59 @@ class Client:
     def find_run(self, name: str) -> dict[str, Any] | None:
         """The newest run with this name, or None (the server filters by name: any age)."""
         q = urllib.parse.urlencode({"name": name})
-        return next((r for r in self._request("GET", f"/api/v1/runs/?{q}")["runs"] if r["name"] == name), None)
+        return next(
+            (r for r in self._request("GET", f"/api/v1/runs/?{q}")["runs"] if r["name"] == name),
+            None,
+        )
 
-    def create_run(self, name: str, environment: str, components: list[str | dict[str, Any]] | None = None,
-                   config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "",
-                   reward_settings: dict[str, Any] | None = None) -> int:
+    def create_run(
+        self,
+        name: str,
+        environment: str,
+        components: list[str | dict[str, Any]] | None = None,
+        config: dict[str, Any] | None = None,
+        kind: str = "import",
+        base_model: str = "",
+        reward_settings: dict[str, Any] | None = None,
+    ) -> int:
         """Create a run (and its environment, or the components it lacks). `components` are names or
         {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here is this
         run's weight even when the environment exists with another. `reward_settings` may add
         scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`). Returns the run id."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
-        body: dict[str, Any] = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
-                                "environment": {"name": environment, "components": comps}}
+        body: dict[str, Any] = {
+            "name": name,
+            "kind": kind,
+            "config": config or {},
+            "base_model": base_model,
+            "environment": {"name": environment, "components": comps},
+        }
         if reward_settings:
             body["reward_settings"] = reward_settings
         return int(self._request("POST", "/api/v1/runs/", body, idempotent=False)["id"])
 
-    def get_or_create_run(self, name: str, environment: str, components: list[str | dict[str, Any]] | None = None,
-                          config: dict[str, Any] | None = None, kind: str = "import", base_model: str = "",
-                          reward_settings: dict[str, Any] | None = None) -> tuple[int, bool]:
+    def get_or_create_run(
+        self,
+        name: str,
+        environment: str,
+        components: list[str | dict[str, Any]] | None = None,
+        config: dict[str, Any] | None = None,
+        kind: str = "import",
+        base_model: str = "",
+        reward_settings: dict[str, Any] | None = None,
+    ) -> tuple[int, bool]:
         """The run named `name`, created (as `create_run`) when no run has it: (run id, created). Atomic on
         the server, so many processes naming one run land in one run, and safe to retry. Components the
         environment lacks are added to it; `reward_settings` apply only to a run created here."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
-        body: dict[str, Any] = {"name": name, "kind": kind, "config": config or {}, "base_model": base_model,
-                                "environment": {"name": environment, "components": comps}, "get_or_create": True}
+        body: dict[str, Any] = {
+            "name": name,
+            "kind": kind,
+            "config": config or {},
+            "base_model": base_model,
+            "environment": {"name": environment, "components": comps},
+            "get_or_create": True,
+        }
         if reward_settings:
             body["reward_settings"] = reward_settings
         answer = self._request("POST", "/api/v1/runs/", body)
@@ -129,12 +163,22 @@ class Client:
         q = urllib.parse.urlencode({"step": step, "key": key})
         return self._request("GET", f"/api/v1/runs/{run_id}/groups/?{q}")
 
-    def iter_rollouts(self, run_id: int, sort: str = "reward", order: str = "desc", limit: int = 500,
-                      **filters: Any) -> Iterator[dict[str, Any]]:
+    def iter_rollouts(
+        self,
+        run_id: int,
+        sort: str = "reward",
+        order: str = "desc",
+        limit: int = 500,
+        **filters: Any,
+    ) -> Iterator[dict[str, Any]]:
         """Every rollout matching the filters (step_min, step_max, split, zero_std, q, min_<component>,
         max_<component>, ...), in the server's keyset order, one page of `limit` at a time."""
-        params = {"sort": sort, "order": order, "limit": limit,
-                  **{k: _param(v) for k, v in filters.items() if v is not None}}
+        params = {
+            "sort": sort,
+            "order": order,
+            "limit": limit,
+            **{k: _param(v) for k, v in filters.items() if v is not None},
+        }
         cursor: str | None = None
         while True:
             q = urllib.parse.urlencode({**params, **({"cursor": cursor} if cursor else {})})
@@ -168,7 +212,12 @@ class Client:
                     raise last from None
             except (urllib.error.URLError, OSError, TimeoutError) as e:
                 reason = getattr(e, "reason", e)
-                last = ApiError(None, [{"field": "", "error": f"cannot reach the server: {reason}"}], method, url)
+                last = ApiError(
+                    None,
+                    [{"field": "", "error": f"cannot reach the server: {reason}"}],
+                    method,
+                    url,
+                )
                 if not idempotent and not isinstance(reason, ConnectionRefusedError):
                     raise last from None  # the request may have arrived: a retry could create a second run
             logger.warning("%s (attempt %d of %d)", last, attempt + 1, self.retries + 1)
@@ -201,6 +250,8 @@ def _errors(e: urllib.error.HTTPError) -> list[dict[str, str]]:
 
 def _retry_after(e: urllib.error.HTTPError) -> float:
     try:
-        return min(float(e.headers.get("Retry-After") or 0), 300.0)  # never sleep longer than 5 minutes
+        return min(
+            float(e.headers.get("Retry-After") or 0), 300.0
+        )  # never sleep longer than 5 minutes
     except (TypeError, ValueError):
         return 0.0

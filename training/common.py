@@ -80,11 +80,17 @@ def _dtype(dtype: str, device: str):
     return getattr(torch, dtype)
 
 
-def lora_config(rank: int, alpha: int, dropout: float = 0.0, target_modules: str | list[str] = "all-linear"):
+def lora_config(
+    rank: int, alpha: int, dropout: float = 0.0, target_modules: str | list[str] = "all-linear"
+):
     from peft import LoraConfig
 
     return LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
     )
 
 
@@ -105,7 +111,9 @@ def get_env(name: str) -> "Environment":
     return get_environment(name)
 
 
-def env_prompts(env: "Environment", split: str, n: int, seed: int = 0, max_nodes: int = 0) -> list[Any]:
+def env_prompts(
+    env: "Environment", split: str, n: int, seed: int = 0, max_nodes: int = 0
+) -> list[Any]:
     """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0 (an environment
     whose prompts() takes a `max_nodes` argument, e.g. diagram); 0 means every request."""
     if not max_nodes:
@@ -113,7 +121,9 @@ def env_prompts(env: "Environment", split: str, n: int, seed: int = 0, max_nodes
     import inspect
 
     if "max_nodes" not in inspect.signature(env.prompts).parameters:
-        raise ValueError(f"max_nodes: environment {env.name!r} cannot filter prompts by size; leave it 0")
+        raise ValueError(
+            f"max_nodes: environment {env.name!r} cannot filter prompts by size; leave it 0"
+        )
     return env.prompts(split, n, seed=seed, max_nodes=max_nodes)
 
 
@@ -149,7 +159,9 @@ def load_records(data: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 # Reporting
 
 
-def make_reporting_callback(sink: "Sink | None", progress: ProgressFn | None, *, metrics: bool = True):
+def make_reporting_callback(
+    sink: "Sink | None", progress: ProgressFn | None, *, metrics: bool = True
+):
     """A TrainerCallback that forwards progress and (optionally) TRL's logged metrics to the sink.
 
     Metrics are forwarded verbatim (TRL's own keys); None/NaN/non-numeric values are dropped because the
@@ -232,7 +244,9 @@ def sample_completions(
             tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
             for c in chats[start : start + batch_size]
         ]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
+            device
+        )
         with torch.no_grad():
             generated = model.generate(
                 **enc,
@@ -249,6 +263,8 @@ def sample_completions(
             for ids in new_tokens[i : i + num_generations]:
                 end = next((j for j, t in enumerate(ids) if t in eos_ids), None)
                 kept = ids if end is None else ids[: end + 1]
-                group.append(Sample(tokenizer.decode(kept, skip_special_tokens=True), len(kept), end is None))
+                group.append(
+                    Sample(tokenizer.decode(kept, skip_special_tokens=True), len(kept), end is None)
+                )
             out.append(group)
     return out

@@ -29,7 +29,9 @@ def help_field(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any
 
 @dataclass
 class JobConfig:
-    base_model: str = help_field("", "model folder or hub id to start from (an adapter folder is merged)")
+    base_model: str = help_field(
+        "", "model folder or hub id to start from (an adapter folder is merged)"
+    )
     output_dir: str = help_field("", "where checkpoints, datasets and config.json are written")
     env: str = help_field("diagram", "environment name (training.environments registry)")
     seed: int = help_field(0, "seed for sampling, data order and LoRA init")
@@ -60,7 +62,9 @@ class JobConfig:
     def from_json(cls: type[C], path: str | os.PathLike) -> C:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def save(self, directory: str | os.PathLike, kind: str | None = None, filename: str = "config.json") -> Path:
+    def save(
+        self, directory: str | os.PathLike, kind: str | None = None, filename: str = "config.json"
+    ) -> Path:
         """Write the resolved config as `directory/<filename>`. Never over an HF model's own config.json
         (it would break loading): then `job_config.json`. Returns the path written."""
         d = Path(directory)
@@ -89,16 +93,22 @@ class TrainJobConfig(JobConfig):
     """Fields every trainer job (sft, grpo, dpo) shares."""
 
     max_steps: int = help_field(100, "optimizer steps to run")
-    learning_rate: float | None = help_field(None, "AdamW learning rate; None picks the kind's default")
+    learning_rate: float | None = help_field(
+        None, "AdamW learning rate; None picks the kind's default"
+    )
     use_lora: bool = help_field(True, "train a LoRA adapter instead of all weights")
     lora_rank: int = help_field(16, "LoRA rank r")
     lora_alpha: int | None = help_field(None, "LoRA alpha; None means 2 * rank")
     lora_dropout: float = help_field(0.0, "dropout on the LoRA branch")
-    per_device_batch_size: int = help_field(8, "examples (GRPO: completions) per device per micro-step")
+    per_device_batch_size: int = help_field(
+        8, "examples (GRPO: completions) per device per micro-step"
+    )
     gradient_accumulation_steps: int = help_field(1, "micro-steps per optimizer step")
     logging_steps: int = help_field(1, "log metrics every N optimizer steps")
     save_steps: int = help_field(0, "checkpoint every N steps; 0 saves only the final model")
-    gradient_checkpointing: bool = help_field(False, "recompute activations to save memory (slower)")
+    gradient_checkpointing: bool = help_field(
+        False, "recompute activations to save memory (slower)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,12 +157,18 @@ class TrainJobConfig(JobConfig):
         )
 
 
-def cli(config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str] | None = None) -> dict[str, Any]:
+def cli(
+    config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str] | None = None
+) -> dict[str, Any]:
     """`python -m training.<kind> --config FILE.json [--output-dir DIR]`: prints the summary as JSON."""
     parser = argparse.ArgumentParser(description=(config_cls.__doc__ or "").strip())
     parser.add_argument("--config", required=True, help="JSON file with the config fields")
-    parser.add_argument("--jsonl-sink", default=None, help="also write groups/metrics/logs to this JSONL file")
-    parser.add_argument("--print-fields", action="store_true", help="print every field's help and exit")
+    parser.add_argument(
+        "--jsonl-sink", default=None, help="also write groups/metrics/logs to this JSONL file"
+    )
+    parser.add_argument(
+        "--print-fields", action="store_true", help="print every field's help and exit"
+    )
     args = parser.parse_args(argv)
     if args.print_fields:
         for name, text in config_cls.field_help().items():
@@ -165,7 +181,9 @@ def cli(config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str
 
         sink = JsonlSink(args.jsonl_sink)
     try:
-        summary = main(config, sink=sink, progress=lambda s, t: print(f"progress {s}/{t}", flush=True))
+        summary = main(
+            config, sink=sink, progress=lambda s, t: print(f"progress {s}/{t}", flush=True)
+        )
     finally:
         if sink is not None:
             sink.close()

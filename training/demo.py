@@ -64,11 +64,18 @@ def generate_groups(
             policy.skill = skill_schedule(step)
         chosen = [train[(step * groups_per_step + j) % len(train)] for j in range(groups_per_step)]
         for prompt in chosen + holdout:
-            rollouts = [rollout_record(env, prompt, i, policy.sample(prompt, rng)) for i in range(G)]
-            records.append({
-                "step": step, "key": prompt.key, "prompt": prompt.text, "split": prompt.split,
-                "rollouts": rollouts,
-            })
+            rollouts = [
+                rollout_record(env, prompt, i, policy.sample(prompt, rng)) for i in range(G)
+            ]
+            records.append(
+                {
+                    "step": step,
+                    "key": prompt.key,
+                    "prompt": prompt.text,
+                    "split": prompt.split,
+                    "rollouts": rollouts,
+                }
+            )
     return records
 
 
@@ -93,8 +100,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.env != "diagram":
         raise SystemExit(f"no scripted policy for environment {args.env!r}")
     records = generate_groups(
-        get_environment(args.env), ScriptedDiagramPolicy(args.seed, 0.2), args.steps,
-        args.groups_per_step, args.G, args.seed, linear_schedule(0.2, 0.9, args.steps),
+        get_environment(args.env),
+        ScriptedDiagramPolicy(args.seed, 0.2),
+        args.steps,
+        args.groups_per_step,
+        args.G,
+        args.seed,
+        linear_schedule(0.2, 0.9, args.steps),
         holdout_groups=args.holdout_groups,
     )
     with open(args.out, "w") as f:

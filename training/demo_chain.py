@@ -44,7 +44,9 @@ class Stage:
 
 def _eval_config(env: str, step: int) -> dict[str, Any]:
     return {
-        "env": env, "seed": SEED, "max_nodes": MAX_NODES,
+        "env": env,
+        "seed": SEED,
+        "max_nodes": MAX_NODES,
         "num_prompts": 40,  # 40 held-out requests x 4 samples: the mean's noise ~0.015 (12 prompts: ~0.03)
         "num_generations": 4,
         "temperature": 0.5,  # the policy's typical answer, and what the GRPO stage samples at
@@ -56,16 +58,21 @@ def _eval_config(env: str, step: int) -> dict[str, Any]:
 
 def demo_chain_stages(env: str = "diagram") -> list[Stage]:
     teacher = {
-        "env": env, "seed": SEED, "max_nodes": MAX_NODES,
-        "teacher": "scripted", "scripted_skill": 1.0,
+        "env": env,
+        "seed": SEED,
+        "max_nodes": MAX_NODES,
+        "teacher": "scripted",
+        "scripted_skill": 1.0,
         "scripted_faults": {"omit_edges": 0.5},  # a habit for GRPO to undo (module docstring)
         # A format filter, as teams often use for SFT data: keep every answer that parses and that the
         # canvas accepts, whatever its coverage.
-        "min_reward": 0.0, "min_scores": {"json_valid": 1.0, "schema_valid": 1.0},
+        "min_reward": 0.0,
+        "min_scores": {"json_valid": 1.0, "schema_valid": 1.0},
         "num_prompts": 1024,  # the scripted teacher is instant; many distinct requests teach copying, not recall
     }
     sft = {
-        "env": env, "seed": SEED,
+        "env": env,
+        "seed": SEED,
         "full_finetune": True,  # the from-scratch tiny model learns only with every weight trainable
         # measured with a perfect teacher, held-out coverage at 0.5: 0.198 after 200 steps, 0.38-0.44 after
         # 350, 0.73 after 700 (the 2-layer model learns to copy the requested names late; before that it
@@ -78,7 +85,9 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "logging_steps": 10,
     }
     grpo = {
-        "env": env, "seed": SEED, "max_nodes": MAX_NODES,
+        "env": env,
+        "seed": SEED,
+        "max_nodes": MAX_NODES,
         "use_lora": False,
         # Measured from this SFT model (held-out coverage 0.545, 58% of answers without any connection):
         # 20 steps at lr 5e-5 -> 0.65 (two seeds), at 1e-4 -> 0.678, 30 steps at 1e-4 -> 0.680 (9% without
@@ -99,7 +108,9 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         Stage("sft", "sft", sft, model_from="tiny", data_from="teacher"),
         Stage("eval_after_sft", "eval", _eval_config(env, step=0), model_from="sft"),
         Stage("grpo", "grpo", grpo, model_from="sft"),
-        Stage("eval_after_grpo", "eval", _eval_config(env, step=grpo["max_steps"]), model_from="grpo"),
+        Stage(
+            "eval_after_grpo", "eval", _eval_config(env, step=grpo["max_steps"]), model_from="grpo"
+        ),
     ]
 
 
@@ -118,30 +129,51 @@ def _job(kind: str):
     from training import grpo, sft, teacher
 
     module = {"teacher": teacher, "sft": sft, "grpo": grpo, "eval": eval_job}[kind]
-    config_cls = {"teacher": teacher.TeacherJobConfig, "sft": sft.SFTJobConfig,
-                  "grpo": grpo.GRPOJobConfig, "eval": eval_job.EvalJobConfig}[kind]
+    config_cls = {
+        "teacher": teacher.TeacherJobConfig,
+        "sft": sft.SFTJobConfig,
+        "grpo": grpo.GRPOJobConfig,
+        "eval": eval_job.EvalJobConfig,
+    }[kind]
     return config_cls, module.main
 
 
-def run_chain(out: str | Path, env: str = "diagram", *,
-              overrides: dict[str, dict[str, Any]] | None = None, log=print) -> list[dict[str, Any]]:
+def run_chain(
+    out: str | Path,
+    env: str = "diagram",
+    *,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    log=print,
+) -> list[dict[str, Any]]:
     """Run every stage in-process under `out`; returns one row per stage (name, seconds, summary)."""
     from training.tiny import ensure_tiny_model
 
     out = Path(out)
     t0 = time.perf_counter()
     tiny = str(ensure_tiny_model(env, out / "tiny-cache"))
-    rows: list[dict[str, Any]] = [{"name": "tiny_model", "seconds": time.perf_counter() - t0,
-                                   "cpu_seconds": time.process_time(), "summary": {}}]
+    rows: list[dict[str, Any]] = [
+        {
+            "name": "tiny_model",
+            "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time(),
+            "summary": {},
+        }
+    ]
     stages = demo_chain_stages(env)
     summaries: dict[str, dict[str, Any]] = {}
     for stage in stages:
-        config = {**stage.config, **(overrides or {}).get(stage.name, {}),
-                  **(overrides or {}).get(stage.kind, {}), "output_dir": str(out / stage.name)}
+        config = {
+            **stage.config,
+            **(overrides or {}).get(stage.name, {}),
+            **(overrides or {}).get(stage.kind, {}),
+            "output_dir": str(out / stage.name),
+        }
         if stage.model_from == "tiny":
             config["base_model"] = tiny
         elif stage.model_from:
-            config["base_model"] = summaries[stage.model_from]["output_dir"]  # resolve_model_dir finds model/
+            config["base_model"] = summaries[stage.model_from][
+                "output_dir"
+            ]  # resolve_model_dir finds model/
         if stage.data_from:
             config["data"] = summaries[stage.data_from]["dataset"]
         config_cls, main = _job(stage.kind)
@@ -150,27 +182,47 @@ def run_chain(out: str | Path, env: str = "diagram", *,
         summary = main(config_cls.from_dict(config))
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         summaries[stage.name] = summary
-        rows.append({"name": stage.name, "seconds": seconds, "cpu_seconds": cpu, "summary": summary})
+        rows.append(
+            {"name": stage.name, "seconds": seconds, "cpu_seconds": cpu, "summary": summary}
+        )
         log(f"   {seconds:.0f}s wall, {cpu:.0f}s cpu  {_brief(summary)}")
     return rows
 
 
 def _brief(summary: dict[str, Any]) -> str:
-    keys = ("kept", "rejected", "reward_mean", "train_loss", "first_loss", "last_loss", "reward", "global_step")
+    keys = (
+        "kept",
+        "rejected",
+        "reward_mean",
+        "train_loss",
+        "first_loss",
+        "last_loss",
+        "reward",
+        "global_step",
+    )
     return json.dumps({k: summary[k] for k in keys if k in summary}, default=str)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     evals = [r for r in rows if r["summary"].get("kind") == "eval"]
     names = list(evals[0]["summary"]["component_means"]) if evals else []
-    head = f"| {'held-out (diagram, <=' + str(MAX_NODES) + ' nodes)':34s} | reward | " + " | ".join(names) + " |"
+    head = (
+        f"| {'held-out (diagram, <=' + str(MAX_NODES) + ' nodes)':34s} | reward | "
+        + " | ".join(names)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (len(names) + 2)]
-    label = {"eval_before_sft": "before SFT (random tiny model)", "eval_after_sft": "after SFT",
-             "eval_after_grpo": "after GRPO"}
+    label = {
+        "eval_before_sft": "before SFT (random tiny model)",
+        "eval_after_sft": "after SFT",
+        "eval_after_grpo": "after GRPO",
+    }
     for r in evals:
         means = r["summary"]["component_means"]
         cells = " | ".join("-" if means[n] is None else f"{means[n]:.3f}" for n in names)
-        lines.append(f"| {label.get(r['name'], r['name']):34s} | {r['summary']['reward_mean']:.3f} | {cells} |")
+        lines.append(
+            f"| {label.get(r['name'], r['name']):34s} | {r['summary']['reward_mean']:.3f} | {cells} |"
+        )
     # CPU seconds (all threads) next to wall seconds: on a busy machine wall time mostly measures the
     # neighbours, CPU time / 2 is roughly the wall time on an idle 2-core machine.
     lines += ["", "| stage | wall s | cpu s |", "|---|---|---|"]
@@ -202,11 +254,22 @@ def _parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for every stage's output (and the tiny model cache)")
-    parser.add_argument("--env", default="diagram", help="environment (the chain is tuned for diagram)")
-    parser.add_argument("--set", action="append", default=[], metavar="STAGE.FIELD=VALUE",
-                        help="override a config field for one stage name or kind (experiments)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", required=True, help="folder for every stage's output (and the tiny model cache)"
+    )
+    parser.add_argument(
+        "--env", default="diagram", help="environment (the chain is tuned for diagram)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STAGE.FIELD=VALUE",
+        help="override a config field for one stage name or kind (experiments)",
+    )
     args = parser.parse_args(argv)
     rows = run_chain(args.out, args.env, overrides=_parse_overrides(args.set))
     table = format_table(rows)

@@ -20,13 +20,22 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from training.environments.ask_to_code import STYLES, AskToCodeEnv, ScriptedAskPolicy, rollout_record
+from training.environments.ask_to_code import (
+    STYLES,
+    AskToCodeEnv,
+    ScriptedAskPolicy,
+    rollout_record,
+)
 
 # The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the scripted
 # policy writes one of two codes per task, so a few tasks keep seeding to seconds.
 STORY_TASKS = 6
 BROKEN_REASON = "verifier bug: the harness returned before running the hidden tests (0 of 0 run)"
-ASKING_STYLES = ("solve", "ask_first", "loop")  # a relevant question in the first turn: asked_before_coding = 1
+ASKING_STYLES = (
+    "solve",
+    "ask_first",
+    "loop",
+)  # a relevant question in the first turn: asked_before_coding = 1
 
 
 def style_for(rng: random.Random, step: int, steps: int, saturate_at: int, broken: bool) -> str:
@@ -41,8 +50,14 @@ def style_for(rng: random.Random, step: int, steps: int, saturate_at: int, broke
     return rng.choices(ASKING_STYLES, weights=(solve, 0.85 - solve, 0.15))[0]
 
 
-def story_groups(broken: bool, steps: int = 30, groups_per_step: int = 4, G: int = 6, saturate_at: int = 5,
-                 seed: int = 0) -> list[dict[str, Any]]:
+def story_groups(
+    broken: bool,
+    steps: int = 30,
+    groups_per_step: int = 4,
+    G: int = 6,
+    saturate_at: int = 5,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     env = AskToCodeEnv()
     prompts = env.prompts("train", STORY_TASKS, seed)
     rng = random.Random(seed)
@@ -52,11 +67,20 @@ def story_groups(broken: bool, steps: int = 30, groups_per_step: int = 4, G: int
             prompt = prompts[(step * groups_per_step + g) % len(prompts)]
             rollouts = []
             for i in range(G):
-                policy = ScriptedAskPolicy(style_for(rng, step, steps, saturate_at, broken), seed=rng.randrange(2**31))
+                policy = ScriptedAskPolicy(
+                    style_for(rng, step, steps, saturate_at, broken), seed=rng.randrange(2**31)
+                )
                 rec = rollout_record(env, prompt, i, policy)
                 if broken:
                     rec["rewards"]["correctness"] = {"value": 0.0, "reason": BROKEN_REASON}
                 rollouts.append(rec)
-            records.append({"step": step, "key": prompt.key, "prompt": prompt.text, "split": prompt.split,
-                            "rollouts": rollouts})
+            records.append(
+                {
+                    "step": step,
+                    "key": prompt.key,
+                    "prompt": prompt.text,
+                    "split": prompt.split,
+                    "rollouts": rollouts,
+                }
+            )
     return records

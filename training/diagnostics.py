@@ -25,7 +25,11 @@ from training import stats
 SEMANTIC_KINDS = ("outcome", "process")  # what the task is about: depends on the prompt
 SYNTAX_KINDS = ("behavioural",)  # form and validity: satisfiable without reading the prompt
 DENSE_KINDS = ("behavioural", "process")  # scored on every completion, easy to saturate
-UNSTABLE_KEYS = ("kl", "clip_ratio", "grad_norm")  # TRL's logged keys (prefix match after an optional "train/")
+UNSTABLE_KEYS = (
+    "kl",
+    "clip_ratio",
+    "grad_norm",
+)  # TRL's logged keys (prefix match after an optional "train/")
 # Below these a value is never a spike, however flat the rest of the series (clip ratios sit at exactly 0
 # for whole runs when num_iterations == 1, so a robust spread of 0 would call any 0.001 a spike).
 SPIKE_FLOOR = {"kl": 0.05, "clip_ratio": 0.05, "grad_norm": 1.0}
@@ -54,7 +58,9 @@ class RunArrays:
     def __post_init__(self) -> None:
         n = self.matrix.shape[0]
         if self.matrix.ndim != 2 or self.matrix.shape[1] != len(self.components):
-            raise ValueError(f"matrix: expected shape (N, {len(self.components)}), got {self.matrix.shape}")
+            raise ValueError(
+                f"matrix: expected shape (N, {len(self.components)}), got {self.matrix.shape}"
+            )
         for name in ("group_ids", "steps", "lengths", "rollout_ids"):
             a = getattr(self, name)
             if a is not None and a.shape != (n,):
@@ -74,8 +80,14 @@ class RunArrays:
 
     def select(self, mask: np.ndarray) -> RunArrays:
         pick = lambda a: None if a is None else a[mask]  # noqa: E731
-        return replace(self, matrix=self.matrix[mask], group_ids=self.group_ids[mask], steps=self.steps[mask],
-                       lengths=pick(self.lengths), rollout_ids=pick(self.rollout_ids))
+        return replace(
+            self,
+            matrix=self.matrix[mask],
+            group_ids=self.group_ids[mask],
+            steps=self.steps[mask],
+            lengths=pick(self.lengths),
+            rollout_ids=pick(self.rollout_ids),
+        )
 
     def last_steps(self, n_steps: int | None) -> RunArrays:
         """The rollouts of the last `n_steps` distinct steps (all of them when None)."""
@@ -183,7 +195,9 @@ def _json_float(v: Any) -> Any:
     return v
 
 
-def within_group_cov(values: np.ndarray, gidx: np.ndarray, m: int) -> tuple[np.ndarray, stats.GroupStats]:
+def within_group_cov(
+    values: np.ndarray, gidx: np.ndarray, m: int
+) -> tuple[np.ndarray, stats.GroupStats]:
     """Pooled within-group covariance of the columns of `values` (N, P), NaN-aware.
 
     A missing value contributes a zero deviation (it neither adds nor removes variance). Returns
@@ -248,7 +262,11 @@ def component_health(data: RunArrays) -> HealthReport:
     gidx, m = dense_ids(data.group_ids)
     lengths = data.lengths if data.lengths is not None else np.full(data.n, np.nan)
     rewards = data.rewards()
-    cols = np.column_stack([data.matrix, lengths.astype(np.float64), rewards]) if data.n else np.zeros((0, k + 2))
+    cols = (
+        np.column_stack([data.matrix, lengths.astype(np.float64), rewards])
+        if data.n
+        else np.zeros((0, k + 2))
+    )
     cov, cs = within_group_cov(cols, gidx, m) if data.n else (np.zeros((k + 2, k + 2)), None)
     corr = _corr_from_cov(cov)
     shares = advantage_shares(data.weights, cov[:k, :k])
@@ -262,20 +280,38 @@ def component_health(data: RunArrays) -> HealthReport:
         at_max, at_min = _at_bounds(col, lo, hi)
         mean = float(np.nanmean(col)) if scored.any() else math.nan
         std_g = cs.std[:, j][has] if cs is not None else np.zeros(0)
-        out.append(ComponentHealth(
-            name=info.name, kind=info.kind, weight=info.weight, mean=mean,
-            within_std=float(np.nanmean(std_g)) if np.isfinite(std_g).any() else math.nan,
-            zero_std_frac=float(zero.mean()) if zero.size else math.nan,
-            share=float(shares[j]), at_max=at_max, at_min=at_min, lo=lo, hi=hi, range_declared=declared,
-            level=(mean - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan,
-            corr_length=float(corr[j, k]), scored_frac=float(scored.mean()) if data.n else math.nan,
-        ))
+        out.append(
+            ComponentHealth(
+                name=info.name,
+                kind=info.kind,
+                weight=info.weight,
+                mean=mean,
+                within_std=float(np.nanmean(std_g)) if np.isfinite(std_g).any() else math.nan,
+                zero_std_frac=float(zero.mean()) if zero.size else math.nan,
+                share=float(shares[j]),
+                at_max=at_max,
+                at_min=at_min,
+                lo=lo,
+                hi=hi,
+                range_declared=declared,
+                level=(mean - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan,
+                corr_length=float(corr[j, k]),
+                scored_frac=float(scored.mean()) if data.n else math.nan,
+            )
+        )
     # The last column of `cols` is the aggregate reward: its zero-std groups are the ones that teach nothing.
-    rz = cs.zero_std[:, k + 1][cs.count[:, k + 1] > 0] if cs is not None else np.zeros(0, dtype=bool)
+    rz = (
+        cs.zero_std[:, k + 1][cs.count[:, k + 1] > 0] if cs is not None else np.zeros(0, dtype=bool)
+    )
     steps = data.steps
     return HealthReport(
-        components=out, corr_labels=[*data.names, "length", "reward"], corr=corr, n_rollouts=data.n, n_groups=m,
-        step_min=int(steps.min()) if steps.size else None, step_max=int(steps.max()) if steps.size else None,
+        components=out,
+        corr_labels=[*data.names, "length", "reward"],
+        corr=corr,
+        n_rollouts=data.n,
+        n_groups=m,
+        step_min=int(steps.min()) if steps.size else None,
+        step_max=int(steps.max()) if steps.size else None,
         reward_zero_std_frac=float(rz.mean()) if rz.size else math.nan,
     )
 
@@ -308,10 +344,14 @@ class Thresholds:
     min_hold_steps: int = 3
     min_hold_frac: float = 0.2
     max_onset_candidates: int = 200
-    collapse_most: float = 0.5  # signal collapse: at least this fraction of groups teach nothing since the onset
+    collapse_most: float = (
+        0.5  # signal collapse: at least this fraction of groups teach nothing since the onset
+    )
     collapse_rise: float = 0.25  # ... up by this much from before the onset
     collapse_critical: float = 0.8
-    validity_level: float = 0.7  # kind-free: a component this high on its range reads as validity-like
+    validity_level: float = (
+        0.7  # kind-free: a component this high on its range reads as validity-like
+    )
 
 
 @dataclass
@@ -322,7 +362,9 @@ class Finding:
     detail: str  # the numbers behind it
     fix: str  # what to try
     component: str | None = None
-    sort: str | None = None  # explorer sort key for example transcripts (a component, "length", "reward")
+    sort: str | None = (
+        None  # explorer sort key for example transcripts (a component, "length", "reward")
+    )
     order: str = "desc"
     evidence: dict[str, Any] = field(default_factory=dict)
     onset_step: int | None = None  # the first step from which it holds (to the end of the window)
@@ -356,14 +398,20 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
             fix = "Nothing reaches it: add partial credit so that better attempts score higher, or drop it."
         else:
             fix = "Make it graded (partial credit) so that completions of one prompt differ, or drop it."
-        out.append(Finding(
-            code="dead_component", severity="critical" if heavy else "warning", component=c.name, sort=c.name,
-            title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups from step {h.step_min}: it "
-                  f"produces no advantage whatever its weight ({c.weight:g}).",
-            detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups over steps "
-                   f"{h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; mean {c.mean:.3g}.",
-            fix=fix, evidence={"zero_std_frac": c.zero_std_frac, "share": c.share, "weight": c.weight},
-        ))
+        out.append(
+            Finding(
+                code="dead_component",
+                severity="critical" if heavy else "warning",
+                component=c.name,
+                sort=c.name,
+                title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups from step {h.step_min}: it "
+                f"produces no advantage whatever its weight ({c.weight:g}).",
+                detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups over steps "
+                f"{h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; mean {c.mean:.3g}.",
+                fix=fix,
+                evidence={"zero_std_frac": c.zero_std_frac, "share": c.share, "weight": c.weight},
+            )
+        )
     return out
 
 
@@ -376,37 +424,57 @@ def _never_varies(c: ComponentHealth, h: HealthReport, heavy: bool) -> Finding:
     # A scorer stuck on one value has as often never run (a harness that returns before executing the
     # submission) as it has faced an impossible task: the values cannot tell these apart, the reasons can.
     return Finding(
-        code="dead_component", severity="critical" if heavy else "warning", component=c.name, sort=c.name,
+        code="dead_component",
+        severity="critical" if heavy else "warning",
+        component=c.name,
+        sort=c.name,
         title=f"'{c.name}' scored {c.mean:g} in every rollout from step {h.step_min}: it never varies, so it produces "
-              f"no advantage whatever its weight ({c.weight:g}).",
+        f"no advantage whatever its weight ({c.weight:g}).",
         detail=f"{h.n_rollouts} rollouts in {h.n_groups} groups over steps {h.step_min}-{h.step_max}, all at its "
-               f"minimum {c.lo:g}; share of the advantage {_pct(c.share)}.",
+        f"minimum {c.lo:g}; share of the advantage {_pct(c.share)}.",
         fix="Check that its verifier actually runs: a scorer that never varies has often never executed the "
-            "submission (read this component's reason in a few transcripts). If it does run, the task is out of "
-            "reach: SFT on teacher traces first, or add partial credit. Dropping it in an ablation should change "
-            "nothing; compare with a run where it works.",
-        evidence={"zero_std_frac": c.zero_std_frac, "at_min": c.at_min, "share": c.share, "weight": c.weight,
-                  "value": c.mean},
+        "submission (read this component's reason in a few transcripts). If it does run, the task is out of "
+        "reach: SFT on teacher traces first, or add partial credit. Dropping it in an ablation should change "
+        "nothing; compare with a run where it works.",
+        evidence={
+            "zero_std_frac": c.zero_std_frac,
+            "at_min": c.at_min,
+            "share": c.share,
+            "weight": c.weight,
+            "value": c.mean,
+        },
     )
 
 
 def detect_unreachable(h: HealthReport, t: Thresholds) -> list[Finding]:
     out = []
     for c in h.components:
-        if c.kind != "outcome" or not (c.at_min >= t.unreachable_at_min) or h.n_groups < t.min_groups:
+        if (
+            c.kind != "outcome"
+            or not (c.at_min >= t.unreachable_at_min)
+            or h.n_groups < t.min_groups
+        ):
             continue
-        if _never_left_floor(c):  # not one success: detect_dead says so, with the verifier as a suspect
+        if _never_left_floor(
+            c
+        ):  # not one success: detect_dead says so, with the verifier as a suspect
             continue
-        out.append(Finding(
-            code="unreachable_reward", severity="critical", component=c.name, sort=c.name, order="desc",
-            title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts from step "
-                  f"{h.step_min}: the policy almost never succeeds, so there is almost nothing to learn from.",
-            detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean {c.mean:.3g}; "
-                   f"constant inside {_pct(c.zero_std_frac)} of groups.",
-            fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the action space, or add "
+        out.append(
+            Finding(
+                code="unreachable_reward",
+                severity="critical",
+                component=c.name,
+                sort=c.name,
+                order="desc",
+                title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts from step "
+                f"{h.step_min}: the policy almost never succeeds, so there is almost nothing to learn from.",
+                detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean {c.mean:.3g}; "
+                f"constant inside {_pct(c.zero_std_frac)} of groups.",
+                fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the action space, or add "
                 "partial credit for intermediate progress. The rare successes are listed first below.",
-            evidence={"at_min": c.at_min, "zero_std_frac": c.zero_std_frac},
-        ))
+                evidence={"at_min": c.at_min, "zero_std_frac": c.zero_std_frac},
+            )
+        )
     return out
 
 
@@ -421,18 +489,31 @@ def detect_saturation(h: HealthReport, t: Thresholds) -> list[Finding]:
             continue
         o = min(outcomes, key=lambda x: x.zero_std_frac if not math.isnan(x.zero_std_frac) else 1.0)
         flat = o.zero_std_frac >= t.flat_zero_std
-        state = (f"stays flat (constant in {_pct(o.zero_std_frac)} of groups)" if flat
-                 else f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)")
-        out.append(Finding(
-            code="saturation", severity="warning", component=c.name, sort=o.name, order="asc",
-            title=f"'{c.name}' is saturated from step {h.step_min}: at its maximum in {_pct(c.at_max)} of rollouts and "
-                  f"constant in {_pct(c.zero_std_frac)} of groups since, while the outcome '{o.name}' {state}.",
-            detail=f"'{c.name}' weight {c.weight:g}, share of the advantage {_pct(c.share)}; "
-                   f"'{o.name}' weight {o.weight:g}, share {_pct(o.share)}.",
-            fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise the weight of "
+        state = (
+            f"stays flat (constant in {_pct(o.zero_std_frac)} of groups)"
+            if flat
+            else f"still varies (constant in only {_pct(o.zero_std_frac)} of groups)"
+        )
+        out.append(
+            Finding(
+                code="saturation",
+                severity="warning",
+                component=c.name,
+                sort=o.name,
+                order="asc",
+                title=f"'{c.name}' is saturated from step {h.step_min}: at its maximum in {_pct(c.at_max)} of rollouts and "
+                f"constant in {_pct(c.zero_std_frac)} of groups since, while the outcome '{o.name}' {state}.",
+                detail=f"'{c.name}' weight {c.weight:g}, share of the advantage {_pct(c.share)}; "
+                f"'{o.name}' weight {o.weight:g}, share {_pct(o.share)}.",
+                fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise the weight of "
                 f"'{o.name}'; consider turning '{c.name}' into a gate.",
-            evidence={"at_max": c.at_max, "zero_std_frac": c.zero_std_frac, "outcome_zero_std": o.zero_std_frac},
-        ))
+                evidence={
+                    "at_max": c.at_max,
+                    "zero_std_frac": c.zero_std_frac,
+                    "outcome_zero_std": o.zero_std_frac,
+                },
+            )
+        )
     return out
 
 
@@ -451,17 +532,30 @@ def detect_trivial_outputs(h: HealthReport, t: Thresholds) -> list[Finding]:
     if not (valid_saturated and task_flat):
         return []
     names = lambda cs: ", ".join(f"'{c.name}'" for c in cs)  # noqa: E731
-    return [Finding(
-        code="trivial_outputs", severity="critical", component=sem[0].name, sort=sem[0].name, order="asc",
-        title=f"Valid but trivial outputs: validity ({names(syn)}) is saturated while the task ({names(sem)}) "
-              f"is flat. The policy learned to pass the checks and stopped there.",
-        detail="; ".join(f"'{c.name}' at max {_pct(c.at_max)}" for c in syn) + "; " +
-               "; ".join(f"'{c.name}' constant in {_pct(c.zero_std_frac)} of groups, mean {c.mean:.3g}" for c in sem),
-        fix="Make validity a precondition of the task reward (a gate) instead of an additive bonus, lower its "
+    return [
+        Finding(
+            code="trivial_outputs",
+            severity="critical",
+            component=sem[0].name,
+            sort=sem[0].name,
+            order="asc",
+            title=f"Valid but trivial outputs: validity ({names(syn)}) is saturated while the task ({names(sem)}) "
+            f"is flat. The policy learned to pass the checks and stopped there.",
+            detail="; ".join(f"'{c.name}' at max {_pct(c.at_max)}" for c in syn)
+            + "; "
+            + "; ".join(
+                f"'{c.name}' constant in {_pct(c.zero_std_frac)} of groups, mean {c.mean:.3g}"
+                for c in sem
+            ),
+            fix="Make validity a precondition of the task reward (a gate) instead of an additive bonus, lower its "
             "weight, and add partial credit to the task reward. Read the transcripts: they are likely empty or "
             "minimal outputs that happen to parse.",
-        evidence={"syntax_at_max": min(c.at_max for c in syn), "semantic_zero_std": min(c.zero_std_frac for c in sem)},
-    )]
+            evidence={
+                "syntax_at_max": min(c.at_max for c in syn),
+                "semantic_zero_std": min(c.zero_std_frac for c in sem),
+            },
+        )
+    ]
 
 
 def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
@@ -471,16 +565,25 @@ def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
     if not (all(c.level >= t.high_level for c in syn) and all(c.level <= t.low_level for c in sem)):
         return []
     names = lambda cs: ", ".join(f"'{c.name}' {c.level:.2f}" for c in cs)  # noqa: E731
-    return [Finding(
-        code="ignores_prompt", severity="warning", component=sem[0].name, sort=syn[0].name, order="desc",
-        title="Valid but ignores the prompt: the syntax components are high while the prompt-dependent "
-              "components stay low.",
-        detail=f"levels on each component's range: syntax {names(syn)}; task {names(sem)}.",
-        fix="Read the top-validity transcripts against their prompts. Add prompt-conditioned partial credit "
+    return [
+        Finding(
+            code="ignores_prompt",
+            severity="warning",
+            component=sem[0].name,
+            sort=syn[0].name,
+            order="desc",
+            title="Valid but ignores the prompt: the syntax components are high while the prompt-dependent "
+            "components stay low.",
+            detail=f"levels on each component's range: syntax {names(syn)}; task {names(sem)}.",
+            fix="Read the top-validity transcripts against their prompts. Add prompt-conditioned partial credit "
             "(reward the entities and constraints the prompt asks for), and SFT on teacher traces that do follow "
             "the prompt before GRPO.",
-        evidence={"syntax_level": min(c.level for c in syn), "semantic_level": max(c.level for c in sem)},
-    )]
+            evidence={
+                "syntax_level": min(c.level for c in syn),
+                "semantic_level": max(c.level for c in sem),
+            },
+        )
+    ]
 
 
 def _thirds_rise(steps: np.ndarray, values: np.ndarray) -> float:
@@ -507,15 +610,21 @@ def detect_length_hacking(data: RunArrays, h: HealthReport, t: Thresholds) -> li
     if not (corr >= t.length_corr and rise >= t.length_rise):
         return []
     top = max(h.components, key=lambda c: c.corr_length if not math.isnan(c.corr_length) else -2)
-    return [Finding(
-        code="length_hacking", severity="warning", component=top.name, sort="length", order="desc",
-        title=f"Length hacking: inside groups, longer completions get more reward (correlation {corr:.2f}) and "
-              f"the mean length rose {_pct(rise)} over steps {h.step_min}-{h.step_max}.",
-        detail=f"the component most tied to length is '{top.name}' (within-group correlation {top.corr_length:.2f}).",
-        fix=f"Check '{top.name}' for rewarding verbosity: cap or normalise it by length, add a length penalty, "
+    return [
+        Finding(
+            code="length_hacking",
+            severity="warning",
+            component=top.name,
+            sort="length",
+            order="desc",
+            title=f"Length hacking: inside groups, longer completions get more reward (correlation {corr:.2f}) and "
+            f"the mean length rose {_pct(rise)} over steps {h.step_min}-{h.step_max}.",
+            detail=f"the component most tied to length is '{top.name}' (within-group correlation {top.corr_length:.2f}).",
+            fix=f"Check '{top.name}' for rewarding verbosity: cap or normalise it by length, add a length penalty, "
             "or score only the final answer. Read the longest transcripts.",
-        evidence={"corr": corr, "rise": rise},
-    )]
+            evidence={"corr": corr, "rise": rise},
+        )
+    ]
 
 
 def aggregation_collapse(data: RunArrays) -> dict[str, float]:
@@ -524,24 +633,35 @@ def aggregation_collapse(data: RunArrays) -> dict[str, float]:
     that happens and how many of them normalise-then-sum (GDPO) would tell apart."""
     k = len(data.components)
     if data.n == 0 or k < 2:
-        return {"groups": 0, "collapsed": 0, "frac": math.nan, "rollouts_frac": math.nan, "resolved_frac": math.nan}
+        return {
+            "groups": 0,
+            "collapsed": 0,
+            "frac": math.nan,
+            "rollouts_frac": math.nan,
+            "resolved_frac": math.nan,
+        }
     gidx, m = dense_ids(data.group_ids)
     blocks = regular_blocks(gidx, m)
     g_hash = _hash_columns(gidx.astype(np.float64)[:, None]) if blocks is None else None
     vec = _hash_columns(data.matrix)
     rew = _hash_columns(data.rewards()[:, None])
-    alt = stats.compute_advantages(data.matrix, data.weights, gidx, aggregation="normalize_then_sum",
-                                   batch_ids=data.steps)
+    alt = stats.compute_advantages(
+        data.matrix, data.weights, gidx, aggregation="normalize_then_sum", batch_ids=data.steps
+    )
     n_vec = _distinct_per_group(vec, gidx, m, blocks)
     n_rew = _distinct_per_group(rew, gidx, m, blocks)
-    n_alt = _distinct_per_group(_hash_columns(np.round(alt.advantages, 6)[:, None]), gidx, m, blocks)
+    n_alt = _distinct_per_group(
+        _hash_columns(np.round(alt.advantages, 6)[:, None]), gidx, m, blocks
+    )
     multi = n_vec > 1
     collapsed = multi & (n_rew < n_vec)
     # Rollouts whose (group, reward) is shared with a different component vector.
     if blocks is not None:
         perm, size = blocks
         rb, vb = rew[perm].reshape(m, size), vec[perm].reshape(m, size)
-        clash = (rb[:, :, None] == rb[:, None, :]) & (vb[:, :, None] != vb[:, None, :])  # (M, G, G), G small
+        clash = (rb[:, :, None] == rb[:, None, :]) & (
+            vb[:, :, None] != vb[:, None, :]
+        )  # (M, G, G), G small
         rollout_collapsed = clash.any(axis=2)
     else:
         with np.errstate(over="ignore"):
@@ -555,7 +675,9 @@ def aggregation_collapse(data: RunArrays) -> dict[str, float]:
         "collapsed": int(collapsed.sum()),
         "frac": float(collapsed.sum() / n_multi) if n_multi else math.nan,
         "rollouts_frac": float(rollout_collapsed.mean()),
-        "resolved_frac": float(np.mean(n_alt[collapsed] >= n_vec[collapsed])) if collapsed.any() else math.nan,
+        "resolved_frac": float(np.mean(n_alt[collapsed] >= n_vec[collapsed]))
+        if collapsed.any()
+        else math.nan,
     }
 
 
@@ -583,14 +705,18 @@ def _hash_columns(x: np.ndarray) -> np.ndarray:
     return h
 
 
-def _distinct_per_group(h: np.ndarray, gidx: np.ndarray, m: int, blocks: tuple[np.ndarray, int] | None) -> np.ndarray:
+def _distinct_per_group(
+    h: np.ndarray, gidx: np.ndarray, m: int, blocks: tuple[np.ndarray, int] | None
+) -> np.ndarray:
     """Number of distinct hashes in each group."""
     if blocks is not None:
         perm, size = blocks
         srt = np.sort(h[perm].reshape(m, size), axis=1)
         return 1 + (srt[:, 1:] != srt[:, :-1]).sum(axis=1)
     with np.errstate(over="ignore"):
-        _, first = np.unique(_mix(_hash_columns(gidx.astype(np.float64)[:, None]), h), return_index=True)
+        _, first = np.unique(
+            _mix(_hash_columns(gidx.astype(np.float64)[:, None]), h), return_index=True
+        )
     return np.bincount(gidx[first], minlength=m)
 
 
@@ -599,21 +725,28 @@ def detect_aggregation_collapse(c: dict[str, float], t: Thresholds) -> list[Find
     if not c or not c["groups"] >= t.min_groups or not c["frac"] >= t.collapse_frac:
         return []
     resolved = c["resolved_frac"]
-    return [Finding(
-        code="aggregation_collapse", severity="warning", sort="reward", order="desc",
-        title=f"Aggregation collapse: in {_pct(c['frac'])} of groups, completions with different component "
-              f"scores sum to the same reward and so get the same advantage.",
-        detail=f"{c['collapsed']} of {c['groups']} groups with distinct component vectors; {_pct(c['rollouts_frac'])} "
-               f"of rollouts affected. Normalise-then-sum would tell apart the completions in {_pct(resolved)} of "
-               f"those groups.",
-        fix="Set multi_objective_aggregation='normalize_then_sum' (each component normalised inside its group "
+    return [
+        Finding(
+            code="aggregation_collapse",
+            severity="warning",
+            sort="reward",
+            order="desc",
+            title=f"Aggregation collapse: in {_pct(c['frac'])} of groups, completions with different component "
+            f"scores sum to the same reward and so get the same advantage.",
+            detail=f"{c['collapsed']} of {c['groups']} groups with distinct component vectors; {_pct(c['rollouts_frac'])} "
+            f"of rollouts affected. Normalise-then-sum would tell apart the completions in {_pct(resolved)} of "
+            f"those groups.",
+            fix="Set multi_objective_aggregation='normalize_then_sum' (each component normalised inside its group "
             "before the weighted sum), or change the weights so that different trade-offs do not cancel exactly. "
             "Try it first as an ablation.",
-        evidence=c,
-    )]
+            evidence=c,
+        )
+    ]
 
 
-def detect_unstable(metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t: Thresholds) -> list[Finding]:
+def detect_unstable(
+    metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t: Thresholds
+) -> list[Finding]:
     """Spikes in KL, clip ratio or grad norm as TRL logs them (`kl`, `clip_ratio/region_mean`, `grad_norm`).
 
     A spike is a value above median + spike_mads robust deviations and above spike_ratio x the median;
@@ -638,17 +771,27 @@ def detect_unstable(metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t:
         if not (spikes.any() or bad.any()):
             continue
         where = s[spikes | bad][:8].tolist()
-        out.append(Finding(
-            code="unstable", severity="critical" if bad.any() else "warning", sort="reward", order="desc",
-            title=f"Unstable run: '{name}' " + ("went non-finite" if bad.any() else "spikes") +
-                  f" at step{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}.",
-            detail=f"median {med:.3g}, robust spread {mad:.3g}; {int(spikes.sum())} spikes above {limit:.3g}, "
-                   f"{int(bad.sum())} non-finite values.",
-            fix="Lower the learning rate, raise beta (the KL coefficient), clip gradients (max_grad_norm), and read "
+        out.append(
+            Finding(
+                code="unstable",
+                severity="critical" if bad.any() else "warning",
+                sort="reward",
+                order="desc",
+                title=f"Unstable run: '{name}' "
+                + ("went non-finite" if bad.any() else "spikes")
+                + f" at step{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}.",
+                detail=f"median {med:.3g}, robust spread {mad:.3g}; {int(spikes.sum())} spikes above {limit:.3g}, "
+                f"{int(bad.sum())} non-finite values.",
+                fix="Lower the learning rate, raise beta (the KL coefficient), clip gradients (max_grad_norm), and read "
                 "the rollouts of the steps just before the spike for reward outliers.",
-            evidence={"metric": name, "first_step": where[0] if where else None, "spikes": int(spikes.sum()),
-                      "non_finite": int(bad.sum())},
-        ))
+                evidence={
+                    "metric": name,
+                    "first_step": where[0] if where else None,
+                    "spikes": int(spikes.sum()),
+                    "non_finite": int(bad.sum()),
+                },
+            )
+        )
     return out
 
 
@@ -670,7 +813,11 @@ def quality_gap(
     cut = float(np.quantile(rewards[ok], top_quantile))
     high = ok & (rewards >= cut)
     bad = np.isin(rollout_ids, np.fromiter(bad_case_ids(), dtype=np.int64))
-    denom_mask = high & np.isin(rollout_ids, np.fromiter(annotated_ids(), dtype=np.int64)) if annotated_ids else high
+    denom_mask = (
+        high & np.isin(rollout_ids, np.fromiter(annotated_ids(), dtype=np.int64))
+        if annotated_ids
+        else high
+    )
     n_annot = int(denom_mask.sum())
     if n_annot < t.quality_min_annotated:
         return []
@@ -679,16 +826,25 @@ def quality_gap(
     if not (share >= t.quality_bad_share):
         return []
     rising = rise > 0.05
-    return [Finding(
-        code="reward_vs_quality", severity="critical" if rising else "warning", sort="reward", order="desc",
-        title=f"{_pct(share)} of the annotated high-reward rollouts are bad cases"
-              + (f", while the reward rose {_pct(rise)}: the reward is being gamed." if rising else "."),
-        detail=f"{int((bad & denom_mask).sum())} bad of {n_annot} annotated rollouts with reward >= {cut:.3g} "
-               f"(top {_pct(1 - top_quantile)}).",
-        fix="Read the high-reward bad cases, find what they share, and close the loophole in the reward "
+    return [
+        Finding(
+            code="reward_vs_quality",
+            severity="critical" if rising else "warning",
+            sort="reward",
+            order="desc",
+            title=f"{_pct(share)} of the annotated high-reward rollouts are bad cases"
+            + (
+                f", while the reward rose {_pct(rise)}: the reward is being gamed."
+                if rising
+                else "."
+            ),
+            detail=f"{int((bad & denom_mask).sum())} bad of {n_annot} annotated rollouts with reward >= {cut:.3g} "
+            f"(top {_pct(1 - top_quantile)}).",
+            fix="Read the high-reward bad cases, find what they share, and close the loophole in the reward "
             "(a stricter verifier, a penalty, or a gate); then add them as negative examples.",
-        evidence={"share": share, "annotated": n_annot, "reward_rise": rise, "cut": cut},
-    )]
+            evidence={"share": share, "annotated": n_annot, "reward_rise": rise, "cut": cut},
+        )
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -717,30 +873,55 @@ class StepTable:
         """The component health pooled over steps[i0:i1] (what component_health would say of them, less
         the correlations with length and reward)."""
         t = lambda name: self.total(name, i0, i1)  # noqa: E731
-        groups, zero, scored, amax, amin, vsum = t("groups"), t("zero"), t("scored"), t("at_max"), t("at_min"), t("sum")
+        groups, zero, scored, amax, amin, vsum = (
+            t("groups"),
+            t("zero"),
+            t("scored"),
+            t("at_max"),
+            t("at_min"),
+            t("sum"),
+        )
         std_sum, std_n, rows = t("std_sum"), t("std_n"), float(t("rows"))
         k = len(self.components)
         cov = t("cov") / max(float(t("dof")), 1.0)
-        shares = advantage_shares(np.array([c.weight for c in self.components], dtype=np.float64), cov)
+        shares = advantage_shares(
+            np.array([c.weight for c in self.components], dtype=np.float64), cov
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             mean, zfrac, at_max, at_min = vsum / scored, zero / groups, amax / scored, amin / scored
             within = std_sum / std_n
         out = []
         for j, c in enumerate(self.components):
             lo, hi = float(self.lo[j]), float(self.hi[j])
-            out.append(ComponentHealth(
-                name=c.name, kind=(kinds or {}).get(c.name, c.kind), weight=c.weight, mean=float(mean[j]),
-                within_std=float(within[j]), zero_std_frac=float(zfrac[j]), share=float(shares[j]),
-                at_max=float(at_max[j]), at_min=float(at_min[j]), lo=lo, hi=hi, range_declared=bool(self.declared[j]),
-                level=(float(mean[j]) - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan, corr_length=math.nan,
-                scored_frac=float(scored[j] / rows) if rows else math.nan,
-            ))
+            out.append(
+                ComponentHealth(
+                    name=c.name,
+                    kind=(kinds or {}).get(c.name, c.kind),
+                    weight=c.weight,
+                    mean=float(mean[j]),
+                    within_std=float(within[j]),
+                    zero_std_frac=float(zfrac[j]),
+                    share=float(shares[j]),
+                    at_max=float(at_max[j]),
+                    at_min=float(at_min[j]),
+                    lo=lo,
+                    hi=hi,
+                    range_declared=bool(self.declared[j]),
+                    level=(float(mean[j]) - lo) / (hi - lo) if hi - lo > 1e-12 else math.nan,
+                    corr_length=math.nan,
+                    scored_frac=float(scored[j] / rows) if rows else math.nan,
+                )
+            )
         corr = np.full((k + 2, k + 2), np.nan)
         corr[:k, :k] = _corr_from_cov(cov)
         rg = float(t("r_groups"))
         return HealthReport(
-            components=out, corr_labels=[*(c.name for c in self.components), "length", "reward"], corr=corr,
-            n_rollouts=int(rows), n_groups=int(t("n_groups")), step_min=int(self.steps[i0]) if i1 > i0 else None,
+            components=out,
+            corr_labels=[*(c.name for c in self.components), "length", "reward"],
+            corr=corr,
+            n_rollouts=int(rows),
+            n_groups=int(t("n_groups")),
+            step_min=int(self.steps[i0]) if i1 > i0 else None,
             step_max=int(self.steps[i1 - 1]) if i1 > i0 else None,
             reward_zero_std_frac=float(t("r_zero")) / rg if rg else math.nan,
         )
@@ -749,27 +930,50 @@ class StepTable:
         """Per-step health of every component (zero-std fraction, shares at max / min and of the advantage)
         and the aggregate zero-std fraction, as JSON; long runs thinned to about `max_points` steps."""
         s = self.steps.size
-        idx = np.arange(s) if s <= max_points else np.unique(np.linspace(0, s - 1, max_points).round().astype(int))
+        idx = (
+            np.arange(s)
+            if s <= max_points
+            else np.unique(np.linspace(0, s - 1, max_points).round().astype(int))
+        )
         one = {name: (c[1:] - c[:-1])[idx] for name, c in self.cum.items()}  # each step's own sums
         w = np.array([c.weight for c in self.components], dtype=np.float64)
         cw = one["cov"] @ w  # (steps, K): the advantage_shares formula, every step at once
         total = cw @ w
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where((total > 1e-12)[:, None], w[None, :] * cw / total[:, None], np.nan)
-            cols = {"zero_std_frac": one["zero"] / one["groups"], "at_max": one["at_max"] / one["scored"],
-                    "at_min": one["at_min"] / one["scored"], "share": share}
+            cols = {
+                "zero_std_frac": one["zero"] / one["groups"],
+                "at_max": one["at_max"] / one["scored"],
+                "at_min": one["at_min"] / one["scored"],
+                "share": share,
+            }
             reward_zero = one["r_zero"] / one["r_groups"]
         f = lambda a: [_json_float(x) for x in a.tolist()]  # noqa: E731
-        comp = {c.name: {key: f(v[:, j]) for key, v in cols.items()} for j, c in enumerate(self.components)}
-        return {"steps": self.steps[idx].tolist(), "components": comp, "reward_zero_std_frac": f(reward_zero)}
+        comp = {
+            c.name: {key: f(v[:, j]) for key, v in cols.items()}
+            for j, c in enumerate(self.components)
+        }
+        return {
+            "steps": self.steps[idx].tolist(),
+            "components": comp,
+            "reward_zero_std_frac": f(reward_zero),
+        }
 
 
 def _by_step(sidx: np.ndarray, values: np.ndarray, s: int) -> np.ndarray:
     """Sum of the rows of `values` (n,) or (n, K) per step index: (s,) or (s, K)."""
     if values.ndim == 1:
         return np.bincount(sidx, weights=values.astype(np.float64), minlength=s)
-    return np.column_stack([np.bincount(sidx, weights=values[:, j].astype(np.float64), minlength=s)
-                            for j in range(values.shape[1])]) if values.shape[1] else np.zeros((s, 0))
+    return (
+        np.column_stack(
+            [
+                np.bincount(sidx, weights=values[:, j].astype(np.float64), minlength=s)
+                for j in range(values.shape[1])
+            ]
+        )
+        if values.shape[1]
+        else np.zeros((s, 0))
+    )
 
 
 def _cum(x: np.ndarray) -> np.ndarray:
@@ -802,23 +1006,39 @@ def step_table(data: RunArrays) -> StepTable:
     cov = np.zeros((s, k, k))
     for a in range(k):
         for b in range(a, k):
-            cov[:, a, b] = cov[:, b, a] = np.bincount(sidx, weights=dev[:, a] * dev[:, b], minlength=s)
+            cov[:, a, b] = cov[:, b, a] = np.bincount(
+                sidx, weights=dev[:, a] * dev[:, b], minlength=s
+            )
     sizes = np.bincount(gidx, minlength=m)
     per_step = {
-        "groups": _by_step(g_step, has[:, :k], s), "zero": _by_step(g_step, zero[:, :k], s),
+        "groups": _by_step(g_step, has[:, :k], s),
+        "zero": _by_step(g_step, zero[:, :k], s),
         "std_sum": _by_step(g_step, np.where(finite_std, st.std[:, :k], 0.0), s),
-        "std_n": _by_step(g_step, finite_std, s), "n_groups": np.bincount(g_step, minlength=s).astype(np.float64),
-        "dof": _by_step(g_step, np.maximum(sizes - 1, 0), s), "rows": np.bincount(sidx, minlength=s).astype(np.float64),
-        "scored": _by_step(sidx, scored, s), "sum": _by_step(sidx, np.where(scored, vals, 0.0), s),
-        "at_max": _by_step(sidx, at_max, s), "at_min": _by_step(sidx, at_min, s), "cov": cov,
-        "r_groups": _by_step(g_step, has[:, k], s), "r_zero": _by_step(g_step, zero[:, k], s),
+        "std_n": _by_step(g_step, finite_std, s),
+        "n_groups": np.bincount(g_step, minlength=s).astype(np.float64),
+        "dof": _by_step(g_step, np.maximum(sizes - 1, 0), s),
+        "rows": np.bincount(sidx, minlength=s).astype(np.float64),
+        "scored": _by_step(sidx, scored, s),
+        "sum": _by_step(sidx, np.where(scored, vals, 0.0), s),
+        "at_max": _by_step(sidx, at_max, s),
+        "at_min": _by_step(sidx, at_min, s),
+        "cov": cov,
+        "r_groups": _by_step(g_step, has[:, k], s),
+        "r_zero": _by_step(g_step, zero[:, k], s),
     }
-    return StepTable(components=list(data.components), steps=uniq, lo=lo, hi=hi,
-                     declared=np.array([r[2] for r in ranges], dtype=bool),
-                     cum={name: _cum(v) for name, v in per_step.items()})
+    return StepTable(
+        components=list(data.components),
+        steps=uniq,
+        lo=lo,
+        hi=hi,
+        declared=np.array([r[2] for r in ranges], dtype=bool),
+        cum={name: _cum(v) for name, v in per_step.items()},
+    )
 
 
-def _state_findings(h: HealthReport, t: Thresholds, stuck: frozenset[str] = frozenset()) -> list[Finding]:
+def _state_findings(
+    h: HealthReport, t: Thresholds, stuck: frozenset[str] = frozenset()
+) -> list[Finding]:
     """The detectors of a state (what the components are like over a range of steps), worst-specific first.
     `stuck`: components at their floor in every rollout of the whole window. When the task components are
     all stuck from the start, the policy never had a task signal to give up on: that is a scorer that never
@@ -842,7 +1062,10 @@ def _key(f: Finding) -> tuple[str, str | None]:
 
 
 def _hold(table: StepTable, t: Thresholds) -> int:
-    return max(1, min(table.steps.size, max(t.min_hold_steps, math.ceil(t.min_hold_frac * table.steps.size))))
+    return max(
+        1,
+        min(table.steps.size, max(t.min_hold_steps, math.ceil(t.min_hold_frac * table.steps.size))),
+    )
 
 
 def _candidates(last: int, t: Thresholds) -> list[int]:
@@ -859,20 +1082,30 @@ def _local_end(table: StepTable, i: int, t: Thresholds) -> int:
     return min(max(j, i + 1), table.steps.size)
 
 
-def _refine(table: StepTable, t: Thresholds, holds: Callable[[int, int], bool], i: int, last: int,
-            local: Callable[[int, int], bool] | None = None) -> int:
+def _refine(
+    table: StepTable,
+    t: Thresholds,
+    holds: Callable[[int, int], bool],
+    i: int,
+    last: int,
+    local: Callable[[int, int], bool] | None = None,
+) -> int:
     """A pooled suffix can hold from a few steps before the change (the later steps outweigh them): move
     the onset forward while its own first steps are not in the state (`local`, default `holds`) and the
     suffix after them still is."""
     s, local = table.steps.size, local or holds
-    for _ in range(1000):  # bounded: a grid of candidates leaves at most a few hundred steps between two
+    for _ in range(
+        1000
+    ):  # bounded: a grid of candidates leaves at most a few hundred steps between two
         if i >= last or local(i, _local_end(table, i, t)) or not holds(i + 1, s):
             break
         i += 1
     return i
 
 
-def state_onsets(table: StepTable, t: Thresholds, kinds: dict[str, str] | None = None) -> list[Finding]:
+def state_onsets(
+    table: StepTable, t: Thresholds, kinds: dict[str, str] | None = None
+) -> list[Finding]:
     """Every state finding that holds from some step to the end of the window, each from its onset (the
     earliest start step from which it holds, pooled, over at least the hold length)."""
     s = table.steps.size
@@ -888,10 +1121,16 @@ def state_onsets(table: StepTable, t: Thresholds, kinds: dict[str, str] | None =
     for key, first in seen.items():
         # Over a few steps, an almost-unreachable outcome is often not reached at all: then it reads as
         # "never varies" (dead), and those steps are in the state all the same.
-        same = frozenset({key, ("dead_component", key[1])} if key[0] == "unreachable_reward" else {key})
+        same = frozenset(
+            {key, ("dead_component", key[1])} if key[0] == "unreachable_reward" else {key}
+        )
 
-        def holds(a: int, b: int, keys: frozenset[tuple[str, str | None]] = frozenset({key})) -> bool:
-            return any(_key(f) in keys for f in _state_findings(table.health(a, b, kinds), t, stuck))
+        def holds(
+            a: int, b: int, keys: frozenset[tuple[str, str | None]] = frozenset({key})
+        ) -> bool:
+            return any(
+                _key(f) in keys for f in _state_findings(table.health(a, b, kinds), t, stuck)
+            )
 
         i = _refine(table, t, holds, first, last, local=lambda a, b, keys=same: holds(a, b, keys))
         f = next(f for f in _state_findings(table.health(i, s, kinds), t, stuck) if _key(f) == key)
@@ -908,8 +1147,10 @@ def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
     specific = {f.component for f in findings if f.code in ("saturation", "unreachable_reward")}
     out = []
     for f in findings:
-        if "trivial_outputs" in codes and (f.code == "ignores_prompt" or (
-                f.code == "dead_component" and kinds.get(f.component or "") in SEMANTIC_KINDS)):
+        if "trivial_outputs" in codes and (
+            f.code == "ignores_prompt"
+            or (f.code == "dead_component" and kinds.get(f.component or "") in SEMANTIC_KINDS)
+        ):
             continue
         if f.code == "dead_component" and f.component in specific:
             continue
@@ -923,35 +1164,56 @@ def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
     z, g, s = table.cum["r_zero"], table.cum["r_groups"], table.steps.size
     last = s - _hold(table, t)
 
-    def state(a: int, b: int) -> tuple[float, float]:  # (fraction of zero-std groups in steps a..b-1, groups)
+    def state(
+        a: int, b: int
+    ) -> tuple[float, float]:  # (fraction of zero-std groups in steps a..b-1, groups)
         n = float(g[b] - g[a])
         return (float(z[b] - z[a]) / n if n else math.nan), n
 
     def holds(a: int, b: int = s) -> bool:
         after, n_after = state(a, b)
         before, n_before = state(0, a)
-        return (n_after >= t.min_groups and n_before >= t.min_groups and after >= t.collapse_most
-                and after - before >= t.collapse_rise)
+        return (
+            n_after >= t.min_groups
+            and n_before >= t.min_groups
+            and after >= t.collapse_most
+            and after - before >= t.collapse_rise
+        )
 
-    first = next((i for i in _candidates(max(last, 0), t) if i >= 1 and holds(i)), None) if s > 1 else None
+    first = (
+        next((i for i in _candidates(max(last, 0), t) if i >= 1 and holds(i)), None)
+        if s > 1
+        else None
+    )
     if first is None:
         return []
-    i = _refine(table, t, lambda a, b: state(a, b)[0] >= t.collapse_most and (b < s or holds(a)), first, last)
+    i = _refine(
+        table,
+        t,
+        lambda a, b: state(a, b)[0] >= t.collapse_most and (b < s or holds(a)),
+        first,
+        last,
+    )
     after, n_after = state(i, s)
     before, _ = state(0, i)
     step = int(table.steps[i])
-    return [Finding(
-        code="signal_collapse", severity="critical" if after >= t.collapse_critical else "warning",
-        sort="reward", order="desc", onset_step=step,
-        title=f"Signal collapse from step {step}: {_pct(after)} of groups have a constant reward since (was "
-              f"{_pct(before)} before), so most of each batch teaches nothing.",
-        detail=f"{int(round(after * n_after))} of {int(n_after)} groups over steps {step}-{int(table.steps[-1])} "
-               f"have zero within-group std of the aggregate reward: every completion of their prompt scored the same.",
-        fix="Add harder prompts (or a curriculum); filter out prompts whose groups are all-correct or all-wrong "
+    return [
+        Finding(
+            code="signal_collapse",
+            severity="critical" if after >= t.collapse_critical else "warning",
+            sort="reward",
+            order="desc",
+            onset_step=step,
+            title=f"Signal collapse from step {step}: {_pct(after)} of groups have a constant reward since (was "
+            f"{_pct(before)} before), so most of each batch teaches nothing.",
+            detail=f"{int(round(after * n_after))} of {int(n_after)} groups over steps {step}-{int(table.steps[-1])} "
+            f"have zero within-group std of the aggregate reward: every completion of their prompt scored the same.",
+            fix="Add harder prompts (or a curriculum); filter out prompts whose groups are all-correct or all-wrong "
             "before the update, as dynamic sampling (DAPO) does; use a larger group (num_generations) so rare "
             "successes and failures appear; add partial credit so completions of one prompt differ.",
-        evidence={"zero_std_after": after, "zero_std_before": before, "groups_after": n_after},
-    )]
+            evidence={"zero_std_after": after, "zero_std_before": before, "groups_after": n_after},
+        )
+    ]
 
 
 def kinds_declared(components: list[ComponentInfo]) -> bool:
@@ -959,7 +1221,9 @@ def kinds_declared(components: list[ComponentInfo]) -> bool:
     return any(c.kind and c.kind != "outcome" for c in components)
 
 
-def infer_kinds(data: RunArrays, h: HealthReport, t: Thresholds) -> tuple[dict[str, str], dict[str, str]]:
+def infer_kinds(
+    data: RunArrays, h: HealthReport, t: Thresholds
+) -> tuple[dict[str, str], dict[str, str]]:
     """Kinds read from the values when none were declared: (name -> kind, name -> what was inferred).
 
     Binary vs graded: at most two distinct values. Dense vs sparse: off its floor in at least half of the
@@ -980,11 +1244,15 @@ def infer_kinds(data: RunArrays, h: HealthReport, t: Thresholds) -> tuple[dict[s
         else:
             kind = "outcome"
         kinds[c.name] = kind
-        notes[c.name] = (f"{'binary' if binary else 'graded'}, {'dense' if dense else 'sparse'}"
-                         f"{', level ' + format(c.level, '.2f') if math.isfinite(c.level) else ''}")
+        notes[c.name] = (
+            f"{'binary' if binary else 'graded'}, {'dense' if dense else 'sparse'}"
+            f"{', level ' + format(c.level, '.2f') if math.isfinite(c.level) else ''}"
+        )
     rest = [c for c in h.components if kinds[c.name] != "penalty"]
     if rest and not any(kinds[c.name] == "outcome" for c in rest):
-        heaviest = max(rest, key=lambda c: (abs(c.weight), -c.level if math.isfinite(c.level) else 0))
+        heaviest = max(
+            rest, key=lambda c: (abs(c.weight), -c.level if math.isfinite(c.level) else 0)
+        )
         kinds[heaviest.name] = "outcome"
     role = {"penalty": "penalty", "behavioural": "validity-like", "outcome": "task-like"}
     return kinds, {n: f"{notes[n]} -> {role[kinds[n]]}" for n in kinds}
@@ -1001,8 +1269,10 @@ def judge_note(table: StepTable, t: Thresholds) -> str | None:
     """Why the run cannot be judged yet, or None."""
     g = int(table.cum["r_groups"][-1]) if table.steps.size else 0
     if g < t.min_groups:
-        return (f"not enough groups to judge: {g} group{'s' if g != 1 else ''} with a scored reward in this "
-                f"window (at least {t.min_groups} needed)")
+        return (
+            f"not enough groups to judge: {g} group{'s' if g != 1 else ''} with a scored reward in this "
+            f"window (at least {t.min_groups} needed)"
+        )
     return None
 
 
@@ -1011,22 +1281,39 @@ class Diagnosis:
     health: HealthReport
     findings: list[Finding]
     collapse: dict[str, float]
-    over_time: dict[str, Any] = field(default_factory=dict)  # StepTable.series(): per-step component health
-    note: str | None = None  # set when the window cannot be judged ("not enough groups to judge: ...")
-    inferred_kinds: dict[str, str] = field(default_factory=dict)  # name -> what was inferred, when undeclared
+    over_time: dict[str, Any] = field(
+        default_factory=dict
+    )  # StepTable.series(): per-step component health
+    note: str | None = (
+        None  # set when the window cannot be judged ("not enough groups to judge: ...")
+    )
+    inferred_kinds: dict[str, str] = field(
+        default_factory=dict
+    )  # name -> what was inferred, when undeclared
 
     @property
     def status(self) -> str:
         if self.note:
             return "not_enough_data"
         severities = {f.severity for f in self.findings}
-        return "critical" if "critical" in severities else "warning" if "warning" in severities else "healthy"
+        return (
+            "critical"
+            if "critical" in severities
+            else "warning"
+            if "warning" in severities
+            else "healthy"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "note": self.note, "health": self.health.as_dict(),
-                "findings": [f.as_dict() for f in self.findings], "over_time": self.over_time,
-                "inferred_kinds": self.inferred_kinds,
-                "collapse": {k: _json_float(v) for k, v in self.collapse.items()}}
+        return {
+            "status": self.status,
+            "note": self.note,
+            "health": self.health.as_dict(),
+            "findings": [f.as_dict() for f in self.findings],
+            "over_time": self.over_time,
+            "inferred_kinds": self.inferred_kinds,
+            "collapse": {k: _json_float(v) for k, v in self.collapse.items()},
+        }
 
 
 def diagnose(
@@ -1054,11 +1341,21 @@ def diagnose(
             _note_inferred(findings, notes)
         findings += detect_signal_collapse(table, t)
         findings += detect_length_hacking(data, h, t)
-    collapse = aggregation_collapse(data) if aggregation == "sum_then_normalize" and note is None else {}
+    collapse = (
+        aggregation_collapse(data) if aggregation == "sum_then_normalize" and note is None else {}
+    )
     findings += detect_aggregation_collapse(collapse, t)
     findings += detect_unstable(metrics, t)
     if bad_case_ids is not None and data.rollout_ids is not None and note is None:
-        findings += quality_gap(data.rollout_ids, data.rewards(), data.steps, bad_case_ids, annotated_ids, t)
+        findings += quality_gap(
+            data.rollout_ids, data.rewards(), data.steps, bad_case_ids, annotated_ids, t
+        )
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
-    return Diagnosis(health=h, findings=findings, collapse=collapse, over_time=table.series(), note=note,
-                     inferred_kinds=notes)
+    return Diagnosis(
+        health=h,
+        findings=findings,
+        collapse=collapse,
+        over_time=table.series(),
+        note=note,
+        inferred_kinds=notes,
+    )

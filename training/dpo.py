@@ -35,8 +35,12 @@ LORA_LR_FACTOR = 10
 class DPOJobConfig(TrainJobConfig):
     """Direct preference optimisation (TRL DPOTrainer)."""
 
-    data: str | list[dict[str, Any]] = help_field("", "JSONL path (or list of records) with prompt, chosen, rejected")
-    beta: float = help_field(0.1, "DPO temperature: higher keeps the policy closer to the reference")
+    data: str | list[dict[str, Any]] = help_field(
+        "", "JSONL path (or list of records) with prompt, chosen, rejected"
+    )
+    beta: float = help_field(
+        0.1, "DPO temperature: higher keeps the policy closer to the reference"
+    )
     loss_type: str = help_field("sigmoid", "TRL DPO loss: sigmoid, hinge, ipo, ...")
     max_length: int = help_field(1024, "truncate prompt+answer to this many tokens")
 
@@ -57,10 +61,14 @@ def to_dpo_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         missing = {"prompt", "chosen", "rejected"} - set(r)
         if missing:
             raise ValueError(f"data: record {i} lacks {sorted(missing)}")
-    return [{"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]} for r in records]
+    return [
+        {"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]} for r in records
+    ]
 
 
-def main(config: DPOJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: DPOJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 

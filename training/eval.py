@@ -37,13 +37,19 @@ class EvalJobConfig(JobConfig):
 
     split: str = help_field("holdout", "which prompts to evaluate: 'holdout' (default) or 'train'")
     num_prompts: int = help_field(64, "prompts to evaluate")
-    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
+    max_nodes: int = help_field(
+        0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all"
+    )
     num_generations: int = help_field(4, "G: sampled completions per prompt")
     max_completion_length: int = help_field(256, "max new tokens per completion")
     temperature: float = help_field(1.0, "sampling temperature")
     batch_size: int = help_field(8, "prompts per generate() call (each yields G sequences)")
-    step: int = help_field(0, "step label for the emitted groups (e.g. the checkpoint's training step)")
-    scale_rewards: str = help_field("group", "advantage scaling, as in GRPO: 'group', 'batch' or 'none'")
+    step: int = help_field(
+        0, "step label for the emitted groups (e.g. the checkpoint's training step)"
+    )
+    scale_rewards: str = help_field(
+        "group", "advantage scaling, as in GRPO: 'group', 'batch' or 'none'"
+    )
     multi_objective_aggregation: str = help_field("sum_then_normalize", "as in GRPO")
 
     def __post_init__(self) -> None:
@@ -80,21 +86,43 @@ def score_groups(
     for gi, (prompt, group) in enumerate(zip(prompts, samples, strict=True)):
         for j, s in enumerate(group):
             scores = env.score(prompt, s.text)
-            rewards = {n: {"value": score_value(scores[n]), "reason": scores[n].reason} for n in names}
-            rows.append({"index": j, "completion": s.text, "rewards": rewards, "length": s.length,
-                         "truncated": s.truncated, "finish_reason": "length" if s.truncated else "stop"})
-            values.append([np.nan if rewards[n]["value"] is None else rewards[n]["value"] for n in names])
+            rewards = {
+                n: {"value": score_value(scores[n]), "reason": scores[n].reason} for n in names
+            }
+            rows.append(
+                {
+                    "index": j,
+                    "completion": s.text,
+                    "rewards": rewards,
+                    "length": s.length,
+                    "truncated": s.truncated,
+                    "finish_reason": "length" if s.truncated else "stop",
+                }
+            )
+            values.append(
+                [np.nan if rewards[n]["value"] is None else rewards[n]["value"] for n in names]
+            )
             group_ids.append(gi)
     matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(names))
-    adv = stats.compute_advantages(matrix, weights, np.array(group_ids), scale_rewards=scale_rewards,
-                             aggregation=aggregation)
-    for row, reward, advantage in zip(rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True):
+    adv = stats.compute_advantages(
+        matrix, weights, np.array(group_ids), scale_rewards=scale_rewards, aggregation=aggregation
+    )
+    for row, reward, advantage in zip(
+        rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True
+    ):
         row["reward"] = None if np.isnan(reward) else float(reward)
         row["advantage"] = float(advantage)
     groups, i = [], 0
     for prompt, group in zip(prompts, samples, strict=True):
-        groups.append({"step": step, "key": prompt.key, "prompt": chat_prompt(prompt.text, prompt.messages),
-                       "split": split, "rollouts": rows[i : i + len(group)]})
+        groups.append(
+            {
+                "step": step,
+                "key": prompt.key,
+                "prompt": chat_prompt(prompt.text, prompt.messages),
+                "split": split,
+                "rollouts": rows[i : i + len(group)],
+            }
+        )
         i += len(group)
     return groups, matrix
 
@@ -107,7 +135,9 @@ def component_means(names: list[str], matrix: np.ndarray) -> dict[str, float | N
     return means
 
 
-def main(config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     from training.grpo import resolve_model_dir
 
     device = resolve_device(config.device)
@@ -122,13 +152,24 @@ def main(config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn |
     for start in range(0, len(prompts), config.batch_size):
         batch = prompts[start : start + config.batch_size]
         samples = sample_completions(
-            model, tokenizer, [chat_prompt(p.text, p.messages) for p in batch],
-            num_generations=config.num_generations, max_new_tokens=config.max_completion_length,
-            temperature=config.temperature, batch_size=config.batch_size, seed=config.seed + start,
+            model,
+            tokenizer,
+            [chat_prompt(p.text, p.messages) for p in batch],
+            num_generations=config.num_generations,
+            max_new_tokens=config.max_completion_length,
+            temperature=config.temperature,
+            batch_size=config.batch_size,
+            seed=config.seed + start,
         )
-        groups, matrix = score_groups(env, batch, samples, step=config.step, split=config.split,
-                                      scale_rewards=config.scale_rewards,
-                                      aggregation=config.multi_objective_aggregation)
+        groups, matrix = score_groups(
+            env,
+            batch,
+            samples,
+            step=config.step,
+            split=config.split,
+            scale_rewards=config.scale_rewards,
+            aggregation=config.multi_objective_aggregation,
+        )
         if sink is not None:
             sink.write_groups(groups)
             sink.progress(start + len(batch), len(prompts))
@@ -140,12 +181,18 @@ def main(config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn |
     names = [c.name for c in env.components]
     matrix = np.concatenate(matrices)
     rewards = [r["reward"] for g in all_groups for r in g["rollouts"] if r["reward"] is not None]
-    values = {f"eval/rewards/{n}/mean": v for n, v in component_means(names, matrix).items() if v is not None}
+    values = {
+        f"eval/rewards/{n}/mean": v
+        for n, v in component_means(names, matrix).items()
+        if v is not None
+    }
     values["eval/reward"] = float(np.mean(rewards)) if rewards else 0.0
     if sink is not None:
         sink.write_metrics(config.step, values)
-        sink.log(f"eval on {len(prompts)} {config.split} prompts x {config.num_generations}: "
-                 f"reward {values['eval/reward']:.4f}")
+        sink.log(
+            f"eval on {len(prompts)} {config.split} prompts x {config.num_generations}: "
+            f"reward {values['eval/reward']:.4f}"
+        )
     return {
         "kind": "eval",
         "output_dir": config.output_dir,

@@ -45,38 +45,61 @@ class GRPOJobConfig(TrainJobConfig):
         None, "an SFT run's output dir (or model dir) to start from instead of base_model"
     )
     num_prompts: int = help_field(256, "training prompts drawn from the environment's train split")
-    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
+    max_nodes: int = help_field(
+        0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all"
+    )
     num_generations: int = help_field(8, "G: completions per prompt (the group)")
-    per_device_batch_size: int = help_field(16, "completions per device per micro-step; a multiple of num_generations")
+    per_device_batch_size: int = help_field(
+        16, "completions per device per micro-step; a multiple of num_generations"
+    )
     max_completion_length: int = help_field(256, "max new tokens per completion (truncated beyond)")
     temperature: float = help_field(1.0, "sampling temperature for the rollouts")
-    beta: float = help_field(0.0, "KL coefficient against the reference (start) policy; 0 skips the reference")
+    beta: float = help_field(
+        0.0, "KL coefficient against the reference (start) policy; 0 skips the reference"
+    )
     epsilon: float = help_field(0.2, "PPO-style clip range of the importance ratio")
-    num_iterations: int = help_field(1, "optimisation passes per generation batch (mu in the GRPO paper)")
-    scale_rewards: str = help_field("group", "advantage scaling: 'group' std, 'batch' std, or 'none'")
-    loss_type: str = help_field("dapo", "TRL loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo")
+    num_iterations: int = help_field(
+        1, "optimisation passes per generation batch (mu in the GRPO paper)"
+    )
+    scale_rewards: str = help_field(
+        "group", "advantage scaling: 'group' std, 'batch' std, or 'none'"
+    )
+    loss_type: str = help_field(
+        "dapo", "TRL loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"
+    )
     multi_objective_aggregation: str = help_field(
-        "sum_then_normalize", "combine components: 'sum_then_normalize' (GRPO) or 'normalize_then_sum' (GDPO)"
+        "sum_then_normalize",
+        "combine components: 'sum_then_normalize' (GRPO) or 'normalize_then_sum' (GDPO)",
     )
-    reward_weights: list[float] | None = help_field(None, "per-component weights; None uses the environment's")
+    reward_weights: list[float] | None = help_field(
+        None, "per-component weights; None uses the environment's"
+    )
     reward_versions: dict[str, dict[str, Any]] | None = help_field(
-        None, "component -> version ({target: 'module:function', params, source_hash, name}) trained instead of "
-              "the environment's function (a reward replay's versions, training/reward_versions.py)"
+        None,
+        "component -> version ({target: 'module:function', params, source_hash, name}) trained instead of "
+        "the environment's function (a reward replay's versions, training/reward_versions.py)",
     )
-    mask_truncated_completions: bool = help_field(False, "exclude truncated completions from the loss")
+    mask_truncated_completions: bool = help_field(
+        False, "exclude truncated completions from the loss"
+    )
     record: bool = help_field(True, "record rollouts and metrics into the sink (RolloutRecorder)")
-    record_state: bool = help_field(False, "also store the environment state (e.g. rendered SVG) per rollout")
+    record_state: bool = help_field(
+        False, "also store the environment state (e.g. rendered SVG) per rollout"
+    )
     log_completions: bool = help_field(
-        False, "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to output_dir"
+        False,
+        "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to output_dir",
     )
     multi_turn: bool | None = help_field(
-        None, "play episodes turn by turn against the environment's simulated user; None = when the env has them"
+        None,
+        "play episodes turn by turn against the environment's simulated user; None = when the env has them",
     )
     max_turns: int = help_field(
         4, "multi-turn: agent turns per episode; a question in the last one ends it without code"
     )
     max_turn_tokens: int = help_field(
-        64, "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, replies included"
+        64,
+        "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, replies included",
     )
 
     def __post_init__(self) -> None:
@@ -88,7 +111,9 @@ class GRPOJobConfig(TrainJobConfig):
         if self.num_generations < 2:
             raise ValueError("num_generations: GRPO needs at least 2 completions per prompt")
         if self.per_device_batch_size % self.num_generations:
-            raise ValueError("per_device_batch_size: must be a multiple of num_generations (whole groups)")
+            raise ValueError(
+                "per_device_batch_size: must be a multiple of num_generations (whole groups)"
+            )
         if self.max_completion_length < 1:
             raise ValueError("max_completion_length: must be >= 1")
         if self.temperature <= 0:
@@ -98,7 +123,16 @@ class GRPOJobConfig(TrainJobConfig):
         if self.num_iterations < 1:
             raise ValueError("num_iterations: must be >= 1")
         require_choice(self, "scale_rewards", stats.SCALES)
-        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"):
+        if self.loss_type not in (
+            "grpo",
+            "bnpo",
+            "dr_grpo",
+            "dapo",
+            "cispo",
+            "sapo",
+            "luspo",
+            "vespo",
+        ):
             raise ValueError(f"loss_type: unknown loss {self.loss_type!r}")
         require_choice(self, "multi_objective_aggregation", stats.AGGREGATIONS)
         if self.max_turns < 1:
@@ -125,7 +159,9 @@ def _check_versions(versions: Any) -> None:
             raise ValueError(f"{where}: must be an object with a target")
         unknown = sorted(set(v) - VERSION_KEYS)
         if unknown:
-            raise ValueError(f"{where}.{str(unknown[0])[:100]}: unknown key (known: {', '.join(sorted(VERSION_KEYS))})")
+            raise ValueError(
+                f"{where}.{str(unknown[0])[:100]}: unknown key (known: {', '.join(sorted(VERSION_KEYS))})"
+            )
         target = v.get("target")
         if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
             raise ValueError(f"{where}.target: must be 'module:function'")
@@ -134,18 +170,24 @@ def _check_versions(versions: Any) -> None:
         if not isinstance(v.get("source_hash", ""), str):
             raise ValueError(f"{where}.source_hash: must be a string")
         if v.get("component", comp) != comp:
-            raise ValueError(f"{where}.component: names another component ({str(v['component'])[:100]!r})")
+            raise ValueError(
+                f"{where}.component: names another component ({str(v['component'])[:100]!r})"
+            )
 
 
 def resolve_model_dir(path: str) -> str:
     """A run's output dir holds the model under model/; a model dir or hub id is used as given."""
     candidate = Path(path) / "model"
-    if candidate.is_dir() and ((candidate / "config.json").exists() or (candidate / "adapter_config.json").exists()):
+    if candidate.is_dir() and (
+        (candidate / "config.json").exists() or (candidate / "adapter_config.json").exists()
+    ):
         return str(candidate)
     return path
 
 
-def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -159,17 +201,25 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
 
     # Data: the environment's train prompts as chat prompts, with their key for the reward lookup.
     env = get_env(config.env)
-    if config.reward_versions:  # "train with this reward": the replayed functions replace the deployed ones
+    if (
+        config.reward_versions
+    ):  # "train with this reward": the replayed functions replace the deployed ones
         from training.reward_versions import apply_versions
 
-        env = apply_versions(env, [{**v, "component": c} for c, v in config.reward_versions.items()])
+        env = apply_versions(
+            env, [{**v, "component": c} for c, v in config.reward_versions.items()]
+        )
     prompts = env_prompts(env, "train", config.num_prompts, config.seed, config.max_nodes)
-    dataset = Dataset.from_list([{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts])
+    dataset = Dataset.from_list(
+        [{"prompt": chat_prompt(p.text, p.messages), "key": p.key} for p in prompts]
+    )
     multi_turn = is_multi_turn(env) if config.multi_turn is None else config.multi_turn
     rollout_func = None
     if multi_turn:
         if not is_multi_turn(env):
-            raise ValueError(f"multi_turn: environment {config.env!r} has no episodes (no reset method)")
+            raise ValueError(
+                f"multi_turn: environment {config.env!r} has no episodes (no reset method)"
+            )
         if hasattr(env, "max_turns"):
             env.max_turns = config.max_turns
         rollout_func = make_rollout_func(env, prompts, max_turn_tokens=config.max_turn_tokens)
@@ -178,7 +228,9 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         reward_funcs, weights = environment_reward_funcs(env, prompts)
     if config.reward_weights is not None:
         if len(config.reward_weights) != len(reward_funcs):
-            raise ValueError(f"reward_weights: expected {len(reward_funcs)} weights (one per component)")
+            raise ValueError(
+                f"reward_weights: expected {len(reward_funcs)} weights (one per component)"
+            )
         weights = list(config.reward_weights)
 
     # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on top when use_lora.
@@ -223,8 +275,10 @@ def main(config: GRPOJobConfig, sink: Sink | None = None, progress: ProgressFn |
         by_key = {p.key: p for p in prompts}
         state_fn = None
         if config.record_state:
+
             def state_fn(key: str, _prompt: Any, completion: Any) -> dict[str, Any]:
                 return env.state(by_key[key], completion)
+
         recorder = RolloutRecorder.attach(trainer, writer, background=False, state_fn=state_fn)
 
     try:

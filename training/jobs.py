@@ -34,7 +34,13 @@ JOBS: dict[str, JobKind] = {
         JobKind("grpo", "GRPO", "training.grpo", "GRPOJobConfig"),
         JobKind("dpo", "DPO", "training.dpo", "DPOJobConfig"),
         JobKind("eval", "Eval", "training.eval", "EvalJobConfig"),
-        JobKind("teacher", "Teacher trajectories", "training.teacher", "TeacherJobConfig", cpu_when_scripted=True),
+        JobKind(
+            "teacher",
+            "Teacher trajectories",
+            "training.teacher",
+            "TeacherJobConfig",
+            cpu_when_scripted=True,
+        ),
         JobKind("probe", "Signal probe", "training.probe", "ProbeJobConfig"),
     )
 }

@@ -48,10 +48,16 @@ if TYPE_CHECKING:
 # (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) -> the new
 # tokens per row, cut after the first eos. The default sampler ignores `rows`; a scripted one needs them.
 GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
-GenerateFactory = Callable[[Any], GenerateFn]  # trainer -> GenerateFn, built once per generation batch
+GenerateFactory = Callable[
+    [Any], GenerateFn
+]  # trainer -> GenerateFn, built once per generation batch
 
-TRANSCRIPT_FIELD = "transcript"  # rollout_func extra field: the episode's chat messages, prompt included
-POLICY_TOKENS_FIELD = "policy_tokens"  # rollout_func extra field: tokens the policy generated (env_mask == 1)
+TRANSCRIPT_FIELD = (
+    "transcript"  # rollout_func extra field: the episode's chat messages, prompt included
+)
+POLICY_TOKENS_FIELD = (
+    "policy_tokens"  # rollout_func extra field: tokens the policy generated (env_mask == 1)
+)
 
 
 def is_multi_turn(env: Any) -> bool:
@@ -65,7 +71,9 @@ class EpisodeRollout:
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
-    env_mask: list[int] = field(default_factory=list)  # 1: sampled from the policy; 0: written by the env
+    env_mask: list[int] = field(
+        default_factory=list
+    )  # 1: sampled from the policy; 0: written by the env
     transcript: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False  # the episode ended on its own (code, out of turns), not on the token budget
 
@@ -78,10 +86,14 @@ class EpisodeRollout:
 # Token bookkeeping
 
 
-def _chat_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-    return list(tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    ))
+def _chat_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+    )
 
 
 def reply_suffix_ids(tokenizer: Any, message: dict[str, Any]) -> list[int]:
@@ -93,14 +105,18 @@ def reply_suffix_ids(tokenizer: Any, message: dict[str, Any]) -> list[int]:
     at the start of the suffix."""
     dummy = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     prefix = _chat_ids(tokenizer, dummy, add_generation_prompt=False)
-    full = _chat_ids(tokenizer, [*dummy, {"role": message["role"], "content": message["content"]}], True)
+    full = _chat_ids(
+        tokenizer, [*dummy, {"role": message["role"], "content": message["content"]}], True
+    )
     eos_positions = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
     if eos_positions:
         prefix = prefix[: eos_positions[-1] + 1]
     if full[: len(prefix)] != prefix:
-        raise ValueError("chat template: the conversation so far is not a token prefix of the next one; "
-                         "multi-turn rollouts need a prefix-preserving template")
-    return full[len(prefix):]
+        raise ValueError(
+            "chat template: the conversation so far is not a token prefix of the next one; "
+            "multi-turn rollouts need a prefix-preserving template"
+        )
+    return full[len(prefix) :]
 
 
 def _cut_after_eos(ids: list[int], eos_ids: set[int]) -> list[int]:
@@ -127,7 +143,10 @@ def run_episodes(
     env replies included, as TRL does. `generate` samples a turn for each still-running row."""
     eos = set(eos_token_ids or []) | {tokenizer.eos_token_id}
     episodes = [env.reset(p) for p in prompts]
-    rows = [EpisodeRollout(_chat_ids(tokenizer, ep.transcript, add_generation_prompt=True)) for ep in episodes]
+    rows = [
+        EpisodeRollout(_chat_ids(tokenizer, ep.transcript, add_generation_prompt=True))
+        for ep in episodes
+    ]
     active = list(range(len(rows)))
     suffix_cache: dict[str, list[int]] = {}
     # Episode steps run the hidden tests (a sandbox subprocess each, up to its timeout): in parallel.
@@ -135,16 +154,23 @@ def run_episodes(
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
         while active:
             budgets = {i: max_completion_length - len(rows[i].completion_ids) for i in active}
-            new_tokens = generate([rows[i].prompt_ids + rows[i].completion_ids for i in active],
-                                  min(max_turn_tokens, max(budgets.values())), list(active))
+            new_tokens = generate(
+                [rows[i].prompt_ids + rows[i].completion_ids for i in active],
+                min(max_turn_tokens, max(budgets.values())),
+                list(active),
+            )
             messages = []
             for i, ids in zip(active, new_tokens, strict=True):
                 ids = _cut_after_eos(list(ids), eos)[: min(max_turn_tokens, budgets[i])]
                 rows[i].completion_ids += ids
                 rows[i].env_mask += [1] * len(ids)
                 messages.append(tokenizer.decode(ids, skip_special_tokens=True))
-            results = list(pool.map(lambda pair: pair[0].step(pair[1]),
-                                    [(episodes[i], m) for i, m in zip(active, messages, strict=True)]))
+            results = list(
+                pool.map(
+                    lambda pair: pair[0].step(pair[1]),
+                    [(episodes[i], m) for i, m in zip(active, messages, strict=True)],
+                )
+            )
             still = []
             for i, (_reply, done) in zip(active, results, strict=True):
                 row = rows[i]
@@ -155,7 +181,11 @@ def run_episodes(
                 key = json.dumps([message["role"], message["content"]])
                 if key not in suffix_cache:
                     suffix_cache[key] = reply_suffix_ids(tokenizer, message)
-                closing = [] if row.completion_ids and row.completion_ids[-1] in eos else [tokenizer.eos_token_id]
+                closing = (
+                    []
+                    if row.completion_ids and row.completion_ids[-1] in eos
+                    else [tokenizer.eos_token_id]
+                )
                 suffix = closing + suffix_cache[key]
                 if len(row.completion_ids) + len(suffix) >= max_completion_length:
                     continue  # no room for another turn: the episode stops here, unfinished
@@ -175,9 +205,13 @@ def run_episodes(
 def trainer_generate(trainer: Any) -> GenerateFn:
     """Sample with the trainer's model and TRL's own sampling settings (temperature, top_p, ...), left
     padded, one call per turn for every running row."""
-    if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
-        raise ValueError("multi_turn: rollouts sample with model.generate; vLLM and continuous batching are "
-                         "not supported by training.multiturn yet")
+    if getattr(trainer, "use_vllm", False) or getattr(
+        trainer, "use_transformers_continuous_batching", False
+    ):
+        raise ValueError(
+            "multi_turn: rollouts sample with model.generate; vLLM and continuous batching are "
+            "not supported by training.multiturn yet"
+        )
     import copy
 
     import torch
@@ -186,20 +220,28 @@ def trainer_generate(trainer: Any) -> GenerateFn:
     tokenizer = trainer.processing_class
     eos = set(trainer.eos_token_ids)
 
-    def generate(contexts: list[list[int]], max_new_tokens: int, rows: list[int] | None = None) -> list[list[int]]:
+    def generate(
+        contexts: list[list[int]], max_new_tokens: int, rows: list[int] | None = None
+    ) -> list[list[int]]:
         device = trainer.accelerator.device
         width = max(len(c) for c in contexts)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
-        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
+        attention = torch.tensor(
+            [[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device
+        )
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = max_new_tokens
         kwargs = {**trainer.generation_kwargs, "max_new_tokens": max_new_tokens}
         with (
-            unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, generation_kwargs=kwargs) as model,
+            unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, generation_kwargs=kwargs
+            ) as model,
             torch.no_grad(),
         ):
-            out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+            out = model.generate(
+                input_ids=input_ids, attention_mask=attention, generation_config=config
+            )
         return [_cut_after_eos(row, eos) for row in out[:, width:].tolist()]
 
     return generate
@@ -227,10 +269,15 @@ def make_rollout_func(
         try:
             rows = [by_messages[_messages_key(m)] for m in batch_prompts]
         except KeyError:
-            raise KeyError("multi_turn: a dataset prompt matches none of the environment's prompts") from None
+            raise KeyError(
+                "multi_turn: a dataset prompt matches none of the environment's prompts"
+            ) from None
         sampler = (generate or trainer_generate)(trainer)
         rollouts = run_episodes(
-            env, rows, trainer.processing_class, sampler,
+            env,
+            rows,
+            trainer.processing_class,
+            sampler,
             max_turn_tokens=max_turn_tokens,
             max_completion_length=trainer.max_completion_length,
             eos_token_ids=trainer.eos_token_ids,
@@ -247,7 +294,9 @@ def make_rollout_func(
     return rollout_func
 
 
-def transcript_reward_funcs(env: "Environment", prompts: Sequence["Prompt"]) -> tuple[list[Callable], list[float]]:
+def transcript_reward_funcs(
+    env: "Environment", prompts: Sequence["Prompt"]
+) -> tuple[list[Callable], list[float]]:
     """The environment's components as TRL reward functions that score the episode transcript (the
     rollout_func's `transcript` field) instead of TRL's decoded completion; named, weighted and
     reason-logging exactly like the single-turn ones (training/rewards.py)."""
@@ -259,8 +308,10 @@ def _on_transcripts(func: Callable[..., list[float | None]]) -> Callable[..., li
     def reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         transcripts = kwargs.pop(TRANSCRIPT_FIELD, None)
         if transcripts is None:
-            raise KeyError(f"reward {func.__name__}: no '{TRANSCRIPT_FIELD}' field; multi-turn rewards need "
-                           "training.multiturn's rollout_func")
+            raise KeyError(
+                f"reward {func.__name__}: no '{TRANSCRIPT_FIELD}' field; multi-turn rewards need "
+                "training.multiturn's rollout_func"
+            )
         return func(prompts, transcripts, **kwargs)
 
     reward.__name__ = reward.__qualname__ = func.__name__

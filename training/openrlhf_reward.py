@@ -73,7 +73,9 @@ from training.sinks import storable  # NUL and lone surrogates would be refused 
 
 logger = logging.getLogger(__name__)
 
-OPENRLHF_EPS = 1e-9  # group_norm: (r - mean) / (std + 1e-9), openrlhf/trainer/ppo_utils/experience_maker.py
+OPENRLHF_EPS = (
+    1e-9  # group_norm: (r - mean) / (std + 1e-9), openrlhf/trainer/ppo_utils/experience_maker.py
+)
 _STOP = object()
 _CREATE = threading.Lock()  # module-level: made on import in each process, never pickled
 
@@ -95,8 +97,9 @@ def _json_safe(v: Any) -> Any:
         return str(v)
 
 
-def batch_to_samples(queries: list[str], prompts: list[str], labels: list[Any] | None,
-                     result: Any) -> list[tuple[str, dict[str, Any]]]:
+def batch_to_samples(
+    queries: list[str], prompts: list[str], labels: list[Any] | None, result: Any
+) -> list[tuple[str, dict[str, Any]]]:
     """One reward call's samples as (prompt, rollout without index) pairs."""
     n = len(queries)
     if isinstance(result, dict):
@@ -106,7 +109,9 @@ def batch_to_samples(queries: list[str], prompts: list[str], labels: list[Any] |
     else:
         rewards, scores, extra = _as_list(result), None, {}
     if rewards is None or len(rewards) != n:
-        raise ValueError(f"rewards: expected {n} per-sample values, got {None if rewards is None else len(rewards)}")
+        raise ValueError(
+            f"rewards: expected {n} per-sample values, got {None if rewards is None else len(rewards)}"
+        )
     per_sample: dict[str, list[Any]] = {}
     for k, v in extra.items():
         values = _as_list(v)
@@ -120,7 +125,7 @@ def batch_to_samples(queries: list[str], prompts: list[str], labels: list[Any] |
         if scores is not None and i < len(scores):
             state["score"] = finite_or_none(scores[i])
         rollout: dict[str, Any] = {
-            "completion": query[len(prompt):] if query.startswith(prompt) else query,
+            "completion": query[len(prompt) :] if query.startswith(prompt) else query,
             "reward": finite_or_none(rewards[i]),
             "rewards": {name: finite_or_none(values[i]) for name, values in per_sample.items()},
         }
@@ -130,20 +135,36 @@ def batch_to_samples(queries: list[str], prompts: list[str], labels: list[Any] |
     return out
 
 
-def make_group(prompt: str, rollouts: list[dict[str, Any]], *, step: int, key: str) -> dict[str, Any]:
-    group = {"step": step, "key": key, "prompt": prompt,
-             "rollouts": [{"index": i, **r} for i, r in enumerate(rollouts)]}
+def make_group(
+    prompt: str, rollouts: list[dict[str, Any]], *, step: int, key: str
+) -> dict[str, Any]:
+    group = {
+        "step": step,
+        "key": key,
+        "prompt": prompt,
+        "rollouts": [{"index": i, **r} for i, r in enumerate(rollouts)],
+    }
     fill_advantages(group["rollouts"], eps=OPENRLHF_EPS)
     return group
 
 
-def batch_to_groups(queries: list[str], prompts: list[str], labels: list[Any] | None, result: Any, *, step: int,
-                    call_id: str) -> list[dict[str, Any]]:
+def batch_to_groups(
+    queries: list[str],
+    prompts: list[str],
+    labels: list[Any] | None,
+    result: Any,
+    *,
+    step: int,
+    call_id: str,
+) -> list[dict[str, Any]]:
     """One batch call's samples as groups, one per prompt (no buffering across calls)."""
     by_prompt: dict[str, list[dict[str, Any]]] = {}
     for prompt, rollout in batch_to_samples(queries, prompts, labels, result):
         by_prompt.setdefault(prompt, []).append(rollout)
-    return [make_group(p, rs, step=step, key=f"p-{stable_hash(p, 12)}-{call_id}") for p, rs in by_prompt.items()]
+    return [
+        make_group(p, rs, step=step, key=f"p-{stable_hash(p, 12)}-{call_id}")
+        for p, rs in by_prompt.items()
+    ]
 
 
 class _Pending:
@@ -158,10 +179,19 @@ class _Pending:
 class RewardRecorder:
     """The per-process state behind a wrapped reward function: buffers, client, run, upload thread, spool."""
 
-    def __init__(self, client: Any, run: int | str, *, environment: str | None = None,
-                 spool_path: str | os.PathLike | None = None, step_fn: Callable[[], int] | None = None,
-                 background: bool = True, n_samples_per_prompt: int | None = None,
-                 straggler_timeout: float = 120.0, step_gap: float = 20.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        run: int | str,
+        *,
+        environment: str | None = None,
+        spool_path: str | os.PathLike | None = None,
+        step_fn: Callable[[], int] | None = None,
+        background: bool = True,
+        n_samples_per_prompt: int | None = None,
+        straggler_timeout: float = 120.0,
+        step_gap: float = 20.0,
+    ) -> None:
         self.client = client
         self.run = run
         self.run_id: int | None = run if isinstance(run, int) else None
@@ -185,20 +215,26 @@ class RewardRecorder:
         self._spool_lock = threading.Lock()
         self._queue: queue.Queue | None = queue.Queue(maxsize=1000) if background else None
         if self._queue is not None:
-            self._thread = threading.Thread(target=self._worker, name="openrlhf-recorder", daemon=True)
+            self._thread = threading.Thread(
+                target=self._worker, name="openrlhf-recorder", daemon=True
+            )
             self._thread.start()
             atexit.register(self.close)
 
     # ---- assembling groups
 
-    def record(self, queries: list[str], prompts: list[str], labels: list[Any] | None, result: Any) -> None:
+    def record(
+        self, queries: list[str], prompts: list[str], labels: list[Any] | None, result: Any
+    ) -> None:
         """Buffer the call's samples and hand over every group that is complete. Never raises."""
         try:
             samples = batch_to_samples(list(queries), list(prompts), labels, result)
             now = time.monotonic()
             with self._lock:
                 step = self._current_step(now)
-                if self.n is None and len(samples) > 1:  # a batch call, group size unknown: the call's share
+                if (
+                    self.n is None and len(samples) > 1
+                ):  # a batch call, group size unknown: the call's share
                     ready = self._call_groups(samples, step)
                 else:
                     ready = self._assemble(samples, step, now) + self._stale(now)
@@ -212,11 +248,15 @@ class RewardRecorder:
         if self.step_fn is not None:
             return int(self.step_fn())
         if self._last_call is None or now - self._last_call > self.step_gap:
-            self.step += 1  # the reward function was idle: OpenRLHF trained, this is the next rollout batch
+            self.step += (
+                1  # the reward function was idle: OpenRLHF trained, this is the next rollout batch
+            )
         self._last_call = now
         return self.step
 
-    def _assemble(self, samples: list[tuple[str, dict[str, Any]]], step: int, now: float) -> list[dict[str, Any]]:
+    def _assemble(
+        self, samples: list[tuple[str, dict[str, Any]]], step: int, now: float
+    ) -> list[dict[str, Any]]:
         ready = []
         for prompt, rollout in samples:
             open_groups = self._pending.setdefault(prompt, [])
@@ -247,7 +287,9 @@ class RewardRecorder:
                 del self._pending[prompt]
         return ready
 
-    def _call_groups(self, samples: list[tuple[str, dict[str, Any]]], step: int) -> list[dict[str, Any]]:
+    def _call_groups(
+        self, samples: list[tuple[str, dict[str, Any]]], step: int
+    ) -> list[dict[str, Any]]:
         by_prompt: dict[str, _Pending] = {}
         for prompt, rollout in samples:
             by_prompt.setdefault(prompt, _Pending(step, 0.0)).rollouts.append(rollout)
@@ -320,13 +362,22 @@ class RewardRecorder:
         """The run id: given, or got-or-created by name on the server (atomic there: every process
         naming the run gets the same one). Components first seen in this batch join its environment."""
         names = sorted({n for g in groups for r in g["rollouts"] for n in r["rewards"]})
-        if self.run_id is not None and (isinstance(self.run, int) or set(names) <= self._components):
+        if self.run_id is not None and (
+            isinstance(self.run, int) or set(names) <= self._components
+        ):
             return self.run_id
         settings = {"group_size": self.n} if self.n else {}
         run_id, created = self.client.get_or_create_run(
-            str(self.run), environment=self.environment or str(self.run), components=names,
+            str(self.run),
+            environment=self.environment or str(self.run),
+            components=names,
             config={"source": "openrlhf reward wrapper"},
-            reward_settings={**settings, "advantage_epsilon": OPENRLHF_EPS, "source": "openrlhf wrapper"})
+            reward_settings={
+                **settings,
+                "advantage_epsilon": OPENRLHF_EPS,
+                "source": "openrlhf wrapper",
+            },
+        )
         self.run_id = run_id
         self._components |= set(names)
         return run_id
@@ -353,7 +404,9 @@ class RecordedRewardFunc:
         self.options = options
         self._recorder: RewardRecorder | None = None
 
-    def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any) -> Any:
+    def __call__(
+        self, queries: list[str], prompts: list[str], labels: list[Any], **kwargs: Any
+    ) -> Any:
         result = self.reward_func(queries, prompts, labels, **kwargs)
         self.recorder.record(queries, prompts, labels, result)
         return result
@@ -376,18 +429,36 @@ def _make_recorder(o: dict[str, Any]) -> RewardRecorder:
     client = o["client"]
     if client is None:
         client = Client(o["url"], o["token"], timeout=o["timeout"], retries=o["retries"])
-    return RewardRecorder(client, o["run"], environment=o["environment"], spool_path=o["spool_path"],
-                          step_fn=o["step_fn"], background=o["background"],
-                          n_samples_per_prompt=o["n_samples_per_prompt"],
-                          straggler_timeout=o["straggler_timeout"], step_gap=o["step_gap"])
+    return RewardRecorder(
+        client,
+        o["run"],
+        environment=o["environment"],
+        spool_path=o["spool_path"],
+        step_fn=o["step_fn"],
+        background=o["background"],
+        n_samples_per_prompt=o["n_samples_per_prompt"],
+        straggler_timeout=o["straggler_timeout"],
+        step_gap=o["step_gap"],
+    )
 
 
-def wrap_reward_func(reward_func: Callable[..., Any], url: str | None = None, token: str | None = None,
-                     run: int | str = "openrlhf", *, client: Any = None, environment: str | None = None,
-                     spool_path: str | os.PathLike | None = None, step_fn: Callable[[], int] | None = None,
-                     background: bool = True, retries: int = 2, timeout: float = 10.0,
-                     n_samples_per_prompt: int | None = None, straggler_timeout: float = 120.0,
-                     step_gap: float = 20.0) -> Callable[..., Any]:
+def wrap_reward_func(
+    reward_func: Callable[..., Any],
+    url: str | None = None,
+    token: str | None = None,
+    run: int | str = "openrlhf",
+    *,
+    client: Any = None,
+    environment: str | None = None,
+    spool_path: str | os.PathLike | None = None,
+    step_fn: Callable[[], int] | None = None,
+    background: bool = True,
+    retries: int = 2,
+    timeout: float = 10.0,
+    n_samples_per_prompt: int | None = None,
+    straggler_timeout: float = 120.0,
+    step_gap: float = 20.0,
+) -> Callable[..., Any]:
     """Return `reward_func` with recording: same signature, same result, a function Ray can pickle
     (`wrapped.recorded` holds its state, `wrapped.recorded.recorder` the process's recorder). `run` is a run id,
     or a name (got or created on the server with the components of the first groups). `client`
@@ -397,10 +468,21 @@ def wrap_reward_func(reward_func: Callable[..., Any], url: str | None = None, to
         raise ValueError("url and token are required (or pass a client)")
     if n_samples_per_prompt is not None and n_samples_per_prompt < 1:
         raise ValueError("n_samples_per_prompt: must be a positive integer")
-    options = {"client": client, "url": url, "token": token, "run": run, "environment": environment,
-               "spool_path": spool_path, "step_fn": step_fn, "background": background, "retries": retries,
-               "timeout": timeout, "n_samples_per_prompt": n_samples_per_prompt,
-               "straggler_timeout": straggler_timeout, "step_gap": step_gap}
+    options = {
+        "client": client,
+        "url": url,
+        "token": token,
+        "run": run,
+        "environment": environment,
+        "spool_path": spool_path,
+        "step_fn": step_fn,
+        "background": background,
+        "retries": retries,
+        "timeout": timeout,
+        "n_samples_per_prompt": n_samples_per_prompt,
+        "straggler_timeout": straggler_timeout,
+        "step_gap": step_gap,
+    }
     recorded = RecordedRewardFunc(reward_func, options)
 
     @functools.wraps(reward_func)

@@ -40,7 +40,9 @@ class ProbeJobConfig(JobConfig):
     max_completion_length: int = help_field(256, "max new tokens per completion")
     temperature: float = help_field(1.0, "sampling temperature (use GRPO's)")
     batch_size: int = help_field(8, "prompts per generate() call")
-    outcome_component: str | None = help_field(None, "component pass@k is computed on; None: the first 'outcome' one")
+    outcome_component: str | None = help_field(
+        None, "component pass@k is computed on; None: the first 'outcome' one"
+    )
     pass_threshold: float = help_field(1.0, "a completion passes when the outcome value is >= this")
     min_pass_at_k: float = help_field(0.05, "below this pass@G the summary recommends SFT first")
 
@@ -75,7 +77,9 @@ def component_health(matrix: np.ndarray, group_size: int) -> dict[str, float | N
     valid = ~np.isnan(groups)
     counts = valid.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        std = np.where(counts > 1, np.nanstd(np.where(valid, groups, np.nan), axis=1, ddof=1), np.nan)
+        std = np.where(
+            counts > 1, np.nanstd(np.where(valid, groups, np.nan), axis=1, ddof=1), np.nan
+        )
     zero = ~(np.nan_to_num(std, nan=0.0) > 1e-8)  # as training.stats: std 0 or < 2 values
     return {
         "mean": None if not valid.any() else float(np.nanmean(groups)),
@@ -84,14 +88,18 @@ def component_health(matrix: np.ndarray, group_size: int) -> dict[str, float | N
     }
 
 
-def main(config: ProbeJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: ProbeJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     from training.grpo import resolve_model_dir
 
     device = resolve_device(config.device)
     config.save(config.output_dir, kind="probe")
     env = get_env(config.env)
     names = [c.name for c in env.components]
-    outcome = config.outcome_component or next((c.name for c in env.components if c.kind == "outcome"), names[0])
+    outcome = config.outcome_component or next(
+        (c.name for c in env.components if c.kind == "outcome"), names[0]
+    )
     if outcome not in names:
         raise ValueError(f"outcome_component: {outcome!r} is not a component of {config.env}")
     prompts = env.prompts(config.split, config.num_prompts, seed=config.seed)
@@ -99,9 +107,14 @@ def main(config: ProbeJobConfig, sink: Sink | None = None, progress: ProgressFn 
     model, tokenizer = load_model(source, device), load_tokenizer(source)
 
     samples = sample_completions(
-        model, tokenizer, [chat_prompt(p.text, p.messages) for p in prompts],
-        num_generations=config.num_generations, max_new_tokens=config.max_completion_length,
-        temperature=config.temperature, batch_size=config.batch_size, seed=config.seed,
+        model,
+        tokenizer,
+        [chat_prompt(p.text, p.messages) for p in prompts],
+        num_generations=config.num_generations,
+        max_new_tokens=config.max_completion_length,
+        temperature=config.temperature,
+        batch_size=config.batch_size,
+        seed=config.seed,
     )
     groups, matrix = score_groups(env, prompts, samples, step=0, split=config.split)
     if progress is not None:
@@ -113,23 +126,34 @@ def main(config: ProbeJobConfig, sink: Sink | None = None, progress: ProgressFn 
     correct = (outcome_values >= config.pass_threshold).sum(axis=1)
     ks = sorted({1, min(4, G), G})
     pass_k = {f"pass@{k}": float(np.mean([pass_at_k(G, int(c), k) for c in correct])) for k in ks}
-    aggregate = np.array([r["reward"] if r["reward"] is not None else np.nan for g in groups for r in g["rollouts"]])
+    aggregate = np.array(
+        [r["reward"] if r["reward"] is not None else np.nan for g in groups for r in g["rollouts"]]
+    )
     agg_health = component_health(aggregate, G)
 
     if pass_k[f"pass@{G}"] < config.min_pass_at_k:
-        verdict = (f"do SFT first: pass@{G} of {outcome} is {pass_k[f'pass@{G}']:.3f} (< {config.min_pass_at_k}), "
-                   "so GRPO would almost never see a success to reinforce")
+        verdict = (
+            f"do SFT first: pass@{G} of {outcome} is {pass_k[f'pass@{G}']:.3f} (< {config.min_pass_at_k}), "
+            "so GRPO would almost never see a success to reinforce"
+        )
     elif agg_health["frac_zero_std_groups"] > 0.5:
-        verdict = (f"weak signal: {agg_health['frac_zero_std_groups']:.0%} of groups have zero reward std "
-                   "(no advantage, no gradient); raise temperature or G, or make the reward more graded")
+        verdict = (
+            f"weak signal: {agg_health['frac_zero_std_groups']:.0%} of groups have zero reward std "
+            "(no advantage, no gradient); raise temperature or G, or make the reward more graded"
+        )
     else:
         verdict = "ready for GRPO: groups disagree and successes occur"
 
     if sink is not None:
         sink.write_groups(groups)
-        values = {f"probe/{n}/within_group_std": h["within_group_std"] for n, h in components.items()
-                  if h["within_group_std"] is not None}
-        values.update({f"probe/{n}/frac_zero_std": h["frac_zero_std_groups"] for n, h in components.items()})
+        values = {
+            f"probe/{n}/within_group_std": h["within_group_std"]
+            for n, h in components.items()
+            if h["within_group_std"] is not None
+        }
+        values.update(
+            {f"probe/{n}/frac_zero_std": h["frac_zero_std_groups"] for n, h in components.items()}
+        )
         values.update({f"probe/{k}": v for k, v in pass_k.items()})
         sink.write_metrics(0, values)
         sink.log(verdict)

@@ -58,7 +58,9 @@ from training.sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sin
 KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"
 TRUNCATED_COLUMN = "recorder/truncated"
-TRANSCRIPT_COLUMN = "recorder/transcript"  # JSON text: TRL may write extra columns to parquet tables
+TRANSCRIPT_COLUMN = (
+    "recorder/transcript"  # JSON text: TRL may write extra columns to parquet tables
+)
 
 TRL_ADVANTAGE_EPS = 1e-4  # TRL's constant in the advantage denominator (std + 1e-4), not a setting
 logger = logging.getLogger(__name__)
@@ -117,7 +119,9 @@ class RolloutRecorder(TrainerCallback):
     ) -> None:
         given = [x is not None for x in (sink, url, jsonl)]
         if sum(given) != 1:
-            raise ValueError("sink: give exactly one of sink=, url= (with token= and run=) or jsonl=")
+            raise ValueError(
+                "sink: give exactly one of sink=, url= (with token= and run=) or jsonl="
+            )
         self._owns_inner = sink is None
         if url is not None:
             if token is None or run is None:
@@ -158,7 +162,9 @@ class RolloutRecorder(TrainerCallback):
         names = trainer.reward_func_names
         first = True
         for i, func in enumerate(funcs):
-            if not callable(func) or hasattr(func, "parameters"):  # nn.Module reward models: TRL scores them
+            if not callable(func) or hasattr(
+                func, "parameters"
+            ):  # nn.Module reward models: TRL scores them
                 continue
             if getattr(func, "_recorder", None) is self:
                 first = False
@@ -207,10 +213,19 @@ class RolloutRecorder(TrainerCallback):
             log_extra(TRANSCRIPT_COLUMN, [json.dumps(_jsonable(t)) for t in transcripts])
         ids = kwargs.get("completion_ids")
         if ids is not None and trainer is not None:
-            stop = {*getattr(trainer, "eos_token_ids", []), getattr(trainer._tokenizer, "pad_token_id", None)}
-            policy_tokens = kwargs.get("policy_tokens")  # multi-turn: env replies are not the policy's
-            log_extra(LENGTH_COLUMN, [int(n) for n in policy_tokens] if policy_tokens is not None else
-                      [len(x) for x in ids])
+            stop = {
+                *getattr(trainer, "eos_token_ids", []),
+                getattr(trainer._tokenizer, "pad_token_id", None),
+            }
+            policy_tokens = kwargs.get(
+                "policy_tokens"
+            )  # multi-turn: env replies are not the policy's
+            log_extra(
+                LENGTH_COLUMN,
+                [int(n) for n in policy_tokens]
+                if policy_tokens is not None
+                else [len(x) for x in ids],
+            )
             # TRL's own definition (completions/clipped_ratio): the last token is neither eos nor pad
             log_extra(TRUNCATED_COLUMN, [bool(len(x)) and x[-1] not in stop for x in ids])
         if trainer is not None and trainer.model.training:
@@ -226,7 +241,9 @@ class RolloutRecorder(TrainerCallback):
         if self.trainer is not None and state.is_world_process_zero and not self._settings_written:
             self._settings_written = True
             self.settings = trainer_settings(self.trainer)
-            write = getattr(self.sink, "write_settings", None)  # a caller's own sink may not take them
+            write = getattr(
+                self.sink, "write_settings", None
+            )  # a caller's own sink may not take them
             if write is not None:
                 write(self.settings)
             if getattr(args, "log_completions", False):
@@ -311,21 +328,26 @@ class RolloutRecorder(TrainerCallback):
         for start in range(0, n, g):
             key = str(keys[start])
             seen[key] = seen.get(key, 0) + 1
-            if seen[key] > 1:  # the same prompt twice in one batch: keys must be unique within a step
+            if (
+                seen[key] > 1
+            ):  # the same prompt twice in one batch: keys must be unique within a step
                 key = f"{key}#{seen[key]}"
             rollouts = []
             for j in range(g):
                 row = start + j
                 completion = completions[row]
                 if transcripts and transcripts[row] is not None:
-                    completion = json.loads(transcripts[row])  # multi-turn: the episode, not the token stream
+                    completion = json.loads(
+                        transcripts[row]
+                    )  # multi-turn: the episode, not the token stream
                 rollout: dict[str, Any] = {"index": j}
                 if isinstance(completion, str):
                     rollout["completion"] = completion
                 else:
                     rollout["transcript"] = _jsonable(completion)
                 rollout["rewards"] = {
-                    name: {"value": _value(rewards[name][row]), "reason": _reason(extra, name, row)} for name in names
+                    name: {"value": _value(rewards[name][row]), "reason": _reason(extra, name, row)}
+                    for name in names
                 }
                 rollout["reward"] = _aggregate([rewards[name][row] for name in names], weights)
                 rollout["advantage"] = float(advantages[row])
@@ -338,19 +360,23 @@ class RolloutRecorder(TrainerCallback):
                     if state_value is not None:
                         rollout["state"] = state_value
                 rollouts.append(rollout)
-            groups.append({
-                "step": int(step),
-                "key": key,
-                "prompt": _jsonable(prompts[start]),
-                "split": self.split,
-                "rollouts": rollouts,
-            })
+            groups.append(
+                {
+                    "step": int(step),
+                    "key": key,
+                    "prompt": _jsonable(prompts[start]),
+                    "split": self.split,
+                    "rollouts": rollouts,
+                }
+            )
         return groups
 
     def _count_tokens(self, completion: Any) -> int:
         """Fallback when no wrapped reward function saw the token ids (reward models only)."""
         if not isinstance(completion, str):  # chat messages: count the text of every turn
-            completion = "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+            completion = "".join(
+                str(m.get("content") or "") for m in completion if isinstance(m, dict)
+            )
         tok = getattr(self.trainer, "_tokenizer", None) or self.trainer.processing_class
         return len(tok(completion, add_special_tokens=False)["input_ids"])
 
@@ -394,7 +420,9 @@ def trainer_settings(trainer: Any) -> dict[str, Any]:
     if scale is not None:
         out["scale_rewards"] = str(scale)
     # TRL before multi_objective_aggregation existed always summed first.
-    out["aggregation"] = str(getattr(trainer, "multi_objective_aggregation", None) or "sum_then_normalize")
+    out["aggregation"] = str(
+        getattr(trainer, "multi_objective_aggregation", None) or "sum_then_normalize"
+    )
     size = read("num_generations", lambda: int(trainer.num_generations))
     if size is not None:
         out["group_size"] = size
@@ -419,7 +447,10 @@ def trainer_settings(trainer: Any) -> dict[str, Any]:
     trainer_facts = {name: read(name, fn) for name, fn in facts.items()}
     out["trainer"] = {k: v for k, v in trainer_facts.items() if v is not None}
     if missing:
-        logger.warning("recorder: could not read the trainer's %s; recording the other settings", ", ".join(missing))
+        logger.warning(
+            "recorder: could not read the trainer's %s; recording the other settings",
+            ", ".join(missing),
+        )
         out["trainer"]["unreadable"] = ", ".join(missing)
     logger.info("recorder: trainer settings %s", json.dumps(out, default=str))
     return out
@@ -445,7 +476,9 @@ def _value(v: Any) -> float | None:
 
 def _aggregate(values: list[Any], weights: list[float]) -> float | None:
     """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when no function scored."""
-    scored = [(float(v), w) for v, w in zip(values, weights) if v is not None and not math.isnan(float(v))]
+    scored = [
+        (float(v), w) for v, w in zip(values, weights) if v is not None and not math.isnan(float(v))
+    ]
     return sum(v * w for v, w in scored) if scored else None
 
 

@@ -76,8 +76,14 @@ class ComponentVersion:
         return self.name or self.component
 
     def as_dict(self) -> dict[str, Any]:
-        return {"environment": self.environment, "component": self.component, "target": self.target,
-                "params": self.params, "source_hash": self.source_hash, "name": self.name}
+        return {
+            "environment": self.environment,
+            "component": self.component,
+            "target": self.target,
+            "params": self.params,
+            "source_hash": self.source_hash,
+            "name": self.name,
+        }
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,10 @@ def resolve(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:  # a broken user module raises anything at import
-        raise VersionError("target", f"module {module_name[:100]!r} does not import: {type(e).__name__}: "
-                                     f"{str(e)[:200]}") from None
+        raise VersionError(
+            "target",
+            f"module {module_name[:100]!r} does not import: {type(e).__name__}: {str(e)[:200]}",
+        ) from None
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
@@ -133,16 +141,23 @@ def check_params(fn: Callable[..., Any], params: Any) -> dict[str, Any]:
     try:
         text = json.dumps(params, allow_nan=False)
     except (TypeError, ValueError):
-        raise VersionError("params", "must hold only JSON values (finite numbers, strings, lists, objects)") from None
+        raise VersionError(
+            "params", "must hold only JSON values (finite numbers, strings, lists, objects)"
+        ) from None
     if len(text) > MAX_PARAMS_CHARS:
         raise VersionError("params", f"longer than {MAX_PARAMS_CHARS} characters")
     sig = inspect.signature(fn)
-    named = {n: p for n, p in sig.parameters.items()
-             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    named = {
+        n: p
+        for n, p in sig.parameters.items()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
     for key in params:
         if key not in named or key in ("prompt", "completion"):
             have = ", ".join(n for n in named if n not in ("prompt", "completion")) or "none"
-            raise VersionError(f"params.{str(key)[:80]}", f"not a parameter of {target_of(fn)} (it takes: {have})")
+            raise VersionError(
+                f"params.{str(key)[:80]}", f"not a parameter of {target_of(fn)} (it takes: {have})"
+            )
         _check_type(key, params[key], named[key].default)
     return json.loads(text)
 
@@ -159,11 +174,14 @@ def _check_type(key: str, value: Any, default: Any) -> None:
     else:
         return  # no default, or a list/None default: the function checks it (and fails closed if not)
     if not ok:
-        raise VersionError(f"params.{key}", f"must be a {type(default).__name__} like its default {default!r}")
+        raise VersionError(
+            f"params.{key}", f"must be a {type(default).__name__} like its default {default!r}"
+        )
 
 
-def make_version(environment: str, component: str, target: str, params: Any = None,
-                 name: str = "") -> ComponentVersion:
+def make_version(
+    environment: str, component: str, target: str, params: Any = None, name: str = ""
+) -> ComponentVersion:
     """A checked version: the target imports and is callable, the params fit its signature."""
     if not isinstance(component, str) or not component:
         raise VersionError("component", "must be a component name")
@@ -179,7 +197,9 @@ _lock = threading.Lock()
 _loaded = False
 
 
-def register(environment: str, component: str, target: str, params: Any = None, name: str = "") -> ComponentVersion:
+def register(
+    environment: str, component: str, target: str, params: Any = None, name: str = ""
+) -> ComponentVersion:
     """Register a version (a user's module calls this at import). Returns it; re-registering replaces."""
     version = make_version(environment, component, target, params, name)
     with _lock:
@@ -214,7 +234,9 @@ def load(extra_modules: str | None = None) -> None:
         try:
             importlib.import_module(module_name)
         except Exception as e:
-            raise VersionError("RD_REWARD_MODULES", f"{module_name[:100]} does not import: {e}") from None
+            raise VersionError(
+                "RD_REWARD_MODULES", f"{module_name[:100]} does not import: {e}"
+            ) from None
     _loaded = True
 
 
@@ -231,7 +253,10 @@ def lookup(environment: str, label: str) -> ComponentVersion:
         version = _REGISTRY.get((environment, label))
     if version is None:
         have = ", ".join(v.label for v in registered(environment)) or "none"
-        raise VersionError("version", f"{label[:100]!r} is not registered for {environment[:100]} (registered: {have})")
+        raise VersionError(
+            "version",
+            f"{label[:100]!r} is not registered for {environment[:100]} (registered: {have})",
+        )
     return version
 
 
@@ -242,10 +267,16 @@ def from_spec(environment: str, spec: Any, path: str = "versions[0]") -> Compone
         raise VersionError(path, 'must be an object {"version": registered name, "params": {...}}')
     extra = set(spec) - {"version", "params"}
     if extra:
-        raise VersionError(f"{path}.{sorted(extra)[0][:80]}", "unknown key; expected version, params")
+        raise VersionError(
+            f"{path}.{sorted(extra)[0][:80]}", "unknown key; expected version, params"
+        )
     try:
         base = lookup(environment, spec["version"])
-        params = {**base.params, **(spec.get("params") or {})} if spec.get("params") is not None else base.params
+        params = (
+            {**base.params, **(spec.get("params") or {})}
+            if spec.get("params") is not None
+            else base.params
+        )
         name = base.name if spec.get("params") is None else f"{base.label}+params"
         return make_version(environment, base.component, base.target, params, name)
     except VersionError as e:
@@ -297,8 +328,13 @@ def _can_alarm() -> bool:
     return threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
 
 
-def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, completion: Any,
-              timeout_s: float = DEFAULT_TIMEOUT_S) -> Scored:
+def score_one(
+    fn: Callable[..., Any],
+    params: dict[str, Any],
+    prompt: Prompt,
+    completion: Any,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Scored:
     """Call the component on one rollout, failing closed. The time limit interrupts the call when we are
     on the main thread (a Celery worker's task, a command); elsewhere an over-long call is still refused
     after it returns."""
@@ -314,7 +350,9 @@ def score_one(fn: Callable[..., Any], params: dict[str, Any], prompt: Prompt, co
     except _Timeout:
         return Scored(None, f"failed: took longer than {timeout_s:g} s", False)
     except Exception as e:
-        return Scored(None, f"failed: raised {type(e).__name__}: {str(e)[:200]}"[:MAX_REASON], False)
+        return Scored(
+            None, f"failed: raised {type(e).__name__}: {str(e)[:200]}"[:MAX_REASON], False
+        )
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -357,7 +395,9 @@ def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
     by_name = {v["component"]: v for v in versions}
     unknown = set(by_name) - {c.name for c in env.components}
     if unknown:
-        raise VersionError("reward_versions", f"{sorted(unknown)[0]!r} is not a component of {env.name}")
+        raise VersionError(
+            "reward_versions", f"{sorted(unknown)[0]!r} is not a component of {env.name}"
+        )
     components = []
     for comp in env.components:
         v = by_name.get(comp.name)
@@ -374,9 +414,14 @@ def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable
     anyone with the trainer role can write: it must not name an arbitrary importable callable), with its
     source unchanged and its parameters fitting the signature."""
     where = f"reward_versions.{component}"
-    if not any(r.target == v.get("target") and r.component == component for r in registered(env_name)):
-        raise VersionError(where, f"{str(v.get('target'))[:200]} is not a registered version of {component} "
-                                  f"for {env_name} (register it in a module named in RD_REWARD_MODULES)")
+    if not any(
+        r.target == v.get("target") and r.component == component for r in registered(env_name)
+    ):
+        raise VersionError(
+            where,
+            f"{str(v.get('target'))[:200]} is not a registered version of {component} "
+            f"for {env_name} (register it in a module named in RD_REWARD_MODULES)",
+        )
     fn = resolve(v["target"])
     if v.get("source_hash") and source_hash(fn) != v["source_hash"]:
         raise VersionError(where, f"{v['target']} changed since the version was recorded")
@@ -394,7 +439,11 @@ class TrainedVersion:
     Component.source_hash() of the swapped component is stable."""
 
     def __init__(self, fn: Callable[..., Any], version: dict[str, Any], fail_value: float) -> None:
-        self.fn, self.params, self.fail_value = fn, dict(version.get("params") or {}), float(fail_value)
+        self.fn, self.params, self.fail_value = (
+            fn,
+            dict(version.get("params") or {}),
+            float(fail_value),
+        )
         self.label = f"{version['target']}({json.dumps(self.params, sort_keys=True)})#{version.get('source_hash', '')}"
 
     def __call__(self, prompt: Prompt, completion: Any) -> Any:

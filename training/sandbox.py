@@ -62,9 +62,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-_STARTUP_GRACE_S = 2.0  # bwrap + interpreter start, on top of the user's wall budget (loaded 2-core CI)
+_STARTUP_GRACE_S = (
+    2.0  # bwrap + interpreter start, on top of the user's wall budget (loaded 2-core CI)
+)
 _CHANNEL_CAP = 4 * 1024 * 1024  # bytes of results the parent reads; more is an anomaly, not a crash
-_MAX_DEPTH = 64  # JSON nesting the parent accepts on the results channel (json.loads recursion is C)
+_MAX_DEPTH = (
+    64  # JSON nesting the parent accepts on the results channel (json.loads recursion is C)
+)
 _STDERR_TAIL = 64 * 1024
 _SHM_BYTES = 1 << 20  # /dev/shm: POSIX shm_open needs a folder; nothing legitimate fills it
 _SANDBOX_DIR = "/sandbox"
@@ -74,17 +78,23 @@ _INNER_ID = 65534  # the uid/gid the code sees inside ("nobody")
 # subuid range: the sandbox is never host root (kuid 0 may write sysctls even without capabilities).
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_SPAN = 1_000_000
-_STAGE_ROOT = Path("/var/tmp")  # root mode: where an interpreter the dedicated uid cannot reach is linked
+_STAGE_ROOT = Path(
+    "/var/tmp"
+)  # root mode: where an interpreter the dedicated uid cannot reach is linked
 _STAGE_LAYOUT = 2  # bump when what _link_copy stages changes
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    passed: int  # tests whose output came back AND equals the expected value (compared in the parent)
+    passed: (
+        int  # tests whose output came back AND equals the expected value (compared in the parent)
+    )
     total: int
     ran: int  # tests whose output actually came back from the child
     error: str | None  # why the run is not a clean pass/fail list; None when every test ran cleanly
-    notes: list[str] = field(default_factory=list)  # what containment was enforced (parent-written only)
+    notes: list[str] = field(
+        default_factory=list
+    )  # what containment was enforced (parent-written only)
     failures: list[str] = field(default_factory=list)  # short per-test failure lines (first few)
     timed_out: bool = False
     duration_s: float = 0.0
@@ -127,8 +137,12 @@ def run_tests(
         return _run(code, func_name, tests, limits, python, max_failures_listed, run_id, t0)
     except SandboxUnavailable as exc:
         return _failed(tests, f"{_UNAVAILABLE}: {exc}", [], t0, run_id)
-    except Exception as exc:  # fail closed: a harness bug is a failed submission, never a trainer crash
-        return _failed(tests, f"sandbox error: {type(exc).__name__}: {str(exc)[:300]}", [], t0, run_id)
+    except (
+        Exception
+    ) as exc:  # fail closed: a harness bug is a failed submission, never a trainer crash
+        return _failed(
+            tests, f"sandbox error: {type(exc).__name__}: {str(exc)[:300]}", [], t0, run_id
+        )
 
 
 @dataclass(frozen=True)
@@ -142,25 +156,52 @@ class _Limits:
     def rlimits(self) -> dict[str, list[int]]:
         cpu = max(1, math.ceil(self.timeout_s))
         fsize = self.file_size_mb << 20
-        return {"RLIMIT_CPU": [cpu, cpu + 1], "RLIMIT_AS": [self.memory_mb << 20] * 2, "RLIMIT_FSIZE": [fsize] * 2,
-                "RLIMIT_NOFILE": [64, 64], "RLIMIT_CORE": [0, 0], "RLIMIT_NPROC": [self.max_procs] * 2}
+        return {
+            "RLIMIT_CPU": [cpu, cpu + 1],
+            "RLIMIT_AS": [self.memory_mb << 20] * 2,
+            "RLIMIT_FSIZE": [fsize] * 2,
+            "RLIMIT_NOFILE": [64, 64],
+            "RLIMIT_CORE": [0, 0],
+            "RLIMIT_NPROC": [self.max_procs] * 2,
+        }
 
 
 def _failed(tests: Sequence, error: str, notes: list[str], t0: float, run_id: str) -> SandboxResult:
-    return SandboxResult(passed=0, total=len(tests), ran=0, error=error, notes=notes,
-                         duration_s=round(time.monotonic() - t0, 3), run_id=run_id)
+    return SandboxResult(
+        passed=0,
+        total=len(tests),
+        ran=0,
+        error=error,
+        notes=notes,
+        duration_s=round(time.monotonic() - t0, 3),
+        run_id=run_id,
+    )
 
 
-def _run(code: str, func_name: str, tests: Sequence[tuple[Sequence[Any], Any]], limits: _Limits, python: str,
-         max_failures_listed: int, run_id: str, t0: float) -> SandboxResult:
+def _run(
+    code: str,
+    func_name: str,
+    tests: Sequence[tuple[Sequence[Any], Any]],
+    limits: _Limits,
+    python: str,
+    max_failures_listed: int,
+    run_id: str,
+    t0: float,
+) -> SandboxResult:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap not installed (apt-get install bubblewrap)")
     version_note = _bwrap_note(bwrap)
     uid = SANDBOX_UID_BASE + secrets.randbelow(SANDBOX_UID_SPAN) if os.geteuid() == 0 else None
     runtime = _sandbox_runtime(python, uid)
-    payload = json.dumps({"code": code, "func_name": func_name, "inputs": [list(args) for args, _ in tests],
-                          "rlimits": limits.rlimits()})
+    payload = json.dumps(
+        {
+            "code": code,
+            "func_name": func_name,
+            "inputs": [list(args) for args, _ in tests],
+            "rlimits": limits.rlimits(),
+        }
+    )
     notes = [version_note, *runtime.notes, _uid_note(uid)]
     # Parent-only files: the child reaches them through inherited fds, never by path (0711: bwrap, run
     # as the sandbox uid, may traverse it to bind the empty file, but not list it).
@@ -181,7 +222,9 @@ def _run(code: str, func_name: str, tests: Sequence[tuple[Sequence[Any], Any]], 
             cgroup.remove()
         shutil.rmtree(base, ignore_errors=True)
     run = _Outcome(returncode, timed_out, survived, oom, bwrap_started=exchange.started)
-    return _verdict(out, err, tests, run, limits, notes, max_failures_listed, time.monotonic() - t0, run_id)
+    return _verdict(
+        out, err, tests, run, limits, notes, max_failures_listed, time.monotonic() - t0, run_id
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,9 +238,11 @@ class _Runtime:
     notes: tuple[str, ...]
 
 
-_PROBE = ("import sys, sysconfig, json; print(json.dumps({'prefix': sys.base_prefix, 'stdlib': "
-          "sysconfig.get_paths()['stdlib'], 'dynload': [p for p in sys.path if p.endswith('lib-dynload')], "
-          "'version': '%d.%d' % sys.version_info[:2]}))")
+_PROBE = (
+    "import sys, sysconfig, json; print(json.dumps({'prefix': sys.base_prefix, 'stdlib': "
+    "sysconfig.get_paths()['stdlib'], 'dynload': [p for p in sys.path if p.endswith('lib-dynload')], "
+    "'version': '%d.%d' % sys.version_info[:2]}))"
+)
 
 
 def _sandbox_runtime(python: str, uid: int | None) -> _Runtime:
@@ -218,9 +263,13 @@ def _runtime(exe: str) -> _Runtime:
     libraries (of the binary and of every extension module). Cached: ldd takes a few hundred ms."""
     if not os.access(exe, os.X_OK):
         raise SandboxUnavailable(f"interpreter {exe} is not executable")
-    probe = subprocess.run([exe, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60, env={})
+    probe = subprocess.run(
+        [exe, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60, env={}
+    )
     if probe.returncode != 0:
-        raise SandboxUnavailable(f"interpreter {exe} failed to start: {probe.stderr.strip()[-200:]}")
+        raise SandboxUnavailable(
+            f"interpreter {exe} failed to start: {probe.stderr.strip()[-200:]}"
+        )
     info = json.loads(probe.stdout)
     stdlib, version = os.path.realpath(info["stdlib"]), info["version"]
     dynload = [os.path.realpath(d) for d in info["dynload"] if os.path.isdir(d)]
@@ -232,9 +281,15 @@ def _runtime(exe: str) -> _Runtime:
     libs, loader = _shared_libraries(objects)
     binds += [(path, f"/python/lib/{name}") for name, path in libs.items()]
     binds += [(os.path.realpath(loader), loader)]
-    hide = tuple(f"{inner_stdlib}/{d}" for d in ("site-packages", "dist-packages") if os.path.isdir(f"{stdlib}/{d}"))
-    note = (f"root: read-only /python (python {version} from {os.path.dirname(os.path.dirname(exe))}, stdlib"
-            f"{' without site-packages' if hide else ''}, {len(libs)} shared libraries) and {loader}")
+    hide = tuple(
+        f"{inner_stdlib}/{d}"
+        for d in ("site-packages", "dist-packages")
+        if os.path.isdir(f"{stdlib}/{d}")
+    )
+    note = (
+        f"root: read-only /python (python {version} from {os.path.dirname(os.path.dirname(exe))}, stdlib"
+        f"{' without site-packages' if hide else ''}, {len(libs)} shared libraries) and {loader}"
+    )
     return _Runtime(tuple(binds), hide, (note,))
 
 
@@ -246,8 +301,12 @@ def _shared_libraries(objects: list[str]) -> tuple[dict[str, str], str]:
     """{soname: real path} for everything `objects` link, and the dynamic loader's own path."""
     ldd = shutil.which("ldd")
     if ldd is None:
-        raise SandboxUnavailable("ldd not found (package libc-bin): cannot list the interpreter's libraries")
-    out = subprocess.run([ldd, *objects], capture_output=True, text=True, timeout=120, env={"LC_ALL": "C"}).stdout
+        raise SandboxUnavailable(
+            "ldd not found (package libc-bin): cannot list the interpreter's libraries"
+        )
+    out = subprocess.run(
+        [ldd, *objects], capture_output=True, text=True, timeout=120, env={"LC_ALL": "C"}
+    ).stdout
     libs: dict[str, str] = {}
     loader = ""
     for line in out.splitlines():
@@ -266,12 +325,18 @@ _BWRAP_MIN = (0, 8, 0)  # --disable-userns, and --size for tmpfs (Debian 12 ship
 @functools.lru_cache(maxsize=4)
 def _bwrap_note(bwrap: str) -> str:
     """Also the version check: an older bwrap cannot size the tmpfs, so it is refused, not used."""
-    out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    out = subprocess.run(
+        [bwrap, "--version"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
     found = tuple(int(x) for x in re.findall(r"\d+", out)[:3])
     if found < _BWRAP_MIN:
-        raise SandboxUnavailable(f"bubblewrap >= {'.'.join(map(str, _BWRAP_MIN))} needed, found {out!r}")
-    return (f"{out}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user namespaces, "
-            "no capabilities, new session, dies with its parent, read-only /proc")
+        raise SandboxUnavailable(
+            f"bubblewrap >= {'.'.join(map(str, _BWRAP_MIN))} needed, found {out!r}"
+        )
+    return (
+        f"{out}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user namespaces, "
+        "no capabilities, new session, dies with its parent, read-only /proc"
+    )
 
 
 def _uid_note(uid: int | None) -> str:
@@ -297,7 +362,9 @@ def _for_others(runtime: _Runtime) -> _Runtime:
         raise SandboxUnavailable(f"{stage} is not a root-owned folder closed to writes by others")
     moved = {host: str(stage / inner.lstrip("/")) for host, inner in todo}
     binds = tuple((moved.get(host, host), inner) for host, inner in runtime.binds)
-    return _Runtime(binds, runtime.hide, runtime.notes + (f"runtime linked into {stage} for the sandbox uid",))
+    return _Runtime(
+        binds, runtime.hide, runtime.notes + (f"runtime linked into {stage} for the sandbox uid",)
+    )
 
 
 def _readable_by_others(path: str) -> bool:
@@ -305,7 +372,9 @@ def _readable_by_others(path: str) -> bool:
     try:
         if not os.stat(p).st_mode & stat.S_IROTH:
             return False
-        return all(os.stat(d).st_mode & stat.S_IXOTH for d in ([p] if p.is_dir() else []) + list(p.parents))
+        return all(
+            os.stat(d).st_mode & stat.S_IXOTH for d in ([p] if p.is_dir() else []) + list(p.parents)
+        )
     except OSError:
         return False
 
@@ -317,7 +386,9 @@ def _build_stage(stage: Path, todo: tuple[tuple[str, str], ...]) -> None:
             _link_copy(Path(host), tmp / inner.lstrip("/"))
         for d, _, _ in os.walk(tmp):
             os.chmod(d, 0o755)
-        os.rename(tmp, stage)  # atomic; fails if a concurrent run got there first (then theirs is used)
+        os.rename(
+            tmp, stage
+        )  # atomic; fails if a concurrent run got there first (then theirs is used)
     except OSError:
         if not os.path.lexists(stage):
             raise
@@ -351,22 +422,83 @@ def _link_copy(src: Path, dst: Path) -> None:
 # seccomp: a classic-BPF deny list, handed to bwrap (--seccomp FD), which loads it just before exec
 
 # Syscalls added since Linux 5.1 share one number on every architecture.
-_COMMON_NRS = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-               "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
-               "mount_setattr": 442, "memfd_secret": 447}
+_COMMON_NRS = {
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "clone3": 435,
+    "mount_setattr": 442,
+    "memfd_secret": 447,
+}
 _ARCHES = {  # machine -> (AUDIT_ARCH, {syscall: nr}); numbers from the kernel's unistd tables
-    "x86_64": (0xC000003E, _COMMON_NRS | {
-        "keyctl": 250, "add_key": 248, "request_key": 249, "memfd_create": 319, "shmget": 29, "unshare": 272,
-        "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "ptrace": 101,
-        "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
-        "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
-        "open_by_handle_at": 304, "fork": 57, "vfork": 58, "clone": 56}),
-    "aarch64": (0xC00000B7, _COMMON_NRS | {  # asm-generic table: no fork/vfork syscalls at all
-        "keyctl": 219, "add_key": 217, "request_key": 218, "memfd_create": 279, "shmget": 194, "unshare": 97,
-        "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "ptrace": 117,
-        "process_vm_readv": 270, "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
-        "kexec_load": 104, "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106,
-        "open_by_handle_at": 265, "clone": 220}),
+    "x86_64": (
+        0xC000003E,
+        _COMMON_NRS
+        | {
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "memfd_create": 319,
+            "shmget": 29,
+            "unshare": 272,
+            "setns": 308,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "chroot": 161,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+            "kexec_load": 246,
+            "kexec_file_load": 320,
+            "init_module": 175,
+            "finit_module": 313,
+            "delete_module": 176,
+            "open_by_handle_at": 304,
+            "fork": 57,
+            "vfork": 58,
+            "clone": 56,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        _COMMON_NRS
+        | {  # asm-generic table: no fork/vfork syscalls at all
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "memfd_create": 279,
+            "shmget": 194,
+            "unshare": 97,
+            "setns": 268,
+            "mount": 40,
+            "umount2": 39,
+            "pivot_root": 41,
+            "chroot": 51,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "bpf": 280,
+            "perf_event_open": 241,
+            "userfaultfd": 282,
+            "kexec_load": 104,
+            "kexec_file_load": 294,
+            "init_module": 105,
+            "finit_module": 273,
+            "delete_module": 106,
+            "open_by_handle_at": 265,
+            "clone": 220,
+        },
+    ),
 }
 SECCOMP_DENY = tuple(n for n in _ARCHES["x86_64"][1] if n not in ("clone", "clone3"))
 _CLONE_THREAD = 0x00010000
@@ -388,16 +520,26 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     if arch is None:
         return None
     audit_arch, nrs = arch
-    prog = [_bpf(_LD_ABS, 4), _bpf(_JEQ, audit_arch, 1, 0), _bpf(_RET, _RET_KILL_PROCESS), _bpf(_LD_ABS, 0)]
+    prog = [
+        _bpf(_LD_ABS, 4),
+        _bpf(_JEQ, audit_arch, 1, 0),
+        _bpf(_RET, _RET_KILL_PROCESS),
+        _bpf(_LD_ABS, 0),
+    ]
     if audit_arch == 0xC000003E:
-        prog += [_bpf(_JGE, 0x40000000, 0, 1), _bpf(_RET, _RET_ERRNO | _EPERM)]  # x32 syscall numbers
+        prog += [
+            _bpf(_JGE, 0x40000000, 0, 1),
+            _bpf(_RET, _RET_ERRNO | _EPERM),
+        ]  # x32 syscall numbers
     for name in SECCOMP_DENY:
         if name in nrs:
             prog += [_bpf(_JEQ, nrs[name], 0, 1), _bpf(_RET, _RET_ERRNO | _EPERM)]
     prog += [_bpf(_JEQ, nrs["clone3"], 0, 1), _bpf(_RET, _RET_ERRNO | _ENOSYS)]
     prog += [
         _bpf(_JEQ, nrs["clone"], 0, 5),  # not clone: allow (the last instruction)
-        _bpf(_LD_ABS, 16),  # low 32 bits of args[0], the flags (little-endian machines only, as listed)
+        _bpf(
+            _LD_ABS, 16
+        ),  # low 32 bits of args[0], the flags (little-endian machines only, as listed)
         _bpf(_JSET, _CLONE_NEW_NAMESPACES, 2, 0),
         _bpf(_JSET, _CLONE_THREAD, 0, 1),
         _bpf(_RET, _RET_ALLOW),
@@ -409,8 +551,10 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
 
 def _filter_note(has_filter: bool) -> list[str]:
     if has_filter:
-        return [f"seccomp: {len(SECCOMP_DENY)} syscalls refused (keyrings, memfd, SysV shm, mounts, namespaces, "
-                "ptrace, bpf, io_uring, fork); clone allowed for threads only"]
+        return [
+            f"seccomp: {len(SECCOMP_DENY)} syscalls refused (keyrings, memfd, SysV shm, mounts, namespaces, "
+            "ptrace, bpf, io_uring, fork); clone allowed for threads only"
+        ]
     return [f"seccomp: no syscall table for {platform.machine()}: no filter, processes are allowed"]
 
 
@@ -428,16 +572,20 @@ class _Cgroup:
 
     @classmethod
     def create(cls, run_id: str, limits: _Limits, uid: int | None) -> tuple[_Cgroup | None, str]:
-        without = ("limits: no cgroup ({why}); whole-sandbox bounds are the tmpfs sizes ({disk} MB + 1 MB "
-                   "/dev/shm), RLIMIT_AS {mem} MB per process, RLIMIT_NPROC {procs} inside the user namespace "
-                   "and no fork (seccomp)")
+        without = (
+            "limits: no cgroup ({why}); whole-sandbox bounds are the tmpfs sizes ({disk} MB + 1 MB "
+            "/dev/shm), RLIMIT_AS {mem} MB per process, RLIMIT_NPROC {procs} inside the user namespace "
+            "and no fork (seccomp)"
+        )
         fmt = {"disk": limits.disk_mb, "mem": limits.memory_mb, "procs": limits.max_procs}
         if os.geteuid() != 0:
             return None, without.format(why="not root", **fmt)
         parents = {c: _own_cgroup_v1(c) for c in ("memory", "pids")}
         missing = [c for c, p in parents.items() if p is None]
         if missing:
-            return None, without.format(why=f"no writable cgroup v1 {'/'.join(missing)} hierarchy", **fmt)
+            return None, without.format(
+                why=f"no writable cgroup v1 {'/'.join(missing)} hierarchy", **fmt
+            )
         dirs = {c: p / f"rd-sandbox-{run_id}" for c, p in parents.items() if p is not None}
         group = cls({})
         memory = (limits.memory_mb + limits.disk_mb + 1) << 20  # tmpfs pages are charged here too
@@ -446,15 +594,23 @@ class _Cgroup:
                 path.mkdir()
                 group.dirs[controller] = path
             (dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory))
-            _try_write(dirs["memory"] / "memory.memsw.limit_in_bytes", str(memory))  # no swapping out of it
-            (dirs["pids"] / "pids.max").write_text(str(limits.max_procs + 3))  # + bwrap, its init, the shell
+            _try_write(
+                dirs["memory"] / "memory.memsw.limit_in_bytes", str(memory)
+            )  # no swapping out of it
+            (dirs["pids"] / "pids.max").write_text(
+                str(limits.max_procs + 3)
+            )  # + bwrap, its init, the shell
             for procs in group.procs_files():
-                os.chown(procs, uid if uid is not None else 0, -1)  # so the prelude, as that uid, can join
+                os.chown(
+                    procs, uid if uid is not None else 0, -1
+                )  # so the prelude, as that uid, can join
         except OSError as exc:
             group.remove()
             return None, without.format(why=f"cgroup setup failed: {exc}", **fmt)
-        return group, (f"limits: cgroup v1 per run, memory {memory >> 20} MB for the whole sandbox (tmpfs and "
-                       f"memfd pages included, no swap), {limits.max_procs + 3} tasks")
+        return group, (
+            f"limits: cgroup v1 per run, memory {memory >> 20} MB for the whole sandbox (tmpfs and "
+            f"memfd pages included, no swap), {limits.max_procs + 3} tasks"
+        )
 
     def procs_files(self) -> list[str]:
         return [str(p / "cgroup.procs") for p in self.dirs.values()]
@@ -531,8 +687,12 @@ class _Exchange:
         self.started = False
 
     def open_files(self) -> dict[str, Any]:
-        files = {"stdin": open(self.base / "in.json", "rb"), "stdout": open(self.base / "out", "wb"),
-                 "stderr": open(self.base / "err", "wb"), "info": open(self.base / "info", "wb")}
+        files = {
+            "stdin": open(self.base / "in.json", "rb"),
+            "stdout": open(self.base / "out", "wb"),
+            "stderr": open(self.base / "err", "wb"),
+            "info": open(self.base / "info", "wb"),
+        }
         if self.has_filter:
             files["seccomp"] = open(self.base / "seccomp.bpf", "rb")
         return files
@@ -555,11 +715,35 @@ class _Exchange:
             return f.read().decode("utf-8", "replace")
 
 
-def _command(bwrap: str, runtime: _Runtime, limits: _Limits, info_fd: int, seccomp_fd: int | None,
-             run_id: str, empty: str) -> list[str]:
-    argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL", "--new-session", "--die-with-parent",
-            "--uid", str(_INNER_ID), "--gid", str(_INNER_ID), "--info-fd", str(info_fd)]
+def _command(
+    bwrap: str,
+    runtime: _Runtime,
+    limits: _Limits,
+    info_fd: int,
+    seccomp_fd: int | None,
+    run_id: str,
+    empty: str,
+) -> list[str]:
+    argv = [
+        bwrap,
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+        "--new-session",
+        "--die-with-parent",
+        "--uid",
+        str(_INNER_ID),
+        "--gid",
+        str(_INNER_ID),
+        "--info-fd",
+        str(info_fd),
+    ]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     for host, inner in runtime.binds:
@@ -567,33 +751,105 @@ def _command(bwrap: str, runtime: _Runtime, limits: _Limits, info_fd: int, secco
     for inner in runtime.hide:
         argv += ["--size", "4096", "--perms", "0555", "--tmpfs", inner, "--remount-ro", inner]
     # /proc/keys lists the descriptions of keys in the session keyring bwrap inherits (keyctl is refused).
-    argv += ["--proc", "/proc", "--ro-bind", empty, "/proc/keys", "--ro-bind", empty, "/proc/key-users",
-             "--remount-ro", "/proc"]
-    argv += ["--dev", "/dev", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev", "--size", str(limits.disk_mb << 20), "--perms", "0700", "--tmpfs", _SANDBOX_DIR,
-             "--symlink", _SANDBOX_DIR, "/tmp", "--remount-ro", "/", "--chdir", _SANDBOX_DIR,
-             "--clearenv", "--setenv", "LD_LIBRARY_PATH", "/python/lib", "--setenv", "LANG", "C.UTF-8",
-             "--setenv", "HOME", _SANDBOX_DIR, "--setenv", "TMPDIR", _SANDBOX_DIR,
-             "/python/bin/python3", "-I", "-S", "-c", _HARNESS, f"rd-sandbox-{run_id}"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        empty,
+        "/proc/keys",
+        "--ro-bind",
+        empty,
+        "/proc/key-users",
+        "--remount-ro",
+        "/proc",
+    ]
+    argv += [
+        "--dev",
+        "/dev",
+        "--size",
+        str(_SHM_BYTES),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.disk_mb << 20),
+        "--perms",
+        "0700",
+        "--tmpfs",
+        _SANDBOX_DIR,
+        "--symlink",
+        _SANDBOX_DIR,
+        "/tmp",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        _SANDBOX_DIR,
+        "--clearenv",
+        "--setenv",
+        "LD_LIBRARY_PATH",
+        "/python/lib",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "HOME",
+        _SANDBOX_DIR,
+        "--setenv",
+        "TMPDIR",
+        _SANDBOX_DIR,
+        "/python/bin/python3",
+        "-I",
+        "-S",
+        "-c",
+        _HARNESS,
+        f"rd-sandbox-{run_id}",
+    ]
     return argv
 
 
-def _execute(bwrap: str, runtime: _Runtime, limits: _Limits, exchange: _Exchange, cgroup: _Cgroup | None,
-             run_id: str, uid: int | None) -> tuple[int | None, bool]:
+def _execute(
+    bwrap: str,
+    runtime: _Runtime,
+    limits: _Limits,
+    exchange: _Exchange,
+    cgroup: _Cgroup | None,
+    run_id: str,
+    uid: int | None,
+) -> tuple[int | None, bool]:
     """Start bwrap (through a shell prelude that joins the cgroup first), wait for it, and SIGKILL its
     process group on timeout. Returns (returncode, timed_out). cwd "/" and an empty environment: the
     sandbox init's own environ (readable inside as /proc/1/environ) names nothing of the host."""
     files = exchange.open_files()
     try:
         seccomp = files.get("seccomp")
-        argv = _command(bwrap, runtime, limits, files["info"].fileno(), seccomp.fileno() if seccomp else None,
-                        run_id, str(exchange.base / "empty"))
+        argv = _command(
+            bwrap,
+            runtime,
+            limits,
+            files["info"].fileno(),
+            seccomp.fileno() if seccomp else None,
+            run_id,
+            str(exchange.base / "empty"),
+        )
         joins = "".join(f'echo $$ > "{p}" && ' for p in (cgroup.procs_files() if cgroup else []))
-        extra = [f.fileno() for k, f in files.items() if k in ("info", "seccomp")]  # same numbers in the child
-        proc = subprocess.Popen(["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv], stdin=files["stdin"],
-                                stdout=files["stdout"], stderr=files["stderr"], env={}, cwd="/", close_fds=True,
-                                pass_fds=extra, start_new_session=True, user=uid, group=uid,
-                                extra_groups=[] if uid is not None else None)
+        extra = [
+            f.fileno() for k, f in files.items() if k in ("info", "seccomp")
+        ]  # same numbers in the child
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *argv],
+            stdin=files["stdin"],
+            stdout=files["stdout"],
+            stderr=files["stderr"],
+            env={},
+            cwd="/",
+            close_fds=True,
+            pass_fds=extra,
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+        )
         timed_out = False
         try:
             returncode: int | None = proc.wait(timeout=limits.timeout_s + _STARTUP_GRACE_S)
@@ -627,7 +883,9 @@ def _ensure_gone(init_pid: int | None, cgroup: _Cgroup | None, deadline_s: float
     while time.monotonic() < end:
         if cgroup is not None:
             cgroup.kill_all()
-        alive = (init_pid is not None and _alive(init_pid)) or (cgroup is not None and bool(cgroup.pids()))
+        alive = (init_pid is not None and _alive(init_pid)) or (
+            cgroup is not None and bool(cgroup.pids())
+        )
         if not alive:
             return False
         time.sleep(0.01)
@@ -702,7 +960,12 @@ def _take_line(ch: _Channel, line: str, total: int) -> str | None:
         ch.started = True
     elif kind == "case":
         return _take_case(ch, msg, total)
-    elif kind == "load_error" and not ch.cases and ch.load_error is None and isinstance(msg.get("err"), str):
+    elif (
+        kind == "load_error"
+        and not ch.cases
+        and ch.load_error is None
+        and isinstance(msg.get("err"), str)
+    ):
         ch.load_error = msg["err"][:300]
     elif kind == "done" and len(msg) == 1:
         ch.done = True
@@ -755,8 +1018,17 @@ def _too_deep(line: str) -> bool:
     return False
 
 
-def _verdict(raw: bytes, err: str, tests: Sequence[tuple[Sequence[Any], Any]], run: _Outcome, limits: _Limits,
-             notes: list[str], max_failures_listed: int, duration_s: float, run_id: str) -> SandboxResult:
+def _verdict(
+    raw: bytes,
+    err: str,
+    tests: Sequence[tuple[Sequence[Any], Any]],
+    run: _Outcome,
+    limits: _Limits,
+    notes: list[str],
+    max_failures_listed: int,
+    duration_s: float,
+    run_id: str,
+) -> SandboxResult:
     total = len(tests)
     ch = parse_channel(raw, total)
     notes = notes + [_limits_note(limits)]
@@ -768,14 +1040,25 @@ def _verdict(raw: bytes, err: str, tests: Sequence[tuple[Sequence[Any], Any]], r
     error = _error(ch, run, err, limits.timeout_s, total)
     if ch.anomaly or run.survived or not ch.started or ch.load_error is not None:
         passed = 0  # a void run scores nothing, whatever outputs came back with it
-    return SandboxResult(passed=passed, total=total, ran=len(ch.cases), error=error, notes=notes,
-                         failures=failures, timed_out=run.timed_out, duration_s=round(duration_s, 3), run_id=run_id)
+    return SandboxResult(
+        passed=passed,
+        total=total,
+        ran=len(ch.cases),
+        error=error,
+        notes=notes,
+        failures=failures,
+        timed_out=run.timed_out,
+        duration_s=round(duration_s, 3),
+        run_id=run_id,
+    )
 
 
 def _limits_note(limits: _Limits) -> str:
-    return (f"rlimits per process: cpu={max(1, math.ceil(limits.timeout_s))}s as={limits.memory_mb}MB "
-            f"fsize={limits.file_size_mb}MB nofile=64 nproc={limits.max_procs} core=0; wall {limits.timeout_s:g}s; "
-            f"/sandbox tmpfs {limits.disk_mb} MB")
+    return (
+        f"rlimits per process: cpu={max(1, math.ceil(limits.timeout_s))}s as={limits.memory_mb}MB "
+        f"fsize={limits.file_size_mb}MB nofile=64 nproc={limits.max_procs} core=0; wall {limits.timeout_s:g}s; "
+        f"/sandbox tmpfs {limits.disk_mb} MB"
+    )
 
 
 def _error(ch: _Channel, run: _Outcome, err: str, timeout_s: float, total: int) -> str | None:
@@ -811,8 +1094,9 @@ def _signal_of(returncode: int | None) -> str | None:
     return signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
 
 
-def _compare(cases: dict[int, dict[str, Any]], tests: Sequence[tuple[Sequence[Any], Any]], listed: int
-             ) -> tuple[int, list[str]]:
+def _compare(
+    cases: dict[int, dict[str, Any]], tests: Sequence[tuple[Sequence[Any], Any]], listed: int
+) -> tuple[int, list[str]]:
     passed = 0
     failures: list[str] = []
     for i, (args, expected) in enumerate(tests):
@@ -842,7 +1126,9 @@ def _same(a: Any, b: Any) -> bool:
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         if isinstance(a, float) or isinstance(b, float):
-            return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+            return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) or (
+                math.isnan(a) and math.isnan(b)
+            )
         return a == b
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
@@ -866,7 +1152,7 @@ def _tail(text: str, lines: int = 3) -> str:
 # The child harness, passed with -c (it is no file the child could find). Trusted code, but it runs
 # inside the sandbox from its first instruction: it only sets rlimits, redirects the user's prints
 # away from the results channel and installs bypassable stubs before it reads the user's code.
-_HARNESS = r'''
+_HARNESS = r"""
 import sys, os, json, signal, resource
 cfg = json.loads(sys.stdin.buffer.read())
 sys.stdin.close()
@@ -930,4 +1216,4 @@ for i, args in enumerate(inputs):
     os.write(RES, (line + "\n").encode())
 emit({"t": "done"})
 os._exit(0)   # skip atexit handlers the user code may have registered
-'''
+"""

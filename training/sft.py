@@ -37,11 +37,17 @@ LORA_LR_FACTOR = 10
 class SFTJobConfig(TrainJobConfig):
     """Supervised fine-tuning (TRL SFTTrainer), loss on completions / assistant turns only."""
 
-    data: str | list[dict[str, Any]] = help_field("", "JSONL path (or list of records): prompt/completion or messages")
+    data: str | list[dict[str, Any]] = help_field(
+        "", "JSONL path (or list of records): prompt/completion or messages"
+    )
     lora_rank: int = help_field(64, "LoRA rank r (SFT default 64)")
-    full_finetune: bool = help_field(False, "train all weights instead of a LoRA adapter (overrides use_lora)")
+    full_finetune: bool = help_field(
+        False, "train all weights instead of a LoRA adapter (overrides use_lora)"
+    )
     max_length: int = help_field(1024, "truncate tokenized examples to this many tokens")
-    num_train_epochs: float = help_field(1.0, "epochs, only used as an upper bound; max_steps stops first")
+    num_train_epochs: float = help_field(
+        1.0, "epochs, only used as an upper bound; max_steps stops first"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,7 +70,9 @@ def to_sft_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     raise ValueError("data: every record needs prompt+completion, or every record needs messages")
 
 
-def main(config: SFTJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: SFTJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 

@@ -39,7 +39,9 @@ from training.client import ApiError, Client
 
 logger = logging.getLogger(__name__)
 
-SETTINGS_FILE = "reward_settings.json"  # the recorder's settings, beside TRL's completions/ in an output_dir
+SETTINGS_FILE = (
+    "reward_settings.json"  # the recorder's settings, beside TRL's completions/ in an output_dir
+)
 
 
 @runtime_checkable
@@ -176,8 +178,20 @@ class JsonlSink:
 def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
     """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"} (type field
     removed)."""
-    out: dict[str, list[Any]] = {"settings": [], "groups": [], "metrics": [], "logs": [], "progress": []}
-    plural = {"settings": "settings", "group": "groups", "metrics": "metrics", "log": "logs", "progress": "progress"}
+    out: dict[str, list[Any]] = {
+        "settings": [],
+        "groups": [],
+        "metrics": [],
+        "logs": [],
+        "progress": [],
+    }
+    plural = {
+        "settings": "settings",
+        "group": "groups",
+        "metrics": "metrics",
+        "log": "logs",
+        "progress": "progress",
+    }
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
@@ -230,7 +244,9 @@ class HttpSink:
         self._oldest: float | None = None  # monotonic time of the oldest unsent record
         self.sent = {"groups": 0, "metrics": 0, "settings": 0}
         self.spooled = {"groups": 0, "metrics": 0, "settings": 0}
-        self.settings_changed: list[str] = []  # what the server said the trainer's settings replaced
+        self.settings_changed: list[
+            str
+        ] = []  # what the server said the trainer's settings replaced
 
     @property
     def base_url(self) -> str:
@@ -298,22 +314,43 @@ class HttpSink:
     def send(self, kind: str, payload: dict[str, Any]) -> Literal["sent", "rejected", "down"]:
         """`post`, telling apart a batch the server refused ("rejected": it would be refused again as is)
         from a server that could not be reached or failed ("down": the same batch may go later)."""
-        send = {"groups": self.client.post_groups, "metrics": self.client.post_metrics,
-                "settings": self._post_settings}.get(kind)
-        body = payload if kind == "settings" else payload.get(kind) if isinstance(payload, dict) else None
-        if send is None or not isinstance(payload, dict) or not isinstance(body, dict if kind == "settings" else list):
+        send = {
+            "groups": self.client.post_groups,
+            "metrics": self.client.post_metrics,
+            "settings": self._post_settings,
+        }.get(kind)
+        body = (
+            payload
+            if kind == "settings"
+            else payload.get(kind)
+            if isinstance(payload, dict)
+            else None
+        )
+        if (
+            send is None
+            or not isinstance(payload, dict)
+            or not isinstance(body, dict if kind == "settings" else list)
+        ):
             logger.error("HttpSink: not a %r batch; kept unsent", kind)
             return "rejected"
         try:
             send(self.run_id, body)  # type: ignore[arg-type]  # the client formats the id into the URL
             return "sent"
         except ApiError as e:
-            if not e.retryable:  # a 4xx repeats identically on retry: keep the batch for a human, say why
-                logger.warning("HttpSink: %s rejected (%s); spooling. Server said: %s", kind, e, e.errors[:3])
+            if (
+                not e.retryable
+            ):  # a 4xx repeats identically on retry: keep the batch for a human, say why
+                logger.warning(
+                    "HttpSink: %s rejected (%s); spooling. Server said: %s", kind, e, e.errors[:3]
+                )
                 return "rejected"
             # The client already retried: the server is down or overloaded.
-            logger.warning("HttpSink: %s not delivered after %d tries (%s); spooling",
-                           kind, self.client.retries + 1, e)
+            logger.warning(
+                "HttpSink: %s not delivered after %d tries (%s); spooling",
+                kind,
+                self.client.retries + 1,
+                e,
+            )
         except Exception:  # noqa: BLE001 - e.g. the server died mid-response (http.client errors)
             logger.exception("HttpSink: %s failed; spooling", kind)
         self._down_until = time.monotonic() + self.cooldown
@@ -365,7 +402,9 @@ def upload_spool(
         elif outcome == "rejected":
             left.append(line)
         else:
-            left.extend(lines[i:])  # the server went away: keep the rest, in order, for the next attempt
+            left.extend(
+                lines[i:]
+            )  # the server went away: keep the rest, in order, for the next attempt
             break
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in left), encoding="utf-8")
@@ -384,7 +423,9 @@ class BatchingSink:
 
     def __init__(self, inner: Sink, *, close_inner: bool = True, max_queue: int = 10_000) -> None:
         self.inner = inner
-        self.close_inner = close_inner  # False when the caller keeps using the inner sink afterwards
+        self.close_inner = (
+            close_inner  # False when the caller keeps using the inner sink afterwards
+        )
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="sink-writer", daemon=True)
         self._closed = False
@@ -405,7 +446,9 @@ class BatchingSink:
         self._put(("write_metrics", (step, dict(values))))
 
     def write_settings(self, settings: dict[str, Any]) -> None:
-        if hasattr(self.inner, "write_settings"):  # an inner sink without it simply does not take them
+        if hasattr(
+            self.inner, "write_settings"
+        ):  # an inner sink without it simply does not take them
             self._put(("write_settings", (dict(settings),)))
 
     def log(self, line: str) -> None:
@@ -460,8 +503,10 @@ class BatchingSink:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Sink utilities")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("upload", help="send a HttpSink spool file to the server; exit status 1 while "
-                        "batches are left in it")
+    up = sub.add_parser(
+        "upload",
+        help="send a HttpSink spool file to the server; exit status 1 while batches are left in it",
+    )
     up.add_argument("spool", help="spool JSONL file written by HttpSink")
     up.add_argument("--url", required=True, help="base URL of the web app, e.g. http://host:8000")
     up.add_argument("--token", required=True, help="API token")

@@ -65,11 +65,15 @@ def _as_group_ids(group_ids: np.ndarray | None, n: int, group_size: int | None) 
         _, ids = np.unique(ids, return_inverse=True)
         return ids.astype(np.int64)
     if group_size is None or group_size < 1 or n % group_size:
-        raise ValueError(f"group_size: {group_size} does not divide {n} rows; pass group_ids instead")
+        raise ValueError(
+            f"group_size: {group_size} does not divide {n} rows; pass group_ids instead"
+        )
     return np.repeat(np.arange(n // group_size), group_size)
 
 
-def group_stats(values: np.ndarray, group_ids: np.ndarray, n_groups: int | None = None) -> GroupStats:
+def group_stats(
+    values: np.ndarray, group_ids: np.ndarray, n_groups: int | None = None
+) -> GroupStats:
     """NaN-aware count/mean/std/min/max of `values` (N,) or (N, K) per group id.
 
     >>> s = group_stats(np.array([1.0, 3.0, 2.0, 2.0]), np.array([0, 0, 1, 1]))
@@ -88,7 +92,9 @@ def group_stats(values: np.ndarray, group_ids: np.ndarray, n_groups: int | None 
     # Offsets make one bincount reduce all K columns at once: column j of group g lands at g*K + j.
     flat_ids = (ids[:, None] * k + np.arange(k)[None, :]).ravel()
     size = m * k
-    count = np.bincount(flat_ids, weights=finite.ravel().astype(np.float64), minlength=size).reshape(m, k)
+    count = np.bincount(
+        flat_ids, weights=finite.ravel().astype(np.float64), minlength=size
+    ).reshape(m, k)
     total = np.bincount(flat_ids, weights=vz.ravel(), minlength=size).reshape(m, k)
     # over: a hostile 1e308 squares to inf; the std is then inf, which is the honest answer.
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -197,7 +203,9 @@ def compute_advantages(
             adv = (rewards - _batch_mean(rewards, batch_ids)) / (std_rows + eps)
         gs = group_stats(rewards, ids, m)
     else:
-        raise ValueError(f"aggregation: must be sum_then_normalize or normalize_then_sum, got {aggregation!r}")
+        raise ValueError(
+            f"aggregation: must be sum_then_normalize or normalize_then_sum, got {aggregation!r}"
+        )
 
     # torch.isclose(NaN, 0) is False: a group whose std is NaN (all unscorable) is not "zero std" in
     # TRL's logging, although it teaches nothing either; diagnostics track that case separately.

@@ -37,22 +37,38 @@ class TeacherJobConfig(JobConfig):
 
     requires_model = False  # base_model is unused: the teacher field says who answers
 
-    teacher: str = help_field("scripted", "'scripted', a model folder / hub id, or an OpenAI-compatible base URL")
+    teacher: str = help_field(
+        "scripted", "'scripted', a model folder / hub id, or an OpenAI-compatible base URL"
+    )
     teacher_model: str = help_field("", "model name sent to an endpoint teacher")
-    api_key_env: str = help_field("OPENAI_API_KEY", "name of the env var holding the endpoint's API key")
-    scripted_skill: float = help_field(1.0, "scripted teacher quality in [0, 1]; 1 is the reference solution")
+    api_key_env: str = help_field(
+        "OPENAI_API_KEY", "name of the env var holding the endpoint's API key"
+    )
+    scripted_skill: float = help_field(
+        1.0, "scripted teacher quality in [0, 1]; 1 is the reference solution"
+    )
     scripted_faults: dict[str, float] = help_field(
-        {}, "fixed fault probabilities of the scripted diagram teacher, e.g. {'omit_edges': 0.5}: "
-            "a teacher habit that SFT copies and RL has to undo")
+        {},
+        "fixed fault probabilities of the scripted diagram teacher, e.g. {'omit_edges': 0.5}: "
+        "a teacher habit that SFT copies and RL has to undo",
+    )
     split: str = help_field("train", "prompts to answer ('train'; never train on 'holdout')")
     num_prompts: int = help_field(128, "prompts to answer")
     samples_per_prompt: int = help_field(1, "teacher answers per prompt")
-    max_completion_length: int = help_field(1024, "max tokens per teacher answer (model / endpoint teachers)")
+    max_completion_length: int = help_field(
+        1024, "max tokens per teacher answer (model / endpoint teachers)"
+    )
     temperature: float = help_field(0.7, "teacher sampling temperature (model / endpoint teachers)")
-    min_reward: float = help_field(0.9, "keep an answer when its weighted mean component score is >= this")
-    min_scores: dict[str, float] = help_field({}, "per-component minimums, e.g. {'schema_valid': 1.0}")
+    min_reward: float = help_field(
+        0.9, "keep an answer when its weighted mean component score is >= this"
+    )
+    min_scores: dict[str, float] = help_field(
+        {}, "per-component minimums, e.g. {'schema_valid': 1.0}"
+    )
     request_timeout: float = help_field(120.0, "seconds per endpoint request")
-    max_nodes: int = help_field(0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all")
+    max_nodes: int = help_field(
+        0, "only requests with at most this many nodes (diagram env: small diagrams); 0 = all"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,7 +81,9 @@ class TeacherJobConfig(JobConfig):
                 raise ValueError("scripted_faults: only for teacher 'scripted'")
             from training.environments.diagram import ScriptedDiagramPolicy
 
-            self.scripted_faults = ScriptedDiagramPolicy.check_faults(self.scripted_faults, "scripted_faults")
+            self.scripted_faults = ScriptedDiagramPolicy.check_faults(
+                self.scripted_faults, "scripted_faults"
+            )
         if self.split not in ("train", "holdout"):
             raise ValueError("split: must be 'train' or 'holdout'")
         if self.num_prompts < 1:
@@ -87,20 +105,31 @@ def scripted_teacher(env, config: TeacherJobConfig) -> Answerer:
     rng = random.Random(config.seed)
     policy = None
     if not hasattr(env, "solve"):
-        raise ValueError(f"teacher: environment {env.name!r} has no scripted solver; use a model or endpoint")
+        raise ValueError(
+            f"teacher: environment {env.name!r} has no scripted solver; use a model or endpoint"
+        )
     if config.scripted_skill < 1.0 or config.scripted_faults:
         if env.name != "diagram":
             field = "scripted_skill" if config.scripted_skill < 1.0 else "scripted_faults"
-            raise ValueError(f"{field}: a noisy scripted teacher exists only for the diagram environment")
+            raise ValueError(
+                f"{field}: a noisy scripted teacher exists only for the diagram environment"
+            )
         from training.environments.diagram import ScriptedDiagramPolicy
 
-        policy = ScriptedDiagramPolicy(seed=config.seed, skill=config.scripted_skill, faults=config.scripted_faults)
+        policy = ScriptedDiagramPolicy(
+            seed=config.seed, skill=config.scripted_skill, faults=config.scripted_faults
+        )
 
     def answer(prompts):
         out = []
         for p in prompts:
-            texts = [policy.sample(p, rng) if policy else env.solve(p) for _ in range(config.samples_per_prompt)]
-            out.append([Sample(t, len(t.split()), False) for t in texts])  # whitespace tokens: no tokenizer here
+            texts = [
+                policy.sample(p, rng) if policy else env.solve(p)
+                for _ in range(config.samples_per_prompt)
+            ]
+            out.append(
+                [Sample(t, len(t.split()), False) for t in texts]
+            )  # whitespace tokens: no tokenizer here
         return out
 
     return answer
@@ -116,9 +145,13 @@ def model_teacher(config: TeacherJobConfig) -> Answerer:
 
     def answer(prompts):
         return sample_completions(
-            model, tokenizer, [chat_prompt(p.text, p.messages) for p in prompts],
-            num_generations=config.samples_per_prompt, max_new_tokens=config.max_completion_length,
-            temperature=max(config.temperature, 1e-3), seed=config.seed,
+            model,
+            tokenizer,
+            [chat_prompt(p.text, p.messages) for p in prompts],
+            num_generations=config.samples_per_prompt,
+            max_new_tokens=config.max_completion_length,
+            temperature=max(config.temperature, 1e-3),
+            seed=config.seed,
         )
 
     return answer
@@ -130,19 +163,28 @@ def endpoint_teacher(config: TeacherJobConfig) -> Answerer:
     key = os.environ.get(config.api_key_env, "")
 
     def ask(messages: list[dict[str, Any]]) -> list[Sample]:
-        body = {"model": config.teacher_model, "messages": messages, "n": config.samples_per_prompt,
-                "temperature": config.temperature, "max_tokens": config.max_completion_length}
+        body = {
+            "model": config.teacher_model,
+            "messages": messages,
+            "n": config.samples_per_prompt,
+            "temperature": config.temperature,
+            "max_tokens": config.max_completion_length,
+        }
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        request = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
         with urllib.request.urlopen(request, timeout=config.request_timeout) as response:
             data = json.loads(response.read())
         usage = data.get("usage") or {}
         samples = []
         for choice in data.get("choices", []):
             text = (choice.get("message") or {}).get("content") or ""
-            tokens = usage.get("completion_tokens", 0) // max(1, len(data["choices"])) or len(text.split())
+            tokens = usage.get("completion_tokens", 0) // max(1, len(data["choices"])) or len(
+                text.split()
+            )
             samples.append(Sample(text, tokens, choice.get("finish_reason") == "length"))
         return samples
 
@@ -160,10 +202,14 @@ def make_teacher(env, config: TeacherJobConfig) -> Answerer:
     return model_teacher(config)
 
 
-def verdict(rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig) -> tuple[bool, str]:
+def verdict(
+    rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig
+) -> tuple[bool, str]:
     """(keep, reason): the weighted mean score must reach min_reward and each component its minimum."""
     values = {n: r["value"] for n, r in rollout["rewards"].items()}
-    problems = [f"{n} unscorable: {rollout['rewards'][n]['reason']}" for n, v in values.items() if v is None]
+    problems = [
+        f"{n} unscorable: {rollout['rewards'][n]['reason']}" for n, v in values.items() if v is None
+    ]
     for name, minimum in config.min_scores.items():
         v = values.get(name)
         if v is not None and v < minimum:
@@ -173,12 +219,18 @@ def verdict(rollout: dict[str, Any], weights: dict[str, float], config: TeacherJ
     mean = sum(weights[n] * v for n, v in scored.items()) / total_w
     if mean < config.min_reward:
         worst = min(scored, key=lambda n: scored[n]) if scored else None
-        detail = f"; worst {worst} {scored[worst]:.2f}: {rollout['rewards'][worst]['reason']}" if worst else ""
+        detail = (
+            f"; worst {worst} {scored[worst]:.2f}: {rollout['rewards'][worst]['reason']}"
+            if worst
+            else ""
+        )
         problems.append(f"weighted score {mean:.2f} < {config.min_reward}{detail}")
     return (not problems, "; ".join(problems) or f"weighted score {mean:.2f}")
 
 
-def main(config: TeacherJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+def main(
+    config: TeacherJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
+) -> dict[str, Any]:
     out = Path(config.output_dir)
     config.save(out, kind="teacher")
     env = get_env(config.env)
@@ -199,9 +251,12 @@ def main(config: TeacherJobConfig, sink: Sink | None = None, progress: ProgressF
             for rollout in group["rollouts"]:
                 keep, why = verdict(rollout, weights, config)
                 rollout["state"] = {"teacher": config.teacher, "kept": keep, "verdict": why}
-                record = {"key": prompt.key, "prompt": group["prompt"],
-                          "completion": [{"role": "assistant", "content": rollout["completion"]}],
-                          "scores": {n: r["value"] for n, r in rollout["rewards"].items()}}
+                record = {
+                    "key": prompt.key,
+                    "prompt": group["prompt"],
+                    "completion": [{"role": "assistant", "content": rollout["completion"]}],
+                    "scores": {n: r["value"] for n, r in rollout["rewards"].items()},
+                }
                 if keep:
                     kept.append(record)
                 else:

@@ -52,10 +52,12 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     # request ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is one lookup.
     # Punctuation glues to the lowercase identifiers next to it, so JSON boilerplate such as
     # '{"action":"create_shape","id":"' can merge into a single token: answers stay short.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -143,7 +145,9 @@ def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
     from training.common import get_env
 
     env = get_env(env_name)
-    prompts = env.prompts("train", n_prompts, seed=0) + env.prompts("holdout", n_prompts // 4, seed=0)
+    prompts = env.prompts("train", n_prompts, seed=0) + env.prompts(
+        "holdout", n_prompts // 4, seed=0
+    )
     texts: list[str] = []
     for p in prompts:
         texts.append(p.text)
@@ -152,36 +156,50 @@ def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
     return texts
 
 
-def ensure_tiny_model(env_name: str, cache_dir: str | os.PathLike, *, arch: str = "llama", seed: int = 0) -> Path:
+def ensure_tiny_model(
+    env_name: str, cache_dir: str | os.PathLike, *, arch: str = "llama", seed: int = 0
+) -> Path:
     """Build the tiny model for `env_name` once under `cache_dir` and reuse it afterwards.
 
     The folder name carries a hash of the training text and recipe, so a changed environment or recipe
     builds a fresh folder instead of silently reusing a stale tokenizer."""
     texts = env_texts(env_name)
-    digest = hashlib.sha256(
-        json.dumps([BUILD_VERSION, arch, seed, texts]).encode()
-    ).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([BUILD_VERSION, arch, seed, texts]).encode()).hexdigest()[
+        :12
+    ]
     out = Path(cache_dir) / f"tiny-{env_name}-{arch}-{digest}"
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     build_tiny_model(tmp, texts, arch=arch, seed=seed)
     try:
-        os.replace(tmp, out)  # atomic: a concurrent builder either wins or finds the finished folder
+        os.replace(
+            tmp, out
+        )  # atomic: a concurrent builder either wins or finds the finished folder
     except OSError:
         import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)  # another process got there first; its folder is identical
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # another process got there first; its folder is identical
     return out
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="diagram", help="environment whose text trains the tokenizer")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--env", default="diagram", help="environment whose text trains the tokenizer"
+    )
     parser.add_argument("--out", required=True, help="output folder (a cache folder with --cache)")
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"], help="model architecture")
+    parser.add_argument(
+        "--arch", default="llama", choices=["llama", "qwen2"], help="model architecture"
+    )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
-    parser.add_argument("--cache", action="store_true", help="treat --out as a cache dir (ensure_tiny_model)")
+    parser.add_argument(
+        "--cache", action="store_true", help="treat --out as a cache dir (ensure_tiny_model)"
+    )
     args = parser.parse_args(argv)
     if args.cache:
         path = ensure_tiny_model(args.env, args.out, arch=args.arch, seed=args.seed)

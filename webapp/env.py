@@ -58,7 +58,14 @@ def cache_settings(url: str) -> dict:
     scheme, rest = url.split("://", 1)
     if scheme in ("redis", "rediss"):
         # Keys carry a prefix: the cache may share a Redis database with the Celery broker.
-        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url, "KEY_PREFIX": "rd-cache"}
+        return {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "rd-cache",
+        }
     if scheme == "file":
-        return {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": rest or "/"}
+        return {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": rest or "/",
+        }
     return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}

@@ -10,13 +10,17 @@ import dj_database_url
 from webapp.env import ConfigError, cache_settings, env_bool, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("RD_VAR_DIR", str(BASE_DIR / "var")))  # runtime files: sqlite, broker, models, outputs
+VAR_DIR = Path(
+    env_str("RD_VAR_DIR", str(BASE_DIR / "var"))
+)  # runtime files: sqlite, broker, models, outputs
 
 DEBUG = env_bool("DEBUG", True)
 _DEV_SECRET = "dev-only-insecure-secret-key-do-not-use-in-production"  # development default, refused when DEBUG=0
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:
-    raise ConfigError("SECRET_KEY: the development default is refused when DEBUG=0; set a real secret")
+    raise ConfigError(
+        "SECRET_KEY: the development default is refused when DEBUG=0; set a real secret"
+    )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 INSTALLED_APPS = [
@@ -72,7 +76,9 @@ TEMPLATES = [
 
 _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_url("DATABASE_URL", _default_db, schemes=("sqlite", "postgres", "postgresql"))
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # WAL lets the web server read while the worker writes; IMMEDIATE avoids upgrade deadlocks.
     DATABASES["default"]["OPTIONS"] = {
@@ -84,7 +90,10 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 8}},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 8},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "accounts-login"
@@ -137,12 +146,16 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Ingest and query rollouts, groups and per-component rewards.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # every page needs a login, the schema too
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.IsAuthenticated"
+    ],  # every page needs a login, the schema too
 }
 
 # Celery: Redis in production; kombu's filesystem transport as the embedded default (no server).
 _broker_dir = VAR_DIR / "broker"
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", schemes=("filesystem", "redis", "rediss", "amqp"))
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://", schemes=("filesystem", "redis", "rediss", "amqp")
+)
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -150,7 +163,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
-        "control_folder": str(_broker_dir / "control"),  # else kombu writes ./control in the working dir
+        "control_folder": str(
+            _broker_dir / "control"
+        ),  # else kombu writes ./control in the working dir
         "store_processed": False,
     }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
@@ -170,8 +185,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # workers): CACHE_URL, else the broker's Redis when the broker is Redis, else files under VAR_DIR (shared
 # by the processes of one host). redis://host:port/db, file:///path, or locmem:// (one process only).
 _redis_broker = CELERY_BROKER_URL.split("://", 1)[0] in ("redis", "rediss")
-CACHE_URL = env_url("CACHE_URL", CELERY_BROKER_URL if _redis_broker else f"file://{VAR_DIR / 'cache' / 'django'}",
-                    schemes=("redis", "rediss", "file", "locmem"))
+CACHE_URL = env_url(
+    "CACHE_URL",
+    CELERY_BROKER_URL if _redis_broker else f"file://{VAR_DIR / 'cache' / 'django'}",
+    schemes=("redis", "rediss", "file", "locmem"),
+)
 CACHES = {"default": cache_settings(CACHE_URL)}
 
 WORKER_DEVICE = env_str("WORKER_DEVICE", "auto")  # auto: CUDA when present, else CPU

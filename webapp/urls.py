@@ -9,7 +9,11 @@ handler404 = "webapp.api.errors.page_not_found"
 handler500 = "webapp.api.errors.server_error"
 
 urlpatterns = [
-    path("healthz", require_safe(lambda request: HttpResponse("ok", content_type="text/plain")), name="healthz"),
+    path(
+        "healthz",
+        require_safe(lambda request: HttpResponse("ok", content_type="text/plain")),
+        name="healthz",
+    ),
     path("admin/", admin.site.urls),
     path("accounts/", include("webapp.accounts.urls")),
     path("api/v1/", include("webapp.api.urls")),

@@ -64,8 +64,12 @@ def main(run_id: int) -> int:
         return 2
     out = output_dir(run)
     if primary:
-        Run.objects.filter(id=run_id).update(output_dir=str(out), config={**run.config, "resolved": config.to_dict()})
-    sink.log(f"starting {run.kind} job for run {run_id} on device {getattr(config, 'device', 'auto')}")
+        Run.objects.filter(id=run_id).update(
+            output_dir=str(out), config={**run.config, "resolved": config.to_dict()}
+        )
+    sink.log(
+        f"starting {run.kind} job for run {run_id} on device {getattr(config, 'device', 'auto')}"
+    )
     try:
         summary = get_job(run.kind).main()(config, sink=sink)
     except KeyboardInterrupt:

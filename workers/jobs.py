@@ -31,7 +31,9 @@ def job_config(run: Run) -> Any:
         data["env"] = run.environment.name
     parent = run.parent if run.parent_id else None
     if parent is not None and parent.kind == "teacher" and "data" in names and not data.get("data"):
-        data["data"] = (parent.summary or {}).get("dataset", "")  # SFT on the teacher's kept trajectories
+        data["data"] = (parent.summary or {}).get(
+            "dataset", ""
+        )  # SFT on the teacher's kept trajectories
     if "device" in names and settings.WORKER_DEVICE != "auto":
         data["device"] = settings.WORKER_DEVICE
     return cls.from_dict(data)

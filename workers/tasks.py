@@ -58,12 +58,25 @@ def _child_command(run, gpus_here: int | None = None) -> list[str]:
     if gpus <= 1:
         return [sys.executable, *job]
     if not runs_on_several_gpus(run.kind):
-        raise ValueError(f"num_gpus: only SFT, GRPO and DPO jobs run on several GPUs, not {run.kind}")
+        raise ValueError(
+            f"num_gpus: only SFT, GRPO and DPO jobs run on several GPUs, not {run.kind}"
+        )
     available = visible_gpus() if gpus_here is None else gpus_here
     if available < gpus:
         raise ValueError(f"num_gpus: the job asks for {gpus} GPUs, this worker has {available}")
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
-            "--num_processes", str(gpus), "--main_process_port", str(_free_port()), *job]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        str(gpus),
+        "--main_process_port",
+        str(_free_port()),
+        *job,
+    ]
 
 
 def _free_port() -> int:
@@ -113,9 +126,14 @@ def run_job(self, run_id: int) -> str:
         _after(run)
         return f"run {run_id} failed ({e})"
     with open(child_log, "ab") as fh:
-        proc = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=Path(__file__).resolve().parents[1],
-                                env=child_env())
+        proc = subprocess.Popen(
+            command,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+            env=child_env(),
+        )
     Run.objects.filter(id=run_id).update(pid=proc.pid, output_dir=str(out))
     _set_current(run_id)
     rc = _watch(run_id, proc)
@@ -130,8 +148,11 @@ def run_job(self, run_id: int) -> str:
         run.mark_succeeded()
         outcome = "succeeded"
     else:
-        why = f"killed by signal {-rc}" + (" (out of memory?)" if rc == -signal.SIGKILL else "") if rc < 0 \
+        why = (
+            f"killed by signal {-rc}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
+            if rc < 0
             else f"exit code {rc}"
+        )
         run.mark_failed(f"job process {why}\n{_tail(child_log)}")
         outcome = f"failed ({why})"
     _after(run)
@@ -154,7 +175,9 @@ def _watch(run_id: int, proc: subprocess.Popen) -> int:
         if now - last_beat >= settings.WORKER_HEARTBEAT_SECONDS / 2:
             alive = Run.objects.filter(id=run_id).update(heartbeat_at=timezone.now())
             last_beat = now
-            stop = not alive or Run.objects.filter(id=run_id, cancel_requested=True).exists()  # deleted or cancel
+            stop = (
+                not alive or Run.objects.filter(id=run_id, cancel_requested=True).exists()
+            )  # deleted or cancel
             if term_at is None and stop:
                 _signal(proc, signal.SIGTERM)
                 term_at = now
@@ -216,8 +239,15 @@ def _beat(name: str, queues: str) -> None:
         try:
             close_old_connections()
             WorkerHeartbeat.objects.update_or_create(
-                name=name, defaults={"device": device, "queues": queues, "pid": os.getpid(),
-                                     "current_run_id": _current_run, "last_seen": timezone.now()})
+                name=name,
+                defaults={
+                    "device": device,
+                    "queues": queues,
+                    "pid": os.getpid(),
+                    "current_run_id": _current_run,
+                    "last_seen": timezone.now(),
+                },
+            )
             reap_stale_runs()
             resume_stalled()  # reward replays whose workers died: re-queued once per stale limit
         except Exception:  # the database may be restarting; the next beat tries again
@@ -228,8 +258,11 @@ def _beat(name: str, queues: str) -> None:
 @worker_ready.connect
 def _start_heartbeat(sender=None, **kwargs) -> None:
     name = getattr(sender, "hostname", None) or socket.gethostname()
-    queues = ",".join(q.name for q in getattr(getattr(sender, "app", app).amqp, "queues", {}).values()) \
-        if hasattr(sender, "app") else ""
+    queues = (
+        ",".join(q.name for q in getattr(getattr(sender, "app", app).amqp, "queues", {}).values())
+        if hasattr(sender, "app")
+        else ""
+    )
     threading.Thread(target=_beat, args=(name, queues), daemon=True, name="heartbeat").start()
 
 

@@ -10,7 +10,9 @@ def test_it_prints_a_line_per_ten_percent(capsys):
     for _ in range(100):
         bar.update(10)
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[1].split("%")[0].strip() for line in lines] == [str(10 * k) for k in range(1, 11)]
+    assert [line.split(":")[1].split("%")[0].strip() for line in lines] == [
+        str(10 * k) for k in range(1, 11)
+    ]
 
 
 def test_it_prints_one_line_when_a_step_crosses_several_tenths(capsys):
@@ -18,7 +20,10 @@ def test_it_prints_one_line_when_a_step_crosses_several_tenths(capsys):
     for _ in range(3):
         bar.update(1)
     assert [line.split("(")[0] for line in capsys.readouterr().out.splitlines()] == [
-        "batches: 30% ", "batches: 60% ", "batches: 100% "]
+        "batches: 30% ",
+        "batches: 60% ",
+        "batches: 100% ",
+    ]
 
 
 def test_it_tracks_an_iterable_without_a_terminal(capsys):

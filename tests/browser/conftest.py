@@ -15,8 +15,15 @@ import pytest
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 
 
@@ -55,7 +62,9 @@ def page(browser, live_server, django_db_serialized_rollback):
     pg.on("pageerror", lambda exc: pg.page_errors.append(str(exc)))
     # Console errors (a missing favicon, a failed fetch, a script error) are listed per page opened.
     pg.console_errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(f"{pg.url}: {m.text}"))
+    pg.on(
+        "console", lambda m: m.type == "error" and pg.console_errors.append(f"{pg.url}: {m.text}")
+    )
     pg.set_default_timeout(15_000)
     yield pg
     context.close()

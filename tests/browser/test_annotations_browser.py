@@ -24,21 +24,52 @@ def queue(run, personas):
     # The migrated labels: a flush by an earlier transactional test is not always restored here (the
     # serialized-rollback copy is missing on the connection the Playwright tests see).
     ensure_default_labels()
-    ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": c, "format": 1} for c in (1, 0, 1)],
-                                              prompt="Draw a box <script>alert('prompt')</script>")]})
-    q = create_queue(name="hacks at step 0", run=run, source="explorer", params={"sort": "reward"}, limit=3,
-                     seed=None, overlap=1, created_by=personas["trainer"], assignees=[personas["annotator"]])
+    ingest_groups(
+        run,
+        {
+            "groups": [
+                make_group(
+                    0,
+                    "p",
+                    [{"correct": c, "format": 1} for c in (1, 0, 1)],
+                    prompt="Draw a box <script>alert('prompt')</script>",
+                )
+            ]
+        },
+    )
+    q = create_queue(
+        name="hacks at step 0",
+        run=run,
+        source="explorer",
+        params={"sort": "reward"},
+        limit=3,
+        seed=None,
+        overlap=1,
+        created_by=personas["trainer"],
+        assignees=[personas["annotator"]],
+    )
     first = q.items.get(position=0).rollout_id
-    Rollout.objects.filter(id=first).update(transcript=[
-        {"role": "assistant", "content": "", "tool_calls": [{"name": "draw", "arguments": {"shape": "box"}}]},
-        {"role": "tool", "content": "ok</pre><img src=x onerror=\"alert('tool')\">"},
-        {"role": "assistant", "content": "Done! <script>window.__pwned = 1; alert('x')</script>"},
-    ])
+    Rollout.objects.filter(id=first).update(
+        transcript=[
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"name": "draw", "arguments": {"shape": "box"}}],
+            },
+            {"role": "tool", "content": "ok</pre><img src=x onerror=\"alert('tool')\">"},
+            {
+                "role": "assistant",
+                "content": "Done! <script>window.__pwned = 1; alert('x')</script>",
+            },
+        ]
+    )
     return q
 
 
 def _focus_url(live_server, queue, position: int) -> re.Pattern:
-    return re.compile(re.escape(f"{live_server.url}/annotations/queues/{queue.id}/focus/{position}/") + "$")
+    return re.compile(
+        re.escape(f"{live_server.url}/annotations/queues/{queue.id}/focus/{position}/") + "$"
+    )
 
 
 def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, shot):
@@ -49,7 +80,9 @@ def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, 
     page.click("#ann-start")
     page.wait_for_url(_focus_url(live_server, queue, 0))
     assert page.locator(".ann-pos").inner_text() == "item 1 of 3"
-    assert "window.__pwned" in page.locator(".ann-transcript").inner_text()  # shown as text, not run
+    assert (
+        "window.__pwned" in page.locator(".ann-transcript").inner_text()
+    )  # shown as text, not run
 
     page.keyboard.press("1")  # reward hacking
     assert page.locator('input[name="label"][value="reward-hacking"]').is_checked()
@@ -60,7 +93,10 @@ def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, 
     page.keyboard.press("n")
     page.wait_for_url(_focus_url(live_server, queue, 1))
     ann = Annotation.objects.get(author=personas["annotator"])
-    assert (ann.label.slug, ann.note) == ("reward-hacking", "keyword stuffing; n and s typed here stay text")
+    assert (ann.label.slug, ann.note) == (
+        "reward-hacking",
+        "keyword stuffing; n and s typed here stay text",
+    )
 
     page.keyboard.press("s")  # skip item 2: it comes back once the rest is done
     page.wait_for_url(_focus_url(live_server, queue, 2))
@@ -74,7 +110,13 @@ def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, 
     page.keyboard.press("n")
     page.wait_for_url(f"{live_server.url}/annotations/queues/{queue.id}/")
     assert "Nothing left for you in this queue." in page.content()
-    assert page.locator("#ann-progress tbody tr").first.inner_text().split() == ["annotator", "3", "3", "0", "100%"]
+    assert page.locator("#ann-progress tbody tr").first.inner_text().split() == [
+        "annotator",
+        "3",
+        "3",
+        "0",
+        "100%",
+    ]
     shot(page, "annotations-queue")
 
     got = sorted(Annotation.objects.values_list("label__slug", flat=True))

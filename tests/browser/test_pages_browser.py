@@ -14,11 +14,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 XSS_BITS = [
     "<script>window.__pwned = 1; alert('script')</script>",
-    '<img src=x onerror="window.__pwned = 2; alert(\'onerror\')">',
+    "<img src=x onerror=\"window.__pwned = 2; alert('onerror')\">",
     '<a id="jslink" href="javascript:window.__pwned = 3">click me</a>',
     "</textarea><script>window.__pwned = 4</script>",
     '<svg onload="window.__pwned = 5"></svg>',
-    "</pre></div><iframe src=\"javascript:parent.__pwned = 6\"></iframe>",
+    '</pre></div><iframe src="javascript:parent.__pwned = 6"></iframe>',
 ]
 
 
@@ -32,19 +32,40 @@ def diagram_run(personas):
     from webapp.runs.models import StepMetric
 
     env = get_environment("diagram")
-    run = create_run(name="diagram-grpo", kind="grpo", environment=environment_from_training(env),
-                     config={"learning_rate": 1e-5, "num_generations": 8}, base_model="tiny-llama",
-                     owner=personas["trainer"], status="running")
+    run = create_run(
+        name="diagram-grpo",
+        kind="grpo",
+        environment=environment_from_training(env),
+        config={"learning_rate": 1e-5, "num_generations": 8},
+        base_model="tiny-llama",
+        owner=personas["trainer"],
+        status="running",
+    )
     steps = 8
-    groups = generate_groups(env, ScriptedDiagramPolicy(0, 0.2), steps=steps, groups_per_step=4, G=8, seed=3,
-                             skill_schedule=linear_schedule(0.1, 0.9, steps), holdout_groups=1)
+    groups = generate_groups(
+        env,
+        ScriptedDiagramPolicy(0, 0.2),
+        steps=steps,
+        groups_per_step=4,
+        G=8,
+        seed=3,
+        skill_schedule=linear_schedule(0.1, 0.9, steps),
+        holdout_groups=1,
+    )
     ingest_groups(run, {"groups": groups})
-    StepMetric.objects.bulk_create([
-        StepMetric(run=run, step=s, name=name, value=v)
-        for s in range(steps)
-        for name, v in (("kl", 0.002 * s), ("loss", 0.5 - 0.03 * s), ("entropy", 1.2 - 0.05 * s),
-                        ("clip_ratio/region_mean", 0.01), ("completion_length", 80 + 3 * s))
-    ])
+    StepMetric.objects.bulk_create(
+        [
+            StepMetric(run=run, step=s, name=name, value=v)
+            for s in range(steps)
+            for name, v in (
+                ("kl", 0.002 * s),
+                ("loss", 0.5 - 0.03 * s),
+                ("entropy", 1.2 - 0.05 * s),
+                ("clip_ratio/region_mean", 0.01),
+                ("completion_length", 80 + 3 * s),
+            )
+        ]
+    )
     return run
 
 
@@ -58,7 +79,9 @@ def scroll_through(pg) -> None:
 
 
 def _sort_values(pg) -> list[float]:
-    raw = pg.eval_on_selector_all("#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.sortValue)")
+    raw = pg.eval_on_selector_all(
+        "#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.sortValue)"
+    )
     return [float(v) for v in raw if v != ""]
 
 
@@ -71,16 +94,22 @@ def test_it_logs_in_and_draws_the_dashboard(page, live_server, diagram_run, shot
     page.wait_for_selector('[data-chart="reward"] .main-svg')
     scroll_through(page)  # charts below the fold are drawn as they come into view
     # every figure on the page was drawn: reward, zero-std, 2 per component (4), 5 trainer metrics
-    page.wait_for_function("document.querySelectorAll('[data-chart] .main-svg').length >= 2 + 8 + 5")
+    page.wait_for_function(
+        "document.querySelectorAll('[data-chart] .main-svg').length >= 2 + 8 + 5"
+    )
     assert "Two different stds." in page.inner_text(".explain")
     assert page.page_errors == []
     shot(page, "02-dashboard")
     # a click on a point opens the explorer filtered to that step
-    page.evaluate("document.querySelector('[data-chart=reward]').emit('plotly_click', {points: [{x: 3}]})")
+    page.evaluate(
+        "document.querySelector('[data-chart=reward]').emit('plotly_click', {points: [{x: 3}]})"
+    )
     page.wait_for_url(re.compile(r".*/rollouts/\?step_min=3&step_max=3$"))
     page.wait_for_selector("#rollout-table")
-    steps = page.eval_on_selector_all("#rollout-table tbody tr[data-href] td:first-child",
-                                      "cells => cells.map(c => parseInt(c.textContent))")
+    steps = page.eval_on_selector_all(
+        "#rollout-table tbody tr[data-href] td:first-child",
+        "cells => cells.map(c => parseInt(c.textContent))",
+    )
     assert steps and set(steps) == {3}
     page.go_back()
     page.wait_for_selector('[data-chart="reward"] .main-svg')
@@ -88,7 +117,9 @@ def test_it_logs_in_and_draws_the_dashboard(page, live_server, diagram_run, shot
     page.wait_for_url(re.compile(rf".*/runs/{diagram_run.id}/rollouts/$"))
 
 
-def test_it_sorts_pages_and_navigates_the_explorer_by_keyboard(page, live_server, diagram_run, shot):
+def test_it_sorts_pages_and_navigates_the_explorer_by_keyboard(
+    page, live_server, diagram_run, shot
+):
     login(page, live_server, "annotator", PASSWORD)
     page.goto(f"{live_server.url}/runs/{diagram_run.id}/rollouts/")
     page.click('th.comp a:has-text("semantic_coverage")')  # first click: descending
@@ -101,15 +132,21 @@ def test_it_sorts_pages_and_navigates_the_explorer_by_keyboard(page, live_server
     asc = _sort_values(page)
     assert asc == sorted(asc) and asc[0] < desc[0]
     assert "sort=semantic_coverage&order=asc" in page.url
-    assert page.input_value('#explorer-filters select[name="sort"]') == "semantic_coverage"  # form follows
+    assert (
+        page.input_value('#explorer-filters select[name="sort"]') == "semantic_coverage"
+    )  # form follows
     assert page.input_value('#explorer-filters select[name="order"]') == "asc"
     shot(page, "03-explorer-sorted")
-    first_ids = page.eval_on_selector_all("#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.id)")
+    first_ids = page.eval_on_selector_all(
+        "#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.id)"
+    )
     page.click("#next-page")
     page.wait_for_url(re.compile(r".*cursor=.*"))
     first_row = "document.querySelector('#rollout-table tbody tr[data-href]')"
     page.wait_for_function(f"!{first_row} || {first_row}.dataset.id !== '{first_ids[0]}'")
-    second_ids = page.eval_on_selector_all("#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.id)")
+    second_ids = page.eval_on_selector_all(
+        "#rollout-table tbody tr[data-href]", "rs => rs.map(r => r.dataset.id)"
+    )
     page2 = _sort_values(page)
     assert second_ids and not set(first_ids) & set(second_ids)
     assert page2 == sorted(page2) and page2[0] >= asc[-1]
@@ -151,7 +188,9 @@ def test_it_opens_a_group_and_a_transcript(page, live_server, diagram_run, shot)
     page.goto(f"{live_server.url}/groups/{group.id}/")
     page.wait_for_selector(".rollout-card")
     assert page.locator(".rollout-card").count() == 8
-    rewards = page.eval_on_selector_all(".rollout-card header strong", "s => s.map(x => parseFloat(x.textContent))")
+    rewards = page.eval_on_selector_all(
+        ".rollout-card header strong", "s => s.map(x => parseFloat(x.textContent))"
+    )
     assert rewards == sorted(rewards, reverse=True)
     assert page.locator(".flag.sep").count() == 1
     shot(page, "04-group")
@@ -159,7 +198,9 @@ def test_it_opens_a_group_and_a_transcript(page, live_server, diagram_run, shot)
     page.wait_for_selector(".msg.assistant")
     img = page.locator("img.state-img")
     assert img.count() == 1
-    page.wait_for_function("document.querySelector('img.state-img').naturalWidth > 0")  # the SVG decoded
+    page.wait_for_function(
+        "document.querySelector('img.state-img').naturalWidth > 0"
+    )  # the SVG decoded
     shot(page, "05-transcript")
     page.goto(f"{live_server.url}/runs/{diagram_run.id}/no-signal/")
     page.wait_for_selector("table.nosignal-table")
@@ -174,16 +215,35 @@ def hostile_run(run):
     transcript = [
         {"role": "system", "content": payload},
         {"role": "user", "content": payload},
-        {"role": "assistant", "content": payload,
-         "tool_calls": [{"id": payload[:40], "function": {"name": payload, "arguments": payload}}]},
+        {
+            "role": "assistant",
+            "content": payload,
+            "tool_calls": [
+                {"id": payload[:40], "function": {"name": payload, "arguments": payload}}
+            ],
+        },
         {"role": "tool", "name": payload, "content": payload},
         {"role": "assistant", "content": payload},
     ]
-    g = {"step": 0, "key": payload[:200], "prompt": payload, "rollouts": [
-        {"index": 0, "transcript": transcript, "parse_error": payload,
-         "rewards": {"correct": {"value": 1, "reason": payload}}, "state": {"svg": payload}},
-        {"index": 1, "completion": payload + " different", "rewards": {"correct": {"value": 0, "reason": payload}}},
-    ]}
+    g = {
+        "step": 0,
+        "key": payload[:200],
+        "prompt": payload,
+        "rollouts": [
+            {
+                "index": 0,
+                "transcript": transcript,
+                "parse_error": payload,
+                "rewards": {"correct": {"value": 1, "reason": payload}},
+                "state": {"svg": payload},
+            },
+            {
+                "index": 1,
+                "completion": payload + " different",
+                "rewards": {"correct": {"value": 0, "reason": payload}},
+            },
+        ],
+    }
     ingest_groups(run, {"groups": [g]})
     return run
 
@@ -203,7 +263,9 @@ def test_it_runs_no_script_from_hostile_transcripts(page, live_server, hostile_r
     for name, url in urls.items():
         page.goto(live_server.url + url)
         page.wait_for_load_state("load")
-        page.wait_for_timeout(200)  # let any injected onerror/onload fire, if one had slipped through
+        page.wait_for_timeout(
+            200
+        )  # let any injected onerror/onload fire, if one had slipped through
         assert page.evaluate("typeof window.__pwned") == "undefined", url
         assert page.locator('a[href^="javascript:"], iframe, img[src="x"]').count() == 0, url
         if name.startswith("07"):
@@ -217,26 +279,33 @@ def test_it_runs_no_script_from_hostile_transcripts(page, live_server, hostile_r
     assert page.dialogs == []
 
 
-def test_it_draws_held_out_evals_side_by_side_and_runs_no_script_from_run_names(page, live_server, env3, personas,
-                                                                            shot):
+def test_it_draws_held_out_evals_side_by_side_and_runs_no_script_from_run_names(
+    page, live_server, env3, personas, shot
+):
     from tests.conftest import make_group
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.services import create_run
 
     ids = []
     for i, name in enumerate(["eval before", XSS_BITS[1] + " eval after"]):
-        run = create_run(name=name, kind="eval", environment=env3, config={}, base_model=XSS_BITS[0])
+        run = create_run(
+            name=name, kind="eval", environment=env3, config={}, base_model=XSS_BITS[0]
+        )
         rollouts = [{"correct": float(j < i + 1), "format": 1.0} for j in range(4)]
         ingest_groups(run, {"groups": [{**make_group(i * 10, "p", rollouts), "split": "holdout"}]})
         ids.append(run.id)
     login(page, live_server, "viewer", PASSWORD)
     page.goto(f"{live_server.url}/jobs/compare/?run={ids[0]}&run={ids[1]}")
     page.wait_for_selector("#eval-chart .main-svg")
-    cells = page.eval_on_selector_all("#eval-summary tbody tr", "rs => rs.map(r => r.cells[5].textContent)")
+    cells = page.eval_on_selector_all(
+        "#eval-summary tbody tr", "rs => rs.map(r => r.cells[5].textContent)"
+    )
     assert cells == ["0.250", "0.500"]  # correct: 1 of 4, then 2 of 4
     assert page.locator("#eval-chart g.trace.bars").count() == 2
     page.wait_for_timeout(200)
     assert page.evaluate("typeof window.__pwned") == "undefined"
-    assert page.locator('img[src="x"]').count() == 0 and page.dialogs == [] and page.page_errors == []
+    assert (
+        page.locator('img[src="x"]').count() == 0 and page.dialogs == [] and page.page_errors == []
+    )
     assert "window.__pwned = 1" in page.inner_text("#eval-summary")  # the model name, shown as text
     shot(page, "08-compare-evals")

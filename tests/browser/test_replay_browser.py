@@ -15,8 +15,13 @@ def test_it_draws_a_replay_and_runs_no_script_from_model_output(page, live_serve
     from webapp.replays import services
 
     run = fx.diagram_run(personas["trainer"])
-    fx.ingest(run, [fx.group_record(s, f"g{s}", [HOSTILE, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE])
-                    for s in range(3)])
+    fx.ingest(
+        run,
+        [
+            fx.group_record(s, f"g{s}", [HOSTILE, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE])
+            for s in range(3)
+        ],
+    )
     for rollout in run.rollouts.filter(index=0):
         fx.annotate(rollout.id, "reward-hacking", personas["annotator"])
     replay = services.create_replay(run, {"versions": [{"version": "semantic_coverage@no_extras"}]})
@@ -25,10 +30,15 @@ def test_it_draws_a_replay_and_runs_no_script_from_model_output(page, live_serve
     login(page, live_server, "trainer", PASSWORD)
     page.goto(f"{live_server.url}/replays/{replay.id}/")
     page.wait_for_selector('.chart[data-chart="share"][data-drawn] .main-svg')
-    assert page.locator("#replay-headline").inner_text().startswith(
-        "Reward hacks still ranked best in their group: 0 of 3")
+    assert (
+        page.locator("#replay-headline")
+        .inner_text()
+        .startswith("Reward hacks still ranked best in their group: 0 of 3")
+    )
     assert page.locator("#replay-regression tbody tr").count() == 3
-    assert "<script>alert(2)</script>" in page.locator("#replay-regression").inner_text()  # shown as text
+    assert (
+        "<script>alert(2)</script>" in page.locator("#replay-regression").inner_text()
+    )  # shown as text
     shot(page, "replay-detail")
 
     page.goto(f"{live_server.url}/replays/runs/{run.id}/")

@@ -24,8 +24,15 @@ def _steps(run, first: int, last: int) -> list[dict]:
     from training.environments import get_environment
     from training.environments.diagram import ScriptedDiagramPolicy
 
-    groups = generate_groups(get_environment("diagram"), ScriptedDiagramPolicy(0, 0.2), steps=last + 1,
-                             groups_per_step=2, G=4, seed=11, skill_schedule=linear_schedule(0.1, 0.9, last + 1))
+    groups = generate_groups(
+        get_environment("diagram"),
+        ScriptedDiagramPolicy(0, 0.2),
+        steps=last + 1,
+        groups_per_step=2,
+        G=4,
+        seed=11,
+        skill_schedule=linear_schedule(0.1, 0.9, last + 1),
+    )
     return [g for g in groups if first <= g["step"] <= last]
 
 
@@ -35,15 +42,23 @@ def _sft_run(personas, **fields):
     from webapp.runs.models import Run
 
     env = environment_from_training(get_environment("diagram"))
-    run = create_run(name=fields.pop("name", "sft on fixes"), kind=fields.pop("kind", "sft"), environment=env,
-                     config={"max_steps": 100}, owner=personas["trainer"], base_model="tiny:diagram",
-                     status="running")
+    run = create_run(
+        name=fields.pop("name", "sft on fixes"),
+        kind=fields.pop("kind", "sft"),
+        environment=env,
+        config={"max_steps": 100},
+        owner=personas["trainer"],
+        base_model="tiny:diagram",
+        status="running",
+    )
     Run.objects.filter(id=run.id).update(**fields)
     run.refresh_from_db()
     return run
 
 
-def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(page, live_server, diagram_run, personas, shot):  # noqa: F811
+def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(
+    page, live_server, diagram_run, personas, shot
+):  # noqa: F811
     from webapp.annotations.models import Label
     from webapp.annotations.services import save_annotation
     from webapp.annotations.taxonomy import ensure_default_labels
@@ -53,11 +68,16 @@ def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(page, live_serv
     hack = Label.objects.get(slug="reward-hacking")
     # In every group of step 7: the worst rollout is a bad case and the best one is a copy of its text (a
     # duplicate sample), so the naive "best unflagged sibling" would pair the text with itself.
-    for group_id in Rollout.objects.filter(run=diagram_run, step=7).values_list("group_id", flat=True).distinct():
+    for group_id in (
+        Rollout.objects.filter(run=diagram_run, step=7)
+        .values_list("group_id", flat=True)
+        .distinct()
+    ):
         rs = list(Rollout.objects.filter(group_id=group_id).order_by("reward", "id"))
         bad, best = rs[0], rs[-1]
-        Rollout.objects.filter(id=best.id).update(transcript=bad.transcript, completion=bad.completion,
-                                                  reward=(bad.reward or 0) + 5)
+        Rollout.objects.filter(id=best.id).update(
+            transcript=bad.transcript, completion=bad.completion, reward=(bad.reward or 0) + 5
+        )
         save_annotation(bad, personas["annotator"], label=hack, note="keyword\r\nstuffing")
     login(page, live_server, "trainer", PASSWORD)
     page.goto(f"{live_server.url}/annotations/datasets/")
@@ -76,28 +96,44 @@ def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(page, live_serv
     records = [json.loads(line) for line in body.splitlines()]
     assert records, "the export holds the step-7 pairs"
     assert all(r["chosen"] != r["rejected"] for r in records)
-    assert all(isinstance(r["prompt"], list) and r["prompt"][0]["role"] == "user" for r in records)  # chat format
+    assert all(
+        isinstance(r["prompt"], list) and r["prompt"][0]["role"] == "user" for r in records
+    )  # chat format
     assert "\r" not in body and all(r["note"] == "keyword\nstuffing" for r in records)
     assert page.console_errors == [] and page.page_errors == []
 
 
-def test_it_launches_grpo_with_reward_weights_that_the_run_stores(page, live_server, personas, shot, monkeypatch):
+def test_it_launches_grpo_with_reward_weights_that_the_run_stores(
+    page, live_server, personas, shot, monkeypatch
+):
     from training.environments import get_environment
     from webapp.runs import launch
     from webapp.runs.models import Run
 
-    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: "gpu")  # no worker in this test: the run stays queued
+    monkeypatch.setattr(
+        launch, "enqueue_run", lambda run_id: "gpu"
+    )  # no worker in this test: the run stays queued
     names = [c.name for c in get_environment("diagram").components]
     weights = {n: round(0.5 + 0.25 * i, 2) for i, n in enumerate(names)}
     login(page, live_server, "trainer", PASSWORD)
     page.goto(f"{live_server.url}/jobs/launch/grpo/")
     assert page.locator("fieldset legend").all_inner_texts() == [
-        "Model", "Data", "Optimisation", "Algorithm", "Reward weights", "LoRA", "Recording"]
+        "Model",
+        "Data",
+        "Optimisation",
+        "Algorithm",
+        "Reward weights",
+        "LoRA",
+        "Recording",
+    ]
     assert not page.locator('input[name="cfg_epsilon"]').is_visible()  # advanced: folded
     other = [c.name for c in get_environment("ask_to_code").components]
     page.select_option('select[name="environment"]', "ask_to_code")  # its own components' weights
     page.wait_for_url(re.compile(r".*environment=ask_to_code.*"))
-    assert page.eval_on_selector_all('[name^="weight_"]', "es => es.map(e => e.name.slice(7))") == other
+    assert (
+        page.eval_on_selector_all('[name^="weight_"]', "es => es.map(e => e.name.slice(7))")
+        == other
+    )
     page.select_option('select[name="environment"]', "diagram")
     page.wait_for_url(re.compile(r".*environment=diagram.*"))
     page.fill('input[name="name"]', "weighted grpo")
@@ -130,7 +166,9 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
     assert before == 8
     # The trainer stores two more steps while the page is open: rollouts and a logged metric.
     ingest_groups(diagram_run, {"groups": _steps(diagram_run, 8, 9)})
-    StepMetric.objects.bulk_create([StepMetric(run=diagram_run, step=s, name="kl", value=0.002 * s) for s in (8, 9)])
+    StepMetric.objects.bulk_create(
+        [StepMetric(run=diagram_run, step=s, name="kl", value=0.002 * s) for s in (8, 9)]
+    )
     page.wait_for_function((count % ("reward", 2)) + " === 10", timeout=20_000)
     scroll_through(page)
     page.wait_for_function((count % ("metric:kl", 0)) + " === 10", timeout=20_000)
@@ -144,13 +182,22 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
     page.wait_for_selector('[data-chart="reward"] .main-svg')
     # The run ends: the page stops asking.
     diagram_run.mark_succeeded()
-    page.wait_for_function("!document.querySelector('[data-figures]').hasAttribute('data-live')", timeout=20_000)
+    page.wait_for_function(
+        "!document.querySelector('[data-figures]').hasAttribute('data-live')", timeout=20_000
+    )
     assert page.console_errors == [] and page.page_errors == []
 
 
-def test_it_reads_cancelling_then_cancelled_and_offers_no_checkpoint_actions(page, live_server, personas, shot):
-    run = _sft_run(personas, log_tail="step 12 loss 0.41\nstep 13 loss 0.40\n", current_step=13, total_steps=100,
-                   progress=0.13)
+def test_it_reads_cancelling_then_cancelled_and_offers_no_checkpoint_actions(
+    page, live_server, personas, shot
+):
+    run = _sft_run(
+        personas,
+        log_tail="step 12 loss 0.41\nstep 13 loss 0.40\n",
+        current_step=13,
+        total_steps=100,
+        progress=0.13,
+    )
     login(page, live_server, "trainer", PASSWORD)
     page.goto(f"{live_server.url}/jobs/{run.id}/")
     expect(page.locator("#grpo-from")).to_be_visible()  # pending: GRPO may queue behind a live SFT
@@ -173,12 +220,22 @@ def test_it_makes_a_review_queue_from_an_explorer_view(page, live_server, diagra
     from webapp.annotations.models import ReviewQueue
     from webapp.rollouts.models import RewardComponent
 
-    component = RewardComponent.objects.filter(environment=diagram_run.environment).order_by("position").first()
+    component = (
+        RewardComponent.objects.filter(environment=diagram_run.environment)
+        .order_by("position")
+        .first()
+    )
     login(page, live_server, "trainer", PASSWORD)
-    page.goto(f"{live_server.url}/runs/{diagram_run.id}/rollouts/?sort={component.name}&order=asc&step_min=2")
+    page.goto(
+        f"{live_server.url}/runs/{diagram_run.id}/rollouts/?sort={component.name}&order=asc&step_min=2"
+    )
     page.wait_for_selector("#rollout-table")
-    view = [int(x) for x in page.eval_on_selector_all("#rollout-table tbody tr[data-id]",
-                                                       "rs => rs.map(r => r.dataset.id)")]
+    view = [
+        int(x)
+        for x in page.eval_on_selector_all(
+            "#rollout-table tbody tr[data-id]", "rs => rs.map(r => r.dataset.id)"
+        )
+    ]
     assert page.locator("#rollout-table .bar-num").count() > 0  # numbers beside the bars
     shot(page, "ux-explorer")
     page.click("#queue-from-view")
@@ -193,31 +250,63 @@ def test_it_makes_a_review_queue_from_an_explorer_view(page, live_server, diagra
     assert page.console_errors == [] and page.page_errors == []
 
 
-def test_it_opens_every_page_without_a_console_error(page, live_server, diagram_run, personas, shot):  # noqa: F811
+def test_it_opens_every_page_without_a_console_error(
+    page, live_server, diagram_run, personas, shot
+):  # noqa: F811
     from webapp.annotations.services import create_queue
     from webapp.annotations.taxonomy import ensure_default_labels
     from webapp.rollouts.models import Rollout
 
     ensure_default_labels()
     rollout = Rollout.objects.filter(run=diagram_run).order_by("id").first()
-    queue = create_queue(name="all pages", run=diagram_run, source="explorer", params={"sort": "reward"}, limit=3,
-                         seed=None, overlap=1, created_by=personas["trainer"], assignees=[personas["admin"]])
-    sft = _sft_run(personas, status="succeeded", current_step=100, total_steps=100, progress=1.0,
-                   summary={"train_loss": 0.3, "train_runtime": 12.5})
+    queue = create_queue(
+        name="all pages",
+        run=diagram_run,
+        source="explorer",
+        params={"sort": "reward"},
+        limit=3,
+        seed=None,
+        overlap=1,
+        created_by=personas["trainer"],
+        assignees=[personas["admin"]],
+    )
+    sft = _sft_run(
+        personas,
+        status="succeeded",
+        current_step=100,
+        total_steps=100,
+        progress=1.0,
+        summary={"train_loss": 0.3, "train_runtime": 12.5},
+    )
     base = live_server.url
     pages = {
-        "runs": "/", "dashboard": f"/runs/{diagram_run.id}/", "sft-dashboard": f"/runs/{sft.id}/",
-        "explorer": f"/runs/{diagram_run.id}/rollouts/", "no-signal": f"/runs/{diagram_run.id}/no-signal/",
-        "group": f"/groups/{rollout.group_id}/", "transcript": f"/rollouts/{rollout.id}/",
-        "job": f"/jobs/{sft.id}/", "compare": f"/jobs/compare/?run={diagram_run.id}&run={sft.id}",
-        "annotate": "/annotations/", "queue": f"/annotations/queues/{queue.id}/",
-        "focus": f"/annotations/queues/{queue.id}/focus/0/", "labels": "/annotations/labels/",
-        "datasets": "/annotations/datasets/", "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
-        "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/", "activity": "/annotations/activity/",
-        "agreement": f"/annotations/queues/{queue.id}/agreement/", "new-queue": "/annotations/queues/new/",
-        **{f"launch-{k}": f"/jobs/launch/{k}/" for k in ("teacher", "sft", "grpo", "dpo", "eval", "probe")},
+        "runs": "/",
+        "dashboard": f"/runs/{diagram_run.id}/",
+        "sft-dashboard": f"/runs/{sft.id}/",
+        "explorer": f"/runs/{diagram_run.id}/rollouts/",
+        "no-signal": f"/runs/{diagram_run.id}/no-signal/",
+        "group": f"/groups/{rollout.group_id}/",
+        "transcript": f"/rollouts/{rollout.id}/",
+        "job": f"/jobs/{sft.id}/",
+        "compare": f"/jobs/compare/?run={diagram_run.id}&run={sft.id}",
+        "annotate": "/annotations/",
+        "queue": f"/annotations/queues/{queue.id}/",
+        "focus": f"/annotations/queues/{queue.id}/focus/0/",
+        "labels": "/annotations/labels/",
+        "datasets": "/annotations/datasets/",
+        "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
+        "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/",
+        "activity": "/annotations/activity/",
+        "agreement": f"/annotations/queues/{queue.id}/agreement/",
+        "new-queue": "/annotations/queues/new/",
+        **{
+            f"launch-{k}": f"/jobs/launch/{k}/"
+            for k in ("teacher", "sft", "grpo", "dpo", "eval", "probe")
+        },
     }
-    page.goto(base + "/accounts/login/")  # the login page too: no favicon 404 before anyone signs in
+    page.goto(
+        base + "/accounts/login/"
+    )  # the login page too: no favicon 404 before anyone signs in
     page.wait_for_load_state("networkidle")
     login(page, live_server, "admin", PASSWORD)
     for name, path in pages.items():
@@ -252,15 +341,42 @@ def bench_shaped_run(personas):
     from webapp.runs.models import StepMetric
 
     env = ensure_environment("bench-pages", COMPONENTS)
-    run = create_run(name="bench-shaped", kind="grpo", environment=env, config={}, owner=personas["trainer"],
-                     status="succeeded")
+    run = create_run(
+        name="bench-shaped",
+        kind="grpo",
+        environment=env,
+        config={},
+        owner=personas["trainer"],
+        status="succeeded",
+    )
     rng = np.random.default_rng(0)
     for first in range(0, STEPS, 100):
-        ingest_groups(run, {"groups": [g for s in range(first, first + 100) for g in synthetic_step(s, 1, rng)]})
-    names = ["loss", "kl", "entropy", "grad_norm", "learning_rate", "completion_length", "clip_ratio/low_mean",
-             "clip_ratio/high_mean", "frac_reward_zero_std", "num_tokens", "epoch", "reward"]
-    StepMetric.objects.bulk_create([StepMetric(run=run, step=s, name=n, value=float(rng.random()))
-                                    for s in range(STEPS) for n in names], batch_size=2000)
+        ingest_groups(
+            run,
+            {"groups": [g for s in range(first, first + 100) for g in synthetic_step(s, 1, rng)]},
+        )
+    names = [
+        "loss",
+        "kl",
+        "entropy",
+        "grad_norm",
+        "learning_rate",
+        "completion_length",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "frac_reward_zero_std",
+        "num_tokens",
+        "epoch",
+        "reward",
+    ]
+    StepMetric.objects.bulk_create(
+        [
+            StepMetric(run=run, step=s, name=n, value=float(rng.random()))
+            for s in range(STEPS)
+            for n in names
+        ],
+        batch_size=2000,
+    )
     return run
 
 
@@ -286,17 +402,23 @@ def test_it_prints_how_long_the_dashboard_takes_to_be_usable(page, live_server, 
     page.goto(url)  # warm: static files cached as a returning user has them
     in_view = """() => [...document.querySelectorAll('[data-chart]')]
         .filter(e => e.getBoundingClientRect().top < innerHeight).every(e => e.querySelector('.main-svg'))"""
-    first = _best_of(page, url, "() => !!document.querySelector('[data-chart=\"reward\"] .main-svg')")
+    first = _best_of(
+        page, url, "() => !!document.querySelector('[data-chart=\"reward\"] .main-svg')"
+    )
     lazy = _best_of(page, url, in_view)
     drawn = page.evaluate("document.querySelectorAll('[data-chart][data-drawn]').length")
     total = page.evaluate("document.querySelectorAll('[data-chart]').length")
     size = page.evaluate("performance.getEntriesByType('navigation')[0].decodedBodySize")
-    runs_list = _best_of(page, live_server.url + "/", "() => !!document.querySelector('table.runs')")
+    runs_list = _best_of(
+        page, live_server.url + "/", "() => !!document.querySelector('table.runs')"
+    )
     page.set_viewport_size({"width": 1440, "height": 8000})
     eager = _best_of(page, url, in_view)
-    print(f"\ndashboard (500 steps, 4 components, 12 metrics, {size / 1024:.0f} KB): first chart {first:.2f} s; "
-          f"every chart in view {lazy:.2f} s with "
-          f"{drawn}/{total} charts drawn up front; all {total} drawn up front {eager:.2f} s "
-          f"(ratio {lazy / eager:.2f}); runs list {runs_list:.2f} s (ratio {lazy / runs_list:.2f}); best of 3 each; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"\ndashboard (500 steps, 4 components, 12 metrics, {size / 1024:.0f} KB): first chart {first:.2f} s; "
+        f"every chart in view {lazy:.2f} s with "
+        f"{drawn}/{total} charts drawn up front; all {total} drawn up front {eager:.2f} s "
+        f"(ratio {lazy / eager:.2f}); runs list {runs_list:.2f} s (ratio {lazy / runs_list:.2f}); best of 3 each; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     assert page.console_errors == [] and page.page_errors == []

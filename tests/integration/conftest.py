@@ -45,18 +45,33 @@ class AppServer:
             self.proc = subprocess.Popen(
                 # --noreload: one process, so terminate() really takes the server down;
                 # --skip-checks: the test process already ran Django's checks.
-                [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload", "--skip-checks"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "manage.py",
+                    "runserver",
+                    f"127.0.0.1:{self.port}",
+                    "--noreload",
+                    "--skip-checks",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"runserver exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+                raise RuntimeError(
+                    f"runserver exited with {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
             if self.answers():
                 return
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"runserver not answering after {timeout} s:\n{self.log_path.read_text()}")
+        raise RuntimeError(
+            f"runserver not answering after {timeout} s:\n{self.log_path.read_text()}"
+        )
 
     def answers(self) -> bool:
         try:

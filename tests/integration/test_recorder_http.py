@@ -43,9 +43,14 @@ def distinct_chars(prompt: Prompt, completion: Any) -> Score:
 
 def has_digit(prompt: Prompt, completion: Any) -> Score:
     text = completion_text(completion)
-    if len(text) % 5 == 0:  # unscorable now and then: TRL's None, the API's null, the database's NULL
+    if (
+        len(text) % 5 == 0
+    ):  # unscorable now and then: TRL's None, the API's null, the database's NULL
         return Score(math.nan, "length divisible by 5: not applicable")
-    return Score(float(any(ch.isdigit() for ch in text)), "digit" if any(ch.isdigit() for ch in text) else "none")
+    return Score(
+        float(any(ch.isdigit() for ch in text)),
+        "digit" if any(ch.isdigit() for ch in text) else "none",
+    )
 
 
 class VaryingEnv:
@@ -57,7 +62,10 @@ class VaryingEnv:
     ]
 
     def prompts(self, split: str, n: int, seed: int = 0) -> list[Prompt]:
-        return [Prompt(key=f"toy-{split}-{i}", text=f"Draw diagram number {i}:", split=split) for i in range(n)]
+        return [
+            Prompt(key=f"toy-{split}-{i}", text=f"Draw diagram number {i}:", split=split)
+            for i in range(n)
+        ]
 
     def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
         return {c.name: c.fn(prompt, completion) for c in self.components}
@@ -161,12 +169,21 @@ def stored(run_id: int) -> Rows:
     rows: Rows = {}
     by_id: dict[int, dict[str, Any]] = {}
     for rid, step, key, index, transcript, advantage, reward, length in Rollout.objects.filter(
-            run_id=run_id).values_list("id", "step", "group__key", "index", "transcript", "advantage", "reward",
-                                      "length"):
-        row = {"transcript": transcript, "advantage": advantage, "reward": reward, "length": length, "rewards": {}}
+        run_id=run_id
+    ).values_list(
+        "id", "step", "group__key", "index", "transcript", "advantage", "reward", "length"
+    ):
+        row = {
+            "transcript": transcript,
+            "advantage": advantage,
+            "reward": reward,
+            "length": length,
+            "rewards": {},
+        }
         rows[(step, key, index)] = by_id[rid] = row
     for rid, name, value, reason in RewardScore.objects.filter(run_id=run_id).values_list(
-            "rollout_id", "component__name", "value", "reason"):
+        "rollout_id", "component__name", "value", "reason"
+    ):
         by_id[rid]["rewards"][name] = (value, reason)
     return rows
 
@@ -181,16 +198,24 @@ def assert_same_rollouts(actual: Rows, expected: Rows) -> None:
         got = actual[k]
         assert got["transcript"] == exp["transcript"], k
         assert got["length"] == exp["length"], k
-        assert _close(got["advantage"], exp["advantage"]) and _close(got["reward"], exp["reward"]), (k, got, exp)
+        assert _close(got["advantage"], exp["advantage"]) and _close(
+            got["reward"], exp["reward"]
+        ), (k, got, exp)
         assert set(got["rewards"]) == set(exp["rewards"]), k
         for name, (value, reason) in exp["rewards"].items():
-            assert _close(got["rewards"][name][0], value) and got["rewards"][name][1] == reason, (k, name)
+            assert _close(got["rewards"][name][0], value) and got["rewards"][name][1] == reason, (
+                k,
+                name,
+            )
 
 
 def stored_metrics(run_id: int) -> dict[tuple[int, str], float | None]:
     from webapp.runs.models import StepMetric
 
-    return {(s, n): v for s, n, v in StepMetric.objects.filter(run_id=run_id).values_list("step", "name", "value")}
+    return {
+        (s, n): v
+        for s, n, v in StepMetric.objects.filter(run_id=run_id).values_list("step", "name", "value")
+    }
 
 
 def captured_metrics(sink: MemorySink) -> dict[tuple[int, str], float | None]:
@@ -201,10 +226,23 @@ def create_api_run(url: str, token: str, name: str) -> int:
     """Create the run the way a remote training script does: through the API, environment included."""
     from training.client import Client
 
-    comps = [{"name": c.name, "weight": c.weight, "kind": c.kind, "min_value": c.min_value,
-              "max_value": c.max_value} for c in VaryingEnv.components]
-    return Client(url, token, retries=0).create_run(name, environment=TOY_ENV, components=comps, kind="grpo",
-                                                    config={"source": "integration test"})
+    comps = [
+        {
+            "name": c.name,
+            "weight": c.weight,
+            "kind": c.kind,
+            "min_value": c.min_value,
+            "max_value": c.max_value,
+        }
+        for c in VaryingEnv.components
+    ]
+    return Client(url, token, retries=0).create_run(
+        name,
+        environment=TOY_ENV,
+        components=comps,
+        kind="grpo",
+        config={"source": "integration test"},
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,7 +251,8 @@ def create_api_run(url: str, token: str, name: str) -> int:
 
 @pytest.mark.slow
 def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
-        app_server, trainer_token, tiny_model, toy_env, tmp_path):
+    app_server, trainer_token, tiny_model, toy_env, tmp_path
+):
     from training.grpo import main
     from webapp.rollouts.models import Group
     from webapp.rollouts.services import create_run, environment_from_training
@@ -229,15 +268,24 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
     http_sink.close()  # the caller owns the sink: close() posts whatever is still buffered
 
     # Run 2: the same job, same seed, through the database sink a worker uses.
-    db_run = create_run(name="grpo-in-worker", kind="grpo", environment=environment_from_training(toy_env),
-                        config={}, owner=Run.objects.get(name="grpo-over-http").owner, status="running")
+    db_run = create_run(
+        name="grpo-in-worker",
+        kind="grpo",
+        environment=environment_from_training(toy_env),
+        config={},
+        owner=Run.objects.get(name="grpo-over-http").owner,
+        status="running",
+    )
     via_db = MemorySink()
     main(grpo_config(tiny_model, tmp_path / "db"), sink=Tee(DatabaseSink(db_run.id), via_db))
 
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
     assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0} and not spool.exists()
     db_run.refresh_from_db()  # the worker's sink stored the trainer's settings on its run too
-    assert db_run.reward_settings["trainer"]["loss_type"] == "dapo" and db_run.reward_settings["group_size"] == 4
+    assert (
+        db_run.reward_settings["trainer"]["loss_type"] == "dapo"
+        and db_run.reward_settings["group_size"] == 4
+    )
     assert db_run.reward_weights() == {"distinct_chars": 1.0, "has_digit": 0.5}
     assert http_sink.sent["groups"] == 4 and http_sink.sent["metrics"] == len(via_http.metrics)
 
@@ -245,14 +293,20 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
     over_http, in_db = stored(http_run), stored(db_run.id)
     assert_same_rollouts(over_http, captured(via_http))
     assert_same_rollouts(in_db, captured(via_db))
-    assert Group.objects.filter(run_id=http_run).count() == Group.objects.filter(run=db_run).count() == 4
+    assert (
+        Group.objects.filter(run_id=http_run).count()
+        == Group.objects.filter(run=db_run).count()
+        == 4
+    )
     assert len(over_http) == len(in_db) == 16
 
     # And CPU sampling with one seed is deterministic, so the two runs hold the same rollouts.
     assert_same_rollouts(over_http, in_db)
     advantages = [r["advantage"] for r in in_db.values()]
     assert any(abs(a) > 0.1 for a in advantages)  # not a vacuous all-zero comparison
-    assert any(r["rewards"]["has_digit"][0] is None for r in in_db.values())  # None survived both paths
+    assert any(
+        r["rewards"]["has_digit"][0] is None for r in in_db.values()
+    )  # None survived both paths
 
     # The metrics TRL logged arrive the same way too (wall-clock ones differ between runs, by nature).
     m_http, m_db = stored_metrics(http_run), stored_metrics(db_run.id)
@@ -264,15 +318,22 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
 
 @pytest.mark.slow
 def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the_gap(
-        app_server, trainer_token, tiny_model, toy_env, tmp_path, caplog):
+    app_server, trainer_token, tiny_model, toy_env, tmp_path, caplog
+):
     from training.grpo import main
     from webapp.rollouts.models import Group, Rollout
 
     run_id = create_api_run(app_server.url, trainer_token, "grpo-server-dies")
     spool = tmp_path / "spool.jsonl"
-    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=spool,
-                         batch_size=1,  # post every write at once, so the first step reaches the server alone
-                         retries=2, backoff=0.2)  # a dead server costs ~0.6 s of retries, then the cooldown
+    http_sink = HttpSink(
+        app_server.url,
+        trainer_token,
+        run_id,
+        spool_path=spool,
+        batch_size=1,  # post every write at once, so the first step reaches the server alone
+        retries=2,
+        backoff=0.2,
+    )  # a dead server costs ~0.6 s of retries, then the cooldown
     killed_at: list[int] = []
 
     def stop_server_after_first_groups() -> None:
@@ -282,7 +343,10 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
         from django.db import connection
 
         try:
-            wait_for(lambda: Group.objects.filter(run_id=run_id).count() == http_sink.sent["groups"], timeout=30)
+            wait_for(
+                lambda: Group.objects.filter(run_id=run_id).count() == http_sink.sent["groups"],
+                timeout=30,
+            )
         finally:
             connection.close()  # this thread's own connection: never leave it open past the test
         app_server.stop()
@@ -290,8 +354,10 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
 
     tee = MemorySink()
     t0 = time.monotonic()
-    summary = main(grpo_config(tiny_model, tmp_path / "out"),
-                   sink=Tee(http_sink, tee, after_groups=stop_server_after_first_groups))
+    summary = main(
+        grpo_config(tiny_model, tmp_path / "out"),
+        sink=Tee(http_sink, tee, after_groups=stop_server_after_first_groups),
+    )
     http_sink.close()
     elapsed = time.monotonic() - t0
 
@@ -302,7 +368,9 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
     assert http_sink.sent == {"groups": 2, "metrics": 0, "settings": 1}  # the settings went first
     assert http_sink.spooled == {"groups": 2, "metrics": len(tee.metrics), "settings": 0}
     entries = [json.loads(line) for line in spool.read_text().splitlines()]
-    assert [e["kind"] for e in entries].count("groups") == 1 and len(entries) > 2  # step 2's groups + metrics
+    assert [e["kind"] for e in entries].count("groups") == 1 and len(
+        entries
+    ) > 2  # step 2's groups + metrics
     # The dead server cost one round of retries; the cooldown sent every later batch straight to the spool.
     assert caplog.text.count("not delivered after 3 tries") == 1
 
@@ -319,7 +387,10 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
     assert stored_metrics(run_id).keys() == captured_metrics(tee).keys()
 
     # Uploading the same batches again stores nothing twice: groups are keyed on (run, step, key).
-    assert _upload(backup, app_server.url, trainer_token, run_id) == {"sent": len(entries), "left": 0}
+    assert _upload(backup, app_server.url, trainer_token, run_id) == {
+        "sent": len(entries),
+        "left": 0,
+    }
     assert Group.objects.filter(run_id=run_id).count() == 4
     assert Rollout.objects.filter(run_id=run_id).count() == len(captured(tee)) == 16
     assert stored_metrics(run_id).keys() == captured_metrics(tee).keys()
@@ -328,9 +399,23 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
 def _upload(spool: Path, url: str, token: str, run_id: int) -> dict[str, int]:
     """`python -m training.sinks upload` in its own process, as a user runs it after the outage."""
     done = subprocess.run(
-        [sys.executable, "-m", "training.sinks", "upload", str(spool), "--url", url, "--token", token,
-         "--run", str(run_id)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "training.sinks",
+            "upload",
+            str(spool),
+            "--url",
+            url,
+            "--token",
+            token,
+            "--run",
+            str(run_id),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -338,7 +423,8 @@ def _upload(spool: Path, url: str, token: str, run_id: int) -> dict[str, int]:
 
 @pytest.mark.slow  # a server process: a few seconds to start
 def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
-        app_server, trainer_token, tmp_path, caplog):
+    app_server, trainer_token, tmp_path, caplog
+):
     """A 4xx would fail the same way every time: no retry, the batch is kept in the spool, the log says
     what the server objected to, and it does not hold back the batches spooled after it."""
     from training.sinks import upload_spool
@@ -346,9 +432,21 @@ def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
 
     run_id = create_api_run(app_server.url, trainer_token, "strict")
     spool = tmp_path / "spool.jsonl"
-    sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=spool, batch_size=1, retries=3, backoff=5)
-    bad = {"step": 1, "key": "bad", "prompt": "p",
-           "rollouts": [{"index": 0, "completion": "c", "rewards": {"not_a_component": {"value": 1.0, "reason": ""}}}]}
+    sink = HttpSink(
+        app_server.url, trainer_token, run_id, spool_path=spool, batch_size=1, retries=3, backoff=5
+    )
+    bad = {
+        "step": 1,
+        "key": "bad",
+        "prompt": "p",
+        "rollouts": [
+            {
+                "index": 0,
+                "completion": "c",
+                "rewards": {"not_a_component": {"value": 1.0, "reason": ""}},
+            }
+        ],
+    }
     t0 = time.monotonic()
     sink.write_groups([bad])
     assert time.monotonic() - t0 < 5  # no backoff sleep: a 4xx is not retried
@@ -357,7 +455,11 @@ def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
     assert json.loads(spool.read_text())["payload"]["groups"] == [bad]
 
     # The server is fine: the next good batch goes straight through (a 4xx starts no cooldown).
-    good = {**bad, "key": "good", "rollouts": [{**bad["rollouts"][0], "rewards": {"distinct_chars": 0.5}}]}
+    good = {
+        **bad,
+        "key": "good",
+        "rollouts": [{**bad["rollouts"][0], "rewards": {"distinct_chars": 0.5}}],
+    }
     sink.write_groups([good])
     assert sink.sent["groups"] == 1
 
@@ -368,12 +470,16 @@ def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
         f.write(json.dumps({"kind": "groups", "payload": {"groups": [later]}}) + "\n")
     assert upload_spool(spool, app_server.url, trainer_token, run_id) == {"sent": 1, "left": 1}
     assert json.loads(spool.read_text())["payload"]["groups"] == [bad]
-    assert sorted(Group.objects.filter(run_id=run_id).values_list("key", flat=True)) == ["good", "later"]
+    assert sorted(Group.objects.filter(run_id=run_id).values_list("key", flat=True)) == [
+        "good",
+        "later",
+    ]
 
 
 @pytest.mark.slow  # a server process: a few seconds to start
 def test_it_stores_a_completion_with_a_nul_character_instead_of_losing_its_batch(
-        app_server, trainer_token, tmp_path):
+    app_server, trainer_token, tmp_path
+):
     """Byte-level tokenizers decode a NUL from a model's output now and then (the tiny model does);
     Postgres cannot store one, so ingestion refuses it, and with it the whole batch. Both recorder
     sinks replace it with U+FFFD and store the rest of the record as sent."""
@@ -381,12 +487,23 @@ def test_it_stores_a_completion_with_a_nul_character_instead_of_losing_its_batch
     from workers.sinks import DatabaseSink
 
     def group(key: str) -> dict[str, Any]:
-        return {"step": 1, "key": key, "prompt": [{"role": "user", "content": "draw\x00"}],
-                "rollouts": [{"index": 0, "transcript": [{"role": "assistant", "content": "a\x00b"}],
-                              "rewards": {"distinct_chars": {"value": 0.5, "reason": "odd \x00"}}}]}
+        return {
+            "step": 1,
+            "key": key,
+            "prompt": [{"role": "user", "content": "draw\x00"}],
+            "rollouts": [
+                {
+                    "index": 0,
+                    "transcript": [{"role": "assistant", "content": "a\x00b"}],
+                    "rewards": {"distinct_chars": {"value": 0.5, "reason": "odd \x00"}},
+                }
+            ],
+        }
 
     run_id = create_api_run(app_server.url, trainer_token, "nul")
-    sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl", batch_size=1)
+    sink = HttpSink(
+        app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl", batch_size=1
+    )
     sink.write_groups([group("over-http")])
     assert sink.sent["groups"] == 1 and sink.spooled["groups"] == 0
     DatabaseSink(run_id).write_groups([group("in-worker")])
@@ -430,11 +547,21 @@ def assert_faithful(run_id: int, weights: dict[str, float], scale: str) -> None:
 
     run = Run.objects.get(id=run_id)
     assert run.reward_weights() == weights
-    assert run.advantage_settings()["scale_rewards"] == scale and run.advantage_settings()["group_size"] == 4
+    assert (
+        run.advantage_settings()["scale_rewards"] == scale
+        and run.advantage_settings()["group_size"] == 4
+    )
     data = services.load_run_arrays(run)
     base = services.run_settings(run)
-    again = stats.compute_advantages(data.matrix, data.weights, data.group_ids, scale_rewards=base.scale_rewards,
-                                     aggregation=base.aggregation, batch_ids=data.steps, eps=base.eps)
+    again = stats.compute_advantages(
+        data.matrix,
+        data.weights,
+        data.group_ids,
+        scale_rewards=base.scale_rewards,
+        aggregation=base.aggregation,
+        batch_ids=data.steps,
+        eps=base.eps,
+    )
     rows = dict(Rollout.objects.filter(run=run).values_list("id", "advantage"))
     rewards = dict(Rollout.objects.filter(run=run).values_list("id", "reward"))
     ids = data.rollout_ids.tolist()
@@ -446,14 +573,17 @@ def assert_faithful(run_id: int, weights: dict[str, float], scale: str) -> None:
     np.testing.assert_allclose(stored_reward, weighted_sum, atol=1e-6)
     identity = services.run_ablation(run, services.parse_spec({}, run))
     assert identity["max_abs_delta"] == 0.0
-    named = services.run_ablation(run, services.parse_spec({"weights": weights, "scale_rewards": scale}, run))
+    named = services.run_ablation(
+        run, services.parse_spec({"weights": weights, "scale_rewards": scale}, run)
+    )
     assert named["max_abs_delta"] < 1e-6
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
-        app_server, trainer_token, tiny_model, tmp_path, monkeypatch, scale):
+    app_server, trainer_token, tiny_model, tmp_path, monkeypatch, scale
+):
     from django.core.management import call_command
 
     from training import environments
@@ -465,10 +595,12 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     monkeypatch.setitem(environments._REGISTRY, THREE_ENV, f"{__name__}:ThreeComponentEnv")
     comps = [{"name": c.name, "weight": c.weight} for c in ThreeComponentEnv.components]
     # The environment exists with weight 1.0 everywhere; the run is created with those weights.
-    run_id = Client(app_server.url, trainer_token, retries=0).create_run(f"three-{scale}", environment=THREE_ENV,
-                                                                        components=comps, kind="grpo")
-    http_sink = HttpSink(app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl",
-                         timeout=60)  # a runserver on a loaded machine may take longer than the default 10 s
+    run_id = Client(app_server.url, trainer_token, retries=0).create_run(
+        f"three-{scale}", environment=THREE_ENV, components=comps, kind="grpo"
+    )
+    http_sink = HttpSink(
+        app_server.url, trainer_token, run_id, spool_path=tmp_path / "spool.jsonl", timeout=60
+    )  # a runserver on a loaded machine may take longer than the default 10 s
     jsonl = tmp_path / "rollouts.jsonl"
     config = grpo_config(tiny_model, tmp_path / "out")
     config.env, config.reward_weights, config.scale_rewards = THREE_ENV, TRAINED_WEIGHTS, scale
@@ -481,13 +613,23 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     run = Run.objects.get(id=run_id)
     assert "weight of has_digit: 2 replaces 1" in run.log_tail
     trainer = run.reward_settings["trainer"]
-    assert trainer["loss_type"] == "dapo" and trainer["beta"] == 0.0 and trainer["learning_rate"] == 1e-3
+    assert (
+        trainer["loss_type"] == "dapo"
+        and trainer["beta"] == 0.0
+        and trainer["learning_rate"] == 1e-3
+    )
     assert trainer["trl_version"] and trainer["model_name"] and trainer["steps_per_generation"] == 1
     assert_faithful(run_id, weights, scale)
 
     # Through JSONL: the header carries the same settings into an import on the same environment.
-    call_command("import_rollouts", str(jsonl), run=f"three-{scale}-jsonl", format="jsonl",
-                 environment=THREE_ENV, no_progress=True)
+    call_command(
+        "import_rollouts",
+        str(jsonl),
+        run=f"three-{scale}-jsonl",
+        format="jsonl",
+        environment=THREE_ENV,
+        no_progress=True,
+    )
     imported = Run.objects.get(name=f"three-{scale}-jsonl")
     assert_faithful(imported.id, weights, scale)
     assert stored(imported.id).keys() == stored(run_id).keys()

@@ -36,11 +36,19 @@ def _port_open(port: int) -> bool:
 
 def row_counts() -> dict[str, int]:
     """Rows of every table ingestion writes to (plus metrics and runs): before/after deltas of a case."""
-    from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
+    from webapp.rollouts.models import (
+        Group,
+        GroupComponentStat,
+        RewardComponent,
+        RewardScore,
+        Rollout,
+    )
     from webapp.runs.models import Run, StepMetric
 
-    return {m.__name__: m.objects.count() for m in (Group, Rollout, RewardScore, GroupComponentStat, StepMetric,
-                                                    Run, RewardComponent)}
+    return {
+        m.__name__: m.objects.count()
+        for m in (Group, Rollout, RewardScore, GroupComponentStat, StepMetric, Run, RewardComponent)
+    }
 
 
 # ------------------------------------------------------------------------------------------------ Postgres
@@ -70,13 +78,36 @@ class PrivatePostgres:
         subprocess.run([*self._as_pg, *args], check=True, capture_output=True, timeout=timeout)
 
     def init(self) -> None:
-        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync",
-                  timeout=120)
+        self._run(
+            _pg_bin("initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            timeout=120,
+        )
 
     def start(self) -> None:
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=50")
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.log), "-w", "-t", "60", "start")
+        opts = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+        )
+        self._run(
+            _pg_bin("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            opts,
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
@@ -130,9 +161,23 @@ class PrivateRedis:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.skip("redis-server is not installed")
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--daemonize", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while not _port_open(self.port):
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -178,8 +223,20 @@ class Server:
     def start(self, timeout: float = 60) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload", "--skip-checks"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "manage.py",
+                    "runserver",
+                    f"127.0.0.1:{self.port}",
+                    "--noreload",
+                    "--skip-checks",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -189,7 +246,9 @@ class Server:
                 return
             except (urllib.error.URLError, OSError):
                 time.sleep(0.2)
-        raise RuntimeError(f"runserver not answering after {timeout} s:\n{self.log_path.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"runserver not answering after {timeout} s:\n{self.log_path.read_text()[-3000:]}"
+        )
 
     def stop(self) -> None:
         kill_group(self.proc)
@@ -209,8 +268,14 @@ def kill_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None
 
 
 def manage(database_url: str, *args: str, timeout: float = 120, **env: str) -> str:
-    out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout, env=dict(os.environ, DATABASE_URL=database_url, **env))
+    out = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, DATABASE_URL=database_url, **env),
+    )
     if out.returncode != 0:
         raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
     return out.stdout

@@ -34,16 +34,47 @@ HEARTBEAT = 1  # seconds: WORKER_HEARTBEAT_SECONDS of the worker and of this pro
 
 
 def _start_worker(log: Path, broker: str, name: str) -> subprocess.Popen:
-    env = dict(os.environ, DATABASE_URL=database_url_for_children(), CELERY_BROKER_URL=broker,
-               WORKER_HEARTBEAT_SECONDS=str(HEARTBEAT), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url_for_children(),
+        CELERY_BROKER_URL=broker,
+        WORKER_HEARTBEAT_SECONDS=str(HEARTBEAT),
+        PYTHONUNBUFFERED="1",
+    )
     with open(log, "ab") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "default,gpu", "--pool", "solo",
-             "--concurrency", "1", "-n", f"{name}-{os.getpid()}@%h", "--loglevel", "INFO", "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers",
+                "worker",
+                "-Q",
+                "default,gpu",
+                "--pool",
+                "solo",
+                "--concurrency",
+                "1",
+                "-n",
+                f"{name}-{os.getpid()}@%h",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        wait_for(lambda: "ready." in log.read_text(errors="replace") or proc.poll() is not None, timeout=60)
+        wait_for(
+            lambda: "ready." in log.read_text(errors="replace") or proc.poll() is not None,
+            timeout=60,
+        )
     except AssertionError:
         kill_group(proc, signal.SIGKILL)
         raise
@@ -56,8 +87,13 @@ def _teacher_run(owner, num_prompts: int):
     from webapp.rollouts.services import create_run, environment_from_training
 
     env = environment_from_training(get_environment("diagram"))
-    return create_run(name=f"fault teacher {num_prompts}", kind="teacher", environment=env, owner=owner,
-                      config={"teacher": "scripted", "num_prompts": num_prompts, "num_gpus": 1})
+    return create_run(
+        name=f"fault teacher {num_prompts}",
+        kind="teacher",
+        environment=env,
+        owner=owner,
+        config={"teacher": "scripted", "num_prompts": num_prompts, "num_gpus": 1},
+    )
 
 
 def _enqueue(broker: str, run_id: int) -> None:
@@ -92,8 +128,9 @@ def _kill_orphan_child(run) -> None:
             pass
 
 
-def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(transactional_db, personas, private_redis,
-                                                                        tmp_path, settings):
+def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(
+    transactional_db, personas, private_redis, tmp_path, settings
+):
     from webapp.rollouts.models import Rollout
     from webapp.runs.models import Run
     from webapp.runs.services import STALE_BEATS, reap_stale_runs
@@ -115,8 +152,11 @@ def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(transacti
         kept = Rollout.objects.filter(run=run).count()
         # Before the heartbeat is stale, the reaper must leave the run alone.
         assert reap_stale_runs() == 0 and Run.objects.get(id=run.id).status == "running"
-        wait_for(lambda: reap_stale_runs() or Run.objects.get(id=run.id).status == "failed",
-                 timeout=HEARTBEAT * STALE_BEATS + 20, interval=0.5)
+        wait_for(
+            lambda: reap_stale_runs() or Run.objects.get(id=run.id).status == "failed",
+            timeout=HEARTBEAT * STALE_BEATS + 20,
+            interval=0.5,
+        )
         run.refresh_from_db()
         assert run.status == "failed" and "worker lost" in run.error
         assert time.monotonic() - killed_at < HEARTBEAT * STALE_BEATS + 20
@@ -126,8 +166,9 @@ def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(transacti
         _kill_orphan_child(run)
 
 
-def test_it_finishes_a_job_across_a_broker_restart_and_runs_the_next_one(transactional_db, personas, private_redis,
-                                                                         tmp_path):
+def test_it_finishes_a_job_across_a_broker_restart_and_runs_the_next_one(
+    transactional_db, personas, private_redis, tmp_path
+):
     from webapp.rollouts.models import Rollout
     from webapp.runs.models import Run
 
@@ -138,14 +179,22 @@ def test_it_finishes_a_job_across_a_broker_restart_and_runs_the_next_one(transac
         _enqueue(private_redis.url, first.id)
         wait_for(lambda: Rollout.objects.filter(run=first).exists(), timeout=60, interval=0.2)
         private_redis.restart(down_seconds=2)  # no persistence: every broker-side message is gone
-        first = wait_for(lambda: (r := Run.objects.get(id=first.id)).status in ("succeeded", "failed") and r,
-                         timeout=60, interval=0.5)
+        first = wait_for(
+            lambda: (r := Run.objects.get(id=first.id)).status in ("succeeded", "failed") and r,
+            timeout=60,
+            interval=0.5,
+        )
         assert first.status == "succeeded", first.error
         assert Rollout.objects.filter(run=first).count() == 1500
         second = _teacher_run(personas["trainer"], 40)
-        _enqueue(private_redis.url, second.id)  # after the restart: the worker must have reconnected
-        second = wait_for(lambda: (r := Run.objects.get(id=second.id)).status in ("succeeded", "failed") and r,
-                          timeout=60, interval=0.5)
+        _enqueue(
+            private_redis.url, second.id
+        )  # after the restart: the worker must have reconnected
+        second = wait_for(
+            lambda: (r := Run.objects.get(id=second.id)).status in ("succeeded", "failed") and r,
+            timeout=60,
+            interval=0.5,
+        )
         assert second.status == "succeeded", second.error
         assert worker.poll() is None
     finally:
@@ -161,7 +210,9 @@ class _Retries(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_restart(private_postgres, tmp_path):
+def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_restart(
+    private_postgres, tmp_path
+):
     import psycopg
 
     from tests.conftest import make_group
@@ -169,7 +220,9 @@ def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_resta
 
     url = private_postgres.create_database("rd_fault")
     manage(url, "migrate", "--verbosity", "0", timeout=180)
-    manage(url, "createuser", "feeder", "--role", "trainer", RD_PASSWORD="feeder-password")  # never on argv
+    manage(
+        url, "createuser", "feeder", "--role", "trainer", RD_PASSWORD="feeder-password"
+    )  # never on argv
     token = re.search(r"token (\w+)", manage(url, "drf_create_token", "feeder")).group(1)
     server = Server(url, tmp_path / "server.log", DB_CONN_MAX_AGE="0")
     server.start()
@@ -177,16 +230,24 @@ def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_resta
     logging.getLogger("training.client").addHandler(handler)
     try:
         client = Client(server.url, token, timeout=10, retries=10, backoff=0.3)
-        run_id = client.create_run("pg restart", environment="toy", components=["correct", "format"])
+        run_id = client.create_run(
+            "pg restart", environment="toy", components=["correct", "format"]
+        )
         batches, acked, errors = 80, [], []
 
         def feed() -> None:
             for b in range(batches):
-                groups = [make_group(b, f"g{b}-{i}", [{"correct": float(j % 2), "format": 0.5} for j in range(4)])
-                          for i in range(4)]
+                groups = [
+                    make_group(
+                        b, f"g{b}-{i}", [{"correct": float(j % 2), "format": 0.5} for j in range(4)]
+                    )
+                    for i in range(4)
+                ]
                 try:
                     acked.append((b, client.post_groups(run_id, groups)))
-                except Exception as e:  # counted: the assertion below says what was not acknowledged
+                except (
+                    Exception
+                ) as e:  # counted: the assertion below says what was not acknowledged
                     errors.append((b, repr(e)))
 
         feeder = threading.Thread(target=feed)
@@ -196,9 +257,14 @@ def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_resta
         feeder.join(timeout=80)
         assert not feeder.is_alive()
         with psycopg.connect(url) as conn:
-            n_groups, n_keys = conn.execute("SELECT COUNT(*), COUNT(DISTINCT (step, key)) FROM rollouts_group "
-                                            "WHERE run_id = %s", [run_id]).fetchone()
-            n_rollouts = conn.execute("SELECT COUNT(*) FROM rollouts_rollout WHERE run_id = %s", [run_id]).fetchone()[0]
+            n_groups, n_keys = conn.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT (step, key)) FROM rollouts_group "
+                "WHERE run_id = %s",
+                [run_id],
+            ).fetchone()
+            n_rollouts = conn.execute(
+                "SELECT COUNT(*) FROM rollouts_rollout WHERE run_id = %s", [run_id]
+            ).fetchone()[0]
         acked_batches = {b for b, _ in acked}
         assert not errors, errors
         assert len(acked_batches) == batches
@@ -207,8 +273,10 @@ def test_it_stores_every_acknowledged_batch_exactly_once_across_a_postgres_resta
         retried = [line for line in handler.lines if "attempt" in line]
         assert retried, "the restart did not disturb the client at all: the test proved nothing"
         skipped = sum(r["skipped_groups"] for _, r in acked)
-        print(f"\npostgres restart: {batches} batches acknowledged, {len(retried)} retried attempts, "
-              f"{skipped} groups found already stored on retry, lost: 0, duplicated: 0")
+        print(
+            f"\npostgres restart: {batches} batches acknowledged, {len(retried)} retried attempts, "
+            f"{skipped} groups found already stored on retry, lost: 0, duplicated: 0"
+        )
         assert "Traceback" not in server.log_path.read_text() or server.proc.poll() is None
     finally:
         logging.getLogger("training.client").removeHandler(handler)

@@ -26,16 +26,32 @@ from django.db.models import Count, F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability.test_fuzz_ingest import FUZZ, TALLY, _record, random_json, weird_text, wrong_values
+from tests.reliability.test_fuzz_ingest import (
+    FUZZ,
+    TALLY,
+    _record,
+    random_json,
+    weird_text,
+    wrong_values,
+)
 from tests.training.test_importers import byoo_episodes, prime_records, trl_rows, verl_lines
 from training.importers import BadRecord, GroupItem, MetricsItem, open_reader
 
 pytestmark = pytest.mark.django_db
 
 SAMPLES = {
-    "jsonl": lambda: [{"step": 0, "key": f"p{i}", "prompt": f"prompt {i}",
-                       "rollouts": [{"index": j, "completion": f"c{j}", "rewards": {"correct": float(j % 2)}}
-                                    for j in range(2)]} for i in range(2)],
+    "jsonl": lambda: [
+        {
+            "step": 0,
+            "key": f"p{i}",
+            "prompt": f"prompt {i}",
+            "rollouts": [
+                {"index": j, "completion": f"c{j}", "rewards": {"correct": float(j % 2)}}
+                for j in range(2)
+            ],
+        }
+        for i in range(2)
+    ],
     "verl": lambda: verl_lines(3, ["in A", "in B"], 2),
     "prime-rl": lambda: prime_records(4, 2, 2),
     "byoo": lambda: byoo_episodes(5, 2, 2),
@@ -43,11 +59,39 @@ SAMPLES = {
 KNOWN_FIELDS = {
     "jsonl": ("step", "key", "prompt", "rollouts", "type", "split"),
     "verl": ("input", "output", "gts", "score", "step", "acc"),
-    "prime-rl": ("step", "problem_id", "prompt", "completion", "reward", "advantage", "task_rewards"),
-    "byoo": ("episode_id", "group_id", "step", "prompt", "turns", "aggregate_reward_score", "sub_metrics"),
+    "prime-rl": (
+        "step",
+        "problem_id",
+        "prompt",
+        "completion",
+        "reward",
+        "advantage",
+        "task_rewards",
+    ),
+    "byoo": (
+        "episode_id",
+        "group_id",
+        "step",
+        "prompt",
+        "turns",
+        "aggregate_reward_score",
+        "sub_metrics",
+    ),
 }
-RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e309", "9" * 5000, "[" * 100_000 + "]" * 100_000, '"\\u0000"',
-              '"\\ud800"', '"' + "k" * 10_000 + '"', "-1", "2147483648", "1e308"]
+RAW_VALUES = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e309",
+    "9" * 5000,
+    "[" * 100_000 + "]" * 100_000,
+    '"\\u0000"',
+    '"\\ud800"',
+    '"' + "k" * 10_000 + '"',
+    "-1",
+    "2147483648",
+    "1e308",
+]
 
 
 @st.composite
@@ -64,9 +108,15 @@ def bad_line(draw: Any, fmt: str) -> bytes:
         return json.dumps(record).encode()
     if kind == "nested_turn" and fmt in ("jsonl", "byoo"):
         if fmt == "byoo":
-            record["turns"][1] = {"role": draw(st.sampled_from(["user", "x", None])), "content": draw(weird_text)}
+            record["turns"][1] = {
+                "role": draw(st.sampled_from(["user", "x", None])),
+                "content": draw(weird_text),
+            }
         else:
-            record["rollouts"][0] = {"index": 0, "transcript": [{"role": "tool", "content": draw(weird_text)}]}
+            record["rollouts"][0] = {
+                "index": 0,
+                "transcript": [{"role": "tool", "content": draw(weird_text)}],
+            }
         return json.dumps(record).encode()
     record[field] = "__RAW__"
     return json.dumps(record).replace('"__RAW__"', draw(st.sampled_from(RAW_VALUES))).encode()
@@ -86,7 +136,9 @@ def _check_reader(fmt: str, path: Path) -> list[Any]:
     items = list(open_reader(fmt, path).read())
     assert all(isinstance(i, (GroupItem, MetricsItem, BadRecord)) for i in items)
     for item in items:
-        if isinstance(item, BadRecord):  # a line, or None for a whole-file problem (a missing column)
+        if isinstance(
+            item, BadRecord
+        ):  # a line, or None for a whole-file problem (a missing column)
             assert item.message and (item.line is not None or fmt == "trl")
     return items
 
@@ -96,15 +148,32 @@ def _check_import(fmt: str, path: Path, run_name: str) -> None:
 
     out, err = io.StringIO(), io.StringIO()
     try:
-        call_command("import_rollouts", str(path), "--run", run_name, "--format", fmt, "--on-error", "skip",
-                     "--no-progress", stdout=out, stderr=err)
+        call_command(
+            "import_rollouts",
+            str(path),
+            "--run",
+            run_name,
+            "--format",
+            fmt,
+            "--on-error",
+            "skip",
+            "--no-progress",
+            stdout=out,
+            stderr=err,
+        )
     except CommandError:
         pass  # a refusal the command explains (e.g. components it cannot name); never a crash
-    partial = Group.objects.filter(run__name=run_name).annotate(n=Count("rollouts")).exclude(n=F("size"))
+    partial = (
+        Group.objects.filter(run__name=run_name).annotate(n=Count("rollouts")).exclude(n=F("size"))
+    )
     assert not partial.exists(), list(partial.values("key", "size", "n"))
     # A score per (rollout, component) at most: a retried or skipped group never doubles rows.
-    dup = RewardScore.objects.filter(run__name=run_name).values("rollout", "component").annotate(
-        n=Count("id")).filter(n__gt=1)
+    dup = (
+        RewardScore.objects.filter(run__name=run_name)
+        .values("rollout", "component")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+    )
     assert not dup.exists()
     assert Rollout.objects.filter(run__name=run_name).count() >= 0
 
@@ -117,7 +186,8 @@ def _fuzz_format(fmt: str, case: tuple[list[bytes], int]) -> None:
         items = _check_reader(fmt, path)
         # Every good group of a prompt no bad line touched still comes out whole.
         assert any(isinstance(i, GroupItem) for i in items) or all(
-            isinstance(i, BadRecord) for i in items if not isinstance(i, MetricsItem))
+            isinstance(i, BadRecord) for i in items if not isinstance(i, MetricsItem)
+        )
         _check_import(fmt, path, f"fuzz-{fmt}")
     _record(f"importer_{fmt}", n_bad)
 
@@ -130,11 +200,16 @@ def test_it_survives_adversarial_jsonl(db, case):
 
 @settings(FUZZ, max_examples=50)
 @given(case=dump_file("verl"))
-@example(case=([  # found by CI: a lone surrogate in the grouping key once crashed the hash
-    b'{"input": "\\ud800", "output": "out 0.0", "gts": "gt0", "score": 1.0, "step": 3, "acc": 1.0, "pred": "p0"}',
-    b'{"input": "in A", "output": "out 0.0", "gts": "gt0", "score": 1.0, "step": 3, "acc": 1.0, "pred": "p0"}',
-    b'{"input": "in B", "output": "out 1.0", "gts": "gt1", "score": 0.0, "step": 3, "acc": 0.0, "pred": "p0"}'],
-    1))
+@example(
+    case=(
+        [  # found by CI: a lone surrogate in the grouping key once crashed the hash
+            b'{"input": "\\ud800", "output": "out 0.0", "gts": "gt0", "score": 1.0, "step": 3, "acc": 1.0, "pred": "p0"}',
+            b'{"input": "in A", "output": "out 0.0", "gts": "gt0", "score": 1.0, "step": 3, "acc": 1.0, "pred": "p0"}',
+            b'{"input": "in B", "output": "out 1.0", "gts": "gt1", "score": 0.0, "step": 3, "acc": 0.0, "pred": "p0"}',
+        ],
+        1,
+    )
+)
 def test_it_survives_adversarial_verl_dumps(db, case):
     _fuzz_format("verl", case)
 
@@ -152,13 +227,24 @@ def test_it_survives_adversarial_byoo_episodes(db, case):
 
 
 TRL_COLUMNS = ("step", "prompt", "completion", "correct", "format", "advantage", "judge")
-trl_bad_columns = st.sampled_from([
-    pa.array(["x"] * 8), pa.array([None] * 8, type=pa.float64()), pa.array([float("nan")] * 8),
-    pa.array([float("inf")] * 4 + [1.0] * 4), pa.array([2**62] * 8), pa.array([-1] * 8), pa.array([[1, 2]] * 8),
-    pa.array([[{"role": "hacker", "content": "x"}]] * 8), pa.array([[{"role": "user", "content": "\x00"}]] * 8),
-    pa.array(["a\x00b"] * 8), pa.array([b"\xff\xfe"] * 8), pa.array([True] * 8), pa.array([{"a": 1}] * 8),
-    pa.array(["k" * 10_000] * 8),
-])
+trl_bad_columns = st.sampled_from(
+    [
+        pa.array(["x"] * 8),
+        pa.array([None] * 8, type=pa.float64()),
+        pa.array([float("nan")] * 8),
+        pa.array([float("inf")] * 4 + [1.0] * 4),
+        pa.array([2**62] * 8),
+        pa.array([-1] * 8),
+        pa.array([[1, 2]] * 8),
+        pa.array([[{"role": "hacker", "content": "x"}]] * 8),
+        pa.array([[{"role": "user", "content": "\x00"}]] * 8),
+        pa.array(["a\x00b"] * 8),
+        pa.array([b"\xff\xfe"] * 8),
+        pa.array([True] * 8),
+        pa.array([{"a": 1}] * 8),
+        pa.array(["k" * 10_000] * 8),
+    ]
+)
 
 
 @settings(FUZZ, max_examples=30)

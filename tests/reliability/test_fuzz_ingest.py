@@ -32,14 +32,30 @@ pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ("correct", "format", "penalty")  # the env3 fixture's components
-FUZZ = settings(deadline=None, database=None, print_blob=True,  # derandomize: the CI profile
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                       HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    deadline=None,
+    database=None,
+    print_blob=True,  # derandomize: the CI profile
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 TALLY: Counter = Counter()  # test name -> malformed (4xx) cases, accumulated over the examples
 _fresh = itertools.count()
 
-TABLES = ("rollouts_group", "rollouts_rollout", "rollouts_rewardscore", "rollouts_groupcomponentstat",
-          "runs_stepmetric", "runs_run", "rollouts_rewardcomponent", "rollouts_environment")
+TABLES = (
+    "rollouts_group",
+    "rollouts_rollout",
+    "rollouts_rewardscore",
+    "rollouts_groupcomponentstat",
+    "runs_stepmetric",
+    "runs_run",
+    "rollouts_rewardcomponent",
+    "rollouts_environment",
+)
 
 
 def counts() -> tuple[int, ...]:
@@ -63,16 +79,58 @@ def _record(name: str, n: int) -> None:
 
 # ------------------------------------------------------------------------------------------------ strategies
 
-json_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
-random_json = st.recursive(json_scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
-                                                                                                  max_size=4),
-                           max_leaves=20)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+random_json = st.recursive(
+    json_scalars,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=20,
+)
 # Values that are the wrong type for nearly every field (some are right for a few: the response decides).
-wrong_values = st.sampled_from([None, True, False, -1, 0, 2**31, 2**63, 1.5, -0.0, "", "x", "12", [], [1], {}, {"a": 1},
-                                [{"role": "user"}], {"value": "1"}])
-weird_text = st.sampled_from(["\x00", "a\x00b", "\ud800", "x\udfffy", "\u202e\u200b", "😀" * 50, "\n\r\t",
-                              "' OR 1=1 --", "<script>alert(1)</script>", "%s%n", "\\u0000", "NaN", "k" * 10_000])
+wrong_values = st.sampled_from(
+    [
+        None,
+        True,
+        False,
+        -1,
+        0,
+        2**31,
+        2**63,
+        1.5,
+        -0.0,
+        "",
+        "x",
+        "12",
+        [],
+        [1],
+        {},
+        {"a": 1},
+        [{"role": "user"}],
+        {"value": "1"},
+    ]
+)
+weird_text = st.sampled_from(
+    [
+        "\x00",
+        "a\x00b",
+        "\ud800",
+        "x\udfffy",
+        "\u202e\u200b",
+        "😀" * 50,
+        "\n\r\t",
+        "' OR 1=1 --",
+        "<script>alert(1)</script>",
+        "%s%n",
+        "\\u0000",
+        "NaN",
+        "k" * 10_000,
+    ]
+)
 
 
 @st.composite
@@ -87,7 +145,10 @@ def valid_rollout(draw: Any, index: int) -> dict[str, Any]:
         r["completion"] = draw(st.text(max_size=30))
     else:
         reply = draw(st.text(max_size=20))
-        r["transcript"] = [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]
+        r["transcript"] = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": reply},
+        ]
     if draw(st.booleans()):
         r["length"] = draw(st.integers(0, 4096))
     return r
@@ -98,19 +159,52 @@ def valid_batch(draw: Any) -> dict[str, Any]:
     groups = []
     for gi in range(draw(st.integers(1, 3))):
         n = draw(st.integers(1, 4))
-        groups.append({"step": draw(st.integers(0, 50)), "key": f"k{gi}",
-                       "prompt": draw(st.sampled_from(["Solve it", [{"role": "user", "content": "hi"}]])),
-                       "rollouts": [draw(valid_rollout(i)) for i in range(n)]})
+        groups.append(
+            {
+                "step": draw(st.integers(0, 50)),
+                "key": f"k{gi}",
+                "prompt": draw(st.sampled_from(["Solve it", [{"role": "user", "content": "hi"}]])),
+                "rollouts": [draw(valid_rollout(i)) for i in range(n)],
+            }
+        )
     return {"groups": groups}
 
 
 GROUP_FIELDS = ("step", "key", "prompt", "split", "rollouts")
-ROLLOUT_FIELDS = ("index", "completion", "transcript", "rewards", "advantage", "reward", "length", "truncated",
-                  "finish_reason", "parse_error", "state")
-REQUIRED = {"group": ("step", "key", "prompt", "rollouts"), "rollout": ("index", "completion", "transcript")}
-MUTATIONS = ("wrong_type", "nan_token", "huge_number", "negative", "duplicate_index", "duplicate_key",
-             "unknown_component", "deep_prompt", "long_key", "weird_text", "missing_field", "extra_field",
-             "partial_advantage", "not_a_list", "bad_role")
+ROLLOUT_FIELDS = (
+    "index",
+    "completion",
+    "transcript",
+    "rewards",
+    "advantage",
+    "reward",
+    "length",
+    "truncated",
+    "finish_reason",
+    "parse_error",
+    "state",
+)
+REQUIRED = {
+    "group": ("step", "key", "prompt", "rollouts"),
+    "rollout": ("index", "completion", "transcript"),
+}
+MUTATIONS = (
+    "wrong_type",
+    "nan_token",
+    "huge_number",
+    "negative",
+    "duplicate_index",
+    "duplicate_key",
+    "unknown_component",
+    "deep_prompt",
+    "long_key",
+    "weird_text",
+    "missing_field",
+    "extra_field",
+    "partial_advantage",
+    "not_a_list",
+    "bad_role",
+)
 
 
 @st.composite
@@ -136,9 +230,24 @@ def mutated_batch(draw: Any) -> tuple[dict[str, Any], dict[str, str], str]:
             r[target] = "__TOKEN__"
         raw['"__TOKEN__"'] = token
     elif kind == "huge_number":
-        value = draw(st.sampled_from(["1e309", "-1e309", "1e308", "-1e308", "4e307", "123456789012345678901",
-                                      "9" * 5000, "1" + "0" * 400 + ".5", "5e-324"]))
-        target = draw(st.sampled_from(["step", "index", "length", "reward", "advantage", "rewards"]))
+        value = draw(
+            st.sampled_from(
+                [
+                    "1e309",
+                    "-1e309",
+                    "1e308",
+                    "-1e308",
+                    "4e307",
+                    "123456789012345678901",
+                    "9" * 5000,
+                    "1" + "0" * 400 + ".5",
+                    "5e-324",
+                ]
+            )
+        )
+        target = draw(
+            st.sampled_from(["step", "index", "length", "reward", "advantage", "rewards"])
+        )
         if target == "step":
             g["step"] = "__NUM__"
         elif target == "rewards":
@@ -170,8 +279,20 @@ def mutated_batch(draw: Any) -> tuple[dict[str, Any], dict[str, str], str]:
             r[long] = 1  # an unknown field: ignored, the batch stays valid
     elif kind == "weird_text":
         text = draw(weird_text)
-        target = draw(st.sampled_from(["prompt", "key", "completion", "finish_reason", "parse_error", "reason",
-                                       "state", "tool_name"]))
+        target = draw(
+            st.sampled_from(
+                [
+                    "prompt",
+                    "key",
+                    "completion",
+                    "finish_reason",
+                    "parse_error",
+                    "reason",
+                    "state",
+                    "tool_name",
+                ]
+            )
+        )
         if target in ("prompt", "key"):
             g[target] = text
         elif target == "completion":
@@ -206,14 +327,22 @@ def mutated_batch(draw: Any) -> tuple[dict[str, Any], dict[str, str], str]:
         g["rollouts"] = draw(st.sampled_from([[], {}, "r", None, [None], [[]], [1]]))
     elif kind == "bad_role":
         r.pop("completion", None)
-        r["transcript"] = [{"role": draw(st.sampled_from(["hacker", "", None, 1, "USER"])), "content": "x"}]
+        r["transcript"] = [
+            {"role": draw(st.sampled_from(["hacker", "", None, 1, "USER"])), "content": "x"}
+        ]
     return body, raw, kind
 
 
 def _serialise(body: Any, raw: dict[str, str]) -> bytes:
-    for grp in body.get("groups", []) if isinstance(body, dict) and isinstance(body.get("groups"), list) else []:
+    for grp in (
+        body.get("groups", [])
+        if isinstance(body, dict) and isinstance(body.get("groups"), list)
+        else []
+    ):
         if isinstance(grp, dict) and isinstance(grp.get("key"), str):
-            grp["key"] = f"{next(_fresh)}-{grp['key']}"  # fresh keys: a stored group never hides a partial write
+            grp["key"] = (
+                f"{next(_fresh)}-{grp['key']}"  # fresh keys: a stored group never hides a partial write
+            )
     text = json.dumps(body, ensure_ascii=True)
     for placeholder, token in raw.items():
         text = text.replace(placeholder, token)
@@ -232,12 +361,18 @@ def check_case(client: Any, url: str, data: bytes, name: str, readback: str | No
     if res.status_code >= 400:
         assert res.status_code in (400, 413), (res.status_code, res.content[:300])
         errors = res.json()["errors"]
-        assert errors and all(isinstance(e.get("field"), str) and e["field"] for e in errors), errors[:3]
+        assert errors and all(isinstance(e.get("field"), str) and e["field"] for e in errors), (
+            errors[:3]
+        )
         assert after == before, f"a refused body changed the database: {before} -> {after}"
         return 1
     out = res.json()
     if "groups" in out and "rollouts" in out:
-        assert after[0] - before[0] == out["groups"] and after[1] - before[1] == out["rollouts"], (out, before, after)
+        assert after[0] - before[0] == out["groups"] and after[1] - before[1] == out["rollouts"], (
+            out,
+            before,
+            after,
+        )
     if readback:
         assert client.get(readback).status_code == 200
     return 0
@@ -252,8 +387,13 @@ def trainer_api(api, personas):
 @given(case=mutated_batch())
 def test_it_refuses_every_mutated_batch_whole_and_names_the_field(trainer_api, run, case):
     body, raw, kind = case
-    malformed = check_case(trainer_api, f"/api/v1/runs/{run.id}/groups/", _serialise(body, raw), kind,
-                           readback=f"/api/v1/runs/{run.id}/rollouts/?sort=reward&limit=5")
+    malformed = check_case(
+        trainer_api,
+        f"/api/v1/runs/{run.id}/groups/",
+        _serialise(body, raw),
+        kind,
+        readback=f"/api/v1/runs/{run.id}/rollouts/?sort=reward&limit=5",
+    )
     TALLY[f"groups:{kind}:{'refused' if malformed else 'accepted'}"] += 1
     _record("groups_mutated", malformed)
 
@@ -263,34 +403,62 @@ def test_it_generated_enough_malformed_batches():
     if TALLY["groups_mutated"] == 0:
         pytest.skip("the mutated-batch property test did not run in this session")
     assert TALLY["groups_mutated"] >= 250, dict(TALLY)
-    refused_kinds = {k.split(":")[1] for k in TALLY if k.startswith("groups:") and k.endswith(":refused")}
-    assert len(refused_kinds) >= 10, refused_kinds  # hypothesis need not draw every kind each session
+    refused_kinds = {
+        k.split(":")[1] for k in TALLY if k.startswith("groups:") and k.endswith(":refused")
+    }
+    assert len(refused_kinds) >= 10, (
+        refused_kinds
+    )  # hypothesis need not draw every kind each session
 
 
 raw_bodies = st.one_of(
     random_json.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=64),
-    st.sampled_from([b"", b"{", b"null", b"NaN", b'{"groups": NaN}', b'{"groups": [Infinity]}', b"\xff\xfe",
-                     b'{"groups": [' + b"[" * 50_000 + b"]" * 50_000 + b"]}", b'{"groups": 1' + b"0" * 6000 + b"}",
-                     b'{"groups": "\\ud800"}', b'{"groups": [{"key": "\\u0000"}]}', b'{"a":1,"a":2}']),
+    st.sampled_from(
+        [
+            b"",
+            b"{",
+            b"null",
+            b"NaN",
+            b'{"groups": NaN}',
+            b'{"groups": [Infinity]}',
+            b"\xff\xfe",
+            b'{"groups": [' + b"[" * 50_000 + b"]" * 50_000 + b"]}",
+            b'{"groups": 1' + b"0" * 6000 + b"}",
+            b'{"groups": "\\ud800"}',
+            b'{"groups": [{"key": "\\u0000"}]}',
+            b'{"a":1,"a":2}',
+        ]
+    ),
 )
 
 
 @settings(FUZZ, max_examples=150)
 @given(data=raw_bodies)
 def test_it_answers_random_bodies_with_a_field_error(trainer_api, run, data):
-    _record("groups_random", check_case(trainer_api, f"/api/v1/runs/{run.id}/groups/", data, "random"))
+    _record(
+        "groups_random", check_case(trainer_api, f"/api/v1/runs/{run.id}/groups/", data, "random")
+    )
 
 
 metric_bodies = st.one_of(
     random_json.map(lambda v: json.dumps(v).encode()),
-    st.builds(lambda step, name, v: json.dumps({"metrics": [{"step": step, "values": {name: v}}]}).encode(),
-              st.one_of(st.integers(-5, 2**40), wrong_values), st.one_of(st.text(max_size=5), weird_text),
-              st.one_of(st.floats(), wrong_values)),
-    st.sampled_from([b'{"metrics": [{"step": 1, "values": {"loss": NaN}}]}',
-                     b'{"metrics": [{"step": 99999999999999, "values": {"loss": 1}}]}',
-                     b'{"metrics": [{"step": 1, "values": {"loss": 1e309}}]}',
-                     b'{"metrics": [{"step": 1, "values": {"\\u0000": 1}}]}']),
+    st.builds(
+        lambda step, name, v: json.dumps(
+            {"metrics": [{"step": step, "values": {name: v}}]}
+        ).encode(),
+        st.one_of(st.integers(-5, 2**40), wrong_values),
+        st.one_of(st.text(max_size=5), weird_text),
+        st.one_of(st.floats(), wrong_values),
+    ),
+    st.sampled_from(
+        [
+            b'{"metrics": [{"step": 1, "values": {"loss": NaN}}]}',
+            b'{"metrics": [{"step": 99999999999999, "values": {"loss": 1}}]}',
+            b'{"metrics": [{"step": 1, "values": {"loss": 1e309}}]}',
+            b'{"metrics": [{"step": 1, "values": {"\\u0000": 1}}]}',
+        ]
+    ),
 )
 
 
@@ -304,13 +472,23 @@ def test_it_refuses_malformed_metrics_naming_the_field(trainer_api, run, data):
 def run_bodies(draw: Any) -> bytes:
     if draw(st.booleans()):
         return json.dumps(draw(random_json)).encode()
-    comp = {"name": draw(st.one_of(st.sampled_from(["correct", "a b", "", "x" * 300, "ok/1"]), weird_text)),
-            "weight": draw(st.one_of(st.floats(-2, 2), wrong_values)), "kind": draw(st.sampled_from(
-                ["outcome", "penalty", "bogus", None, 3]))}
-    body = {"name": draw(st.one_of(st.text(max_size=10), weird_text, wrong_values)),
-            "kind": draw(st.sampled_from(["import", "grpo", "nope", None, 1])),
-            "config": draw(st.one_of(st.dictionaries(st.text(max_size=4), random_json, max_size=2), wrong_values)),
-            "environment": draw(st.one_of(st.just({"name": "fuzz-env", "components": [comp]}), wrong_values))}
+    comp = {
+        "name": draw(
+            st.one_of(st.sampled_from(["correct", "a b", "", "x" * 300, "ok/1"]), weird_text)
+        ),
+        "weight": draw(st.one_of(st.floats(-2, 2), wrong_values)),
+        "kind": draw(st.sampled_from(["outcome", "penalty", "bogus", None, 3])),
+    }
+    body = {
+        "name": draw(st.one_of(st.text(max_size=10), weird_text, wrong_values)),
+        "kind": draw(st.sampled_from(["import", "grpo", "nope", None, 1])),
+        "config": draw(
+            st.one_of(st.dictionaries(st.text(max_size=4), random_json, max_size=2), wrong_values)
+        ),
+        "environment": draw(
+            st.one_of(st.just({"name": "fuzz-env", "components": [comp]}), wrong_values)
+        ),
+    }
     text = json.dumps(body)
     if draw(st.booleans()):
         text = text.replace('"weight": ', '"weight": NaN, "w": ', 1)
@@ -339,9 +517,19 @@ def test_it_reports_fuzz_counts(capsys):
 def test_it_stores_an_overflowing_aggregate_as_unknown_and_still_serves_it(trainer_api, run):
     # Found by the fuzzer: 1e308 is finite, but a weighted sum or a std of such values overflows to inf,
     # which was stored and then made every explorer page a 500 (inf is not JSON).
-    group = {"step": 0, "key": "overflow", "prompt": "p", "rollouts": [
-        {"index": 0, "completion": "a", "rewards": {"correct": 1.5e308, "format": 1e308}},  # sum: 2e308
-        {"index": 1, "completion": "b", "rewards": {"correct": -1e308}, "reward": 1e308}]}
+    group = {
+        "step": 0,
+        "key": "overflow",
+        "prompt": "p",
+        "rollouts": [
+            {
+                "index": 0,
+                "completion": "a",
+                "rewards": {"correct": 1.5e308, "format": 1e308},
+            },  # sum: 2e308
+            {"index": 1, "completion": "b", "rewards": {"correct": -1e308}, "reward": 1e308},
+        ],
+    }
     res = trainer_api.post(f"/api/v1/runs/{run.id}/groups/", {"groups": [group]}, format="json")
     assert res.status_code == 201
     page = trainer_api.get(f"/api/v1/runs/{run.id}/rollouts/?sort=correct")

@@ -54,7 +54,10 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "annotations-rollout": ("viewer", NONE),
     "annotations-slot": ("viewer", NONE),
     "annotations-annotate": (NONE, "annotator"),
-    "annotations-delete": (NONE, "annotator"),  # and only the author (the annotator persona) or an admin
+    "annotations-delete": (
+        NONE,
+        "annotator",
+    ),  # and only the author (the annotator persona) or an admin
     "annotations-queue-new": ("trainer", "trainer"),
     "annotations-queue": ("viewer", NONE),
     "annotations-queue-assign": (NONE, "trainer"),
@@ -96,11 +99,20 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-replay-train": (NONE, "trainer"),
 }
 # Cells that differ from the role ladder on purpose.
-OVERRIDES = {("annotations-delete", "POST", "trainer"): "403"}  # only the author or an admin deletes
+OVERRIDES = {
+    ("annotations-delete", "POST", "trainer"): "403"
+}  # only the author or an admin deletes
 OPEN_NAMES = {"healthz"}  # outside the login wall: a refused method is a 405 even for anonymous
 # Views whose POST changes only the caller's own session (logging in or out), not shared state.
 SESSION_ONLY = {"accounts-login", "accounts-logout"}
-PERSONAS = ("anonymous", "viewer", "annotator", "trainer", "admin", "token")  # token: annotator, not the owner
+PERSONAS = (
+    "anonymous",
+    "viewer",
+    "annotator",
+    "trainer",
+    "admin",
+    "token",
+)  # token: annotator, not the owner
 
 
 def url_patterns() -> list[tuple[str, str]]:
@@ -114,7 +126,9 @@ def url_patterns() -> list[tuple[str, str]]:
                 if route.startswith("admin/"):
                     continue
                 walk(p.url_patterns, route)
-            elif isinstance(p, URLPattern) and p.name and not route.startswith(("static", "admin/")):
+            elif (
+                isinstance(p, URLPattern) and p.name and not route.startswith(("static", "admin/"))
+            ):
                 out.append((p.name, route))
 
     walk(get_resolver().url_patterns, "")
@@ -131,30 +145,70 @@ def world(run, personas, make_user):
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group, Rollout
 
-    ingest_groups(run, {"groups": [make_group(0, "p0", [{"correct": 1.0}, {"correct": 0.0}]),
-                                   make_group(1, "p1", [{"correct": 0.5}, {"correct": 0.0}])]})
+    ingest_groups(
+        run,
+        {
+            "groups": [
+                make_group(0, "p0", [{"correct": 1.0}, {"correct": 0.0}]),
+                make_group(1, "p1", [{"correct": 0.5}, {"correct": 0.0}]),
+            ]
+        },
+    )
     rollout = Rollout.objects.filter(run=run).order_by("id").first()
     label = Label.objects.create(slug="hack", name="Reward hack")
     annotation, _ = services.save_annotation(rollout, personas["annotator"], label=label, note="n")
-    queue = services.create_queue(name="q", run=run, source="explorer", params={}, limit=10, seed=0, overlap=1,
-                                  created_by=personas["trainer"], assignees=[personas["annotator"]])
-    dataset = Dataset.objects.create(name="d", kind="sft", version=1, created_by=personas["trainer"],
-                                     source={"type": "run", "run_id": run.id})
-    ablation = Ablation.objects.create(run=run, name="drop format", spec={"drop": ["format"], "weights": {},
-                                             "scale_rewards": "group", "aggregation": "sum_then_normalize"},
-                                       results={}, created_by=personas["trainer"])
+    queue = services.create_queue(
+        name="q",
+        run=run,
+        source="explorer",
+        params={},
+        limit=10,
+        seed=0,
+        overlap=1,
+        created_by=personas["trainer"],
+        assignees=[personas["annotator"]],
+    )
+    dataset = Dataset.objects.create(
+        name="d",
+        kind="sft",
+        version=1,
+        created_by=personas["trainer"],
+        source={"type": "run", "run_id": run.id},
+    )
+    ablation = Ablation.objects.create(
+        run=run,
+        name="drop format",
+        spec={
+            "drop": ["format"],
+            "weights": {},
+            "scale_rewards": "group",
+            "aggregation": "sum_then_normalize",
+        },
+        results={},
+        created_by=personas["trainer"],
+    )
     from webapp.replays import services as replays
     from webapp.replays.models import Replay
 
     replay = Replay.objects.create(run=run, name="r", versions=[], status="succeeded")
-    Replay.objects.filter(id=replay.id).update(results=replays.pack_results(replays.compute_results(replay)))
+    Replay.objects.filter(id=replay.id).update(
+        results=replays.pack_results(replays.compute_results(replay))
+    )
     outsider = make_user("outsider", "annotator")
     token = Token.objects.create(user=outsider)
     return {
-        "run_id": run.id, "other_id": run.id, "group_id": Group.objects.filter(run=run).first().id,
-        "rollout_id": rollout.id, "annotation_id": annotation.id, "queue_id": queue.id,
-        "position": queue.items.order_by("position").first().position, "label_id": label.id,
-        "dataset_id": dataset.id, "ablation_id": ablation.id, "kind": "grpo", "token": token.key,
+        "run_id": run.id,
+        "other_id": run.id,
+        "group_id": Group.objects.filter(run=run).first().id,
+        "rollout_id": rollout.id,
+        "annotation_id": annotation.id,
+        "queue_id": queue.id,
+        "position": queue.items.order_by("position").first().position,
+        "label_id": label.id,
+        "dataset_id": dataset.id,
+        "ablation_id": ablation.id,
+        "kind": "grpo",
+        "token": token.key,
         "replay_id": replay.id,
     }
 
@@ -199,7 +253,11 @@ def expected(name: str, method: str, persona: str, need: str | None) -> str:
 
 
 def row_counts() -> dict[str, int]:
-    return {m._meta.label: m.objects.count() for m in apps.get_models() if m._meta.label != "sessions.Session"}
+    return {
+        m._meta.label: m.objects.count()
+        for m in apps.get_models()
+        if m._meta.label != "sessions.Session"
+    }
 
 
 class _Rollback(Exception):
@@ -229,7 +287,9 @@ def test_it_enforces_the_permission_matrix_on_every_url(client, personas, world,
     unknown = sorted({name for name, _ in patterns} - set(EXPECTED))
     assert not unknown, f"unclassified URL names (add them to EXPECTED): {unknown}"
     lines, mismatches = [], []
-    header = f"{'url name':<32} {'method':<6} {'needs':<10} " + " ".join(f"{p:<10}" for p in PERSONAS)
+    header = f"{'url name':<32} {'method':<6} {'needs':<10} " + " ".join(
+        f"{p:<10}" for p in PERSONAS
+    )
     lines.append(header)
     lines.append("-" * len(header))
     viewer_posts = 0
@@ -260,14 +320,20 @@ def test_it_enforces_the_permission_matrix_on_every_url(client, personas, world,
                 want = expected(name, method, persona, need)
                 mark = "" if got == want else "!"
                 if mark:
-                    mismatches.append(f"{persona} {method} {url} ({name}): got {got}, expected {want}")
+                    mismatches.append(
+                        f"{persona} {method} {url} ({name}): got {got}, expected {want}"
+                    )
                 cells.append(got + mark)
-            lines.append(f"{name:<32} {method:<6} {str(need):<10} " + " ".join(f"{c:<10}" for c in cells))
+            lines.append(
+                f"{name:<32} {method:<6} {str(need):<10} " + " ".join(f"{c:<10}" for c in cells)
+            )
     text = "\n".join(lines)
     out = ROOT / "test-artifacts" / "permissions_matrix.txt"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(text + "\n\nlegend: ok = 2xx, 3xx not to login, or 400 (allowed, empty input refused); "
-                   "login = redirect to login / 401; ! = differs from EXPECTED\n")
+    out.write_text(
+        text + "\n\nlegend: ok = 2xx, 3xx not to login, or 400 (allowed, empty input refused); "
+        "login = redirect to login / 401; ! = differs from EXPECTED\n"
+    )
     with capsys.disabled():
         print("\n" + text)
     assert viewer_posts == len(patterns)

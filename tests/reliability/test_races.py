@@ -28,7 +28,9 @@ from webapp.rollouts.services import ensure_environment, get_or_create_run
 from webapp.runs.models import Run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-TRIALS = 12  # each trial is one fresh race; a lost race showed up in about half of them before the fix
+TRIALS = (
+    12  # each trial is one fresh race; a lost race showed up in about half of them before the fix
+)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,8 +67,14 @@ def at_once(*fns: Callable[[], object]) -> tuple[list[object], list[BaseExceptio
 
 
 def batch(prefix: str, n: int = 8) -> dict:
-    values = [{"correct": 1, "format": 0.5}, {"correct": 0, "format": 1}, {"correct": 1, "penalty": -0.2}]
-    return {"groups": [make_group(step, f"{prefix}-{i}", values) for step in (0, 1) for i in range(n)]}
+    values = [
+        {"correct": 1, "format": 0.5},
+        {"correct": 0, "format": 1},
+        {"correct": 1, "penalty": -0.2},
+    ]
+    return {
+        "groups": [make_group(step, f"{prefix}-{i}", values) for step in (0, 1) for i in range(n)]
+    }
 
 
 def assert_stored_once(run: Run, groups: int, per_group: int = 3) -> None:
@@ -76,7 +84,9 @@ def assert_stored_once(run: Run, groups: int, per_group: int = 3) -> None:
     # batch(): 6 scores (2 per rollout) and 3 component stats (correct, format, penalty) per group
     assert RewardScore.objects.filter(run=run).count() == groups * 6
     assert GroupComponentStat.objects.filter(run=run).count() == groups * 3
-    n_rollouts = sum(StepStat.objects.filter(run=run, component_id=0).values_list("n_rollouts", flat=True))
+    n_rollouts = sum(
+        StepStat.objects.filter(run=run, component_id=0).values_list("n_rollouts", flat=True)
+    )
     assert n_rollouts == groups * per_group  # the step sums counted each batch once
 
 
@@ -85,8 +95,10 @@ def test_it_stores_two_identical_api_batches_sent_at_once_once(run, api, persona
     for trial in range(TRIALS):
         body = batch(f"t{trial}")
         url = f"/api/v1/runs/{run.id}/groups/"
-        (a, b), errors = at_once(lambda: client_a.post(url, body, format="json"),
-                                 lambda: client_b.post(url, body, format="json"))
+        (a, b), errors = at_once(
+            lambda: client_a.post(url, body, format="json"),
+            lambda: client_b.post(url, body, format="json"),
+        )
         assert errors == []
         assert sorted([a.status_code, b.status_code]) == [200, 201], (a.content, b.content)
         assert sorted([a.json()["skipped_groups"], b.json()["skipped_groups"]]) == [0, 16]
@@ -119,7 +131,9 @@ def test_it_retries_a_batch_that_waited_on_an_uncommitted_identical_one(run):
 def test_it_gives_every_caller_naming_a_new_run_the_same_run(env3):
     for trial in range(TRIALS):
         name = f"named-{trial}"
-        results, errors = at_once(*[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3)
+        results, errors = at_once(
+            *[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3
+        )
         assert errors == []
         assert len({run.id for run, _ in results}) == 1
         assert sorted(created for _, created in results) == [False, False, True]
@@ -129,10 +143,15 @@ def test_it_gives_every_caller_naming_a_new_run_the_same_run(env3):
 def test_it_answers_racing_api_get_or_create_requests_with_one_run(api, personas):
     client_a, client_b = api(personas["trainer"]), api(personas["trainer"])
     for trial in range(TRIALS):
-        body = {"name": f"api-{trial}", "get_or_create": True,
-                "environment": {"name": f"api-env-{trial}", "components": [{"name": "correct"}]}}
-        (a, b), errors = at_once(lambda: client_a.post("/api/v1/runs/", body, format="json"),
-                                 lambda: client_b.post("/api/v1/runs/", body, format="json"))
+        body = {
+            "name": f"api-{trial}",
+            "get_or_create": True,
+            "environment": {"name": f"api-env-{trial}", "components": [{"name": "correct"}]},
+        }
+        (a, b), errors = at_once(
+            lambda: client_a.post("/api/v1/runs/", body, format="json"),
+            lambda: client_b.post("/api/v1/runs/", body, format="json"),
+        )
         assert errors == []
         assert sorted([a.status_code, b.status_code]) == [200, 201], (a.content, b.content)
         assert a.json()["id"] == b.json()["id"]
@@ -140,15 +159,29 @@ def test_it_answers_racing_api_get_or_create_requests_with_one_run(api, personas
 
 
 def write_dump(path: Path, prefix: str, n: int = 30) -> Path:
-    rows = [make_group(i % 3, f"{prefix}-{i}", [{"correct": 1}, {"correct": 0, "format": 1}]) for i in range(n)]
+    rows = [
+        make_group(i % 3, f"{prefix}-{i}", [{"correct": 1}, {"correct": 0, "format": 1}])
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def import_file(path: Path, run_name: str) -> str:
     out = io.StringIO()
-    call_command("import_rollouts", str(path), "--run", run_name, "--format", "jsonl", "--no-progress",
-                 "--batch-groups", "7", stdout=out, stderr=io.StringIO())
+    call_command(
+        "import_rollouts",
+        str(path),
+        "--run",
+        run_name,
+        "--format",
+        "jsonl",
+        "--no-progress",
+        "--batch-groups",
+        "7",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
     return out.getvalue()
 
 
@@ -168,7 +201,9 @@ def test_it_imports_one_file_twice_at_once_into_one_new_run_once(tmp_path):
 def test_it_imports_into_one_existing_run_from_two_imports_at_once(run, tmp_path):
     for trial in range(TRIALS):
         dump = write_dump(tmp_path / f"{trial}.jsonl", f"into{trial}")
-        _, errors = at_once(lambda: import_file(dump, run.name), lambda: import_file(dump, run.name))
+        _, errors = at_once(
+            lambda: import_file(dump, run.name), lambda: import_file(dump, run.name)
+        )
         assert errors == []
     assert Group.objects.filter(run=run).count() == TRIALS * 30
     assert Group.objects.filter(run=run).values("step", "key").distinct().count() == TRIALS * 30
@@ -180,10 +215,25 @@ def test_it_imports_one_file_from_two_processes_into_one_new_run(tmp_path):
     env = dict(os.environ, DATABASE_URL=database_url_for_children())
     for trial in range(3):
         dump = write_dump(tmp_path / f"{trial}.jsonl", f"proc{trial}", n=60)
-        cmd = [sys.executable, "manage.py", "import_rollouts", str(dump), "--run", f"proc-{trial}", "--format",
-               "jsonl", "--no-progress", "--batch-groups", "5"]
-        procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+        cmd = [
+            sys.executable,
+            "manage.py",
+            "import_rollouts",
+            str(dump),
+            "--run",
+            f"proc-{trial}",
+            "--format",
+            "jsonl",
+            "--no-progress",
+            "--batch-groups",
+            "5",
+        ]
+        procs = [
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         outs = [p.communicate(timeout=180) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
         [run] = Run.objects.filter(name=f"proc-{trial}")
@@ -191,9 +241,21 @@ def test_it_imports_one_file_from_two_processes_into_one_new_run(tmp_path):
 
 
 def test_it_adds_the_same_new_components_from_two_callers_at_once():
-    comps = [{"name": n, "weight": 1.0, "kind": "outcome", "min_value": None, "max_value": None,
-              "description": "", "source_hash": ""} for n in ("a", "b", "c")]
+    comps = [
+        {
+            "name": n,
+            "weight": 1.0,
+            "kind": "outcome",
+            "min_value": None,
+            "max_value": None,
+            "description": "",
+            "source_hash": "",
+        }
+        for n in ("a", "b", "c")
+    ]
     for trial in range(TRIALS):
-        _, errors = at_once(lambda: ensure_environment(f"env-{trial}", comps),
-                            lambda: ensure_environment(f"env-{trial}", comps))
+        _, errors = at_once(
+            lambda: ensure_environment(f"env-{trial}", comps),
+            lambda: ensure_environment(f"env-{trial}", comps),
+        )
         assert errors == []

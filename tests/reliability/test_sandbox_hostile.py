@@ -31,7 +31,9 @@ from training.sandbox import run_tests
 PROJECT = Path(__file__).resolve().parents[2]
 PROGRAMS_FILE = Path(__file__).with_name("sandbox_hostile_programs.py")
 TAG = secrets.token_hex(4)
-SECRET = "S3CR3T-" + secrets.token_hex(6)  # a hidden expected value (and the keyring payload): never sent
+SECRET = "S3CR3T-" + secrets.token_hex(
+    6
+)  # a hidden expected value (and the keyring payload): never sent
 MARGIN_S = 4.0  # bwrap + interpreter start-up and the teardown on a loaded 2-core machine
 RESULTS: list[tuple[str, str, float]] = []
 KEYCTL, ADD_KEY = 250, 248  # x86_64; the keyring control check is skipped elsewhere
@@ -49,15 +51,23 @@ class Host:
         tmp.chmod(0o755)
         self.unix_path = str(tmp / "host.sock")
         self.unix = self._listener(socket.AF_UNIX, self.unix_path)
-        os.chmod(self.unix_path, 0o777)  # so that only the sandbox, not permissions, keeps a worker out
+        os.chmod(
+            self.unix_path, 0o777
+        )  # so that only the sandbox, not permissions, keeps a worker out
         self.abstract = f"rd-sbx-abstract-{TAG}"
         self.abstract_sock = self._listener(socket.AF_UNIX, "\0" + self.abstract)
         self.cmdline_secret = f"rd-cmdline-secret-{TAG}"
-        self.sleeper = subprocess.Popen(["/bin/sh", "-c", "sleep 600", self.cmdline_secret], start_new_session=True)
+        self.sleeper = subprocess.Popen(
+            ["/bin/sh", "-c", "sleep 600", self.cmdline_secret], start_new_session=True
+        )
         self.key_desc = f"rd-sbx-key-{TAG}"
         self.key_id = self._add_key()
-        self.markers = [f"/tmp/sandbox_pwned_{TAG}", str(PROJECT / f"sandbox_pwned_{TAG}"), f"/etc/pwned_{TAG}",
-                        f"/root/pwned_{TAG}"]
+        self.markers = [
+            f"/tmp/sandbox_pwned_{TAG}",
+            str(PROJECT / f"sandbox_pwned_{TAG}"),
+            f"/etc/pwned_{TAG}",
+            f"/root/pwned_{TAG}",
+        ]
 
     @staticmethod
     def _listener(family: int, address: object) -> socket.socket:
@@ -79,14 +89,27 @@ class Host:
         return kid
 
     def ctx(self, parent_pid: int) -> dict[str, object]:
-        return {"PORT": self.tcp.getsockname()[1], "UNIX_PATH": self.unix_path, "ABSTRACT": self.abstract,
-                "KEY_DESC": self.key_desc, "CMDLINE_SECRET": self.cmdline_secret, "PARENT_PID": parent_pid,
-                "SLEEPER_PID": self.sleeper.pid, "MARKER": self.markers[0], "PROJECT_MARKER": self.markers[1],
-                "TAG": TAG, "PROJECT": str(PROJECT)}
+        return {
+            "PORT": self.tcp.getsockname()[1],
+            "UNIX_PATH": self.unix_path,
+            "ABSTRACT": self.abstract,
+            "KEY_DESC": self.key_desc,
+            "CMDLINE_SECRET": self.cmdline_secret,
+            "PARENT_PID": parent_pid,
+            "SLEEPER_PID": self.sleeper.pid,
+            "MARKER": self.markers[0],
+            "PROJECT_MARKER": self.markers[1],
+            "TAG": TAG,
+            "PROJECT": str(PROJECT),
+        }
 
     def breaches(self) -> list[str]:
         found = [f"wrote {p}" for p in self.markers if os.path.exists(p)]
-        for name, sock in (("TCP", self.tcp), ("Unix path", self.unix), ("abstract Unix", self.abstract_sock)):
+        for name, sock in (
+            ("TCP", self.tcp),
+            ("Unix path", self.unix),
+            ("abstract Unix", self.abstract_sock),
+        ):
             try:
                 sock.accept()[0].close()
                 found.append(f"connected to the host's {name} listener")
@@ -119,9 +142,17 @@ def expected_for(program: Program) -> str:
 
 
 def record(program: Program, result, took: float) -> dict:
-    return {"name": program.name, "passed": result.passed, "total": result.total, "fraction": result.fraction,
-            "error": result.error, "failures": result.failures, "notes": result.notes, "took": took,
-            "run_id": result.run_id}
+    return {
+        "name": program.name,
+        "passed": result.passed,
+        "total": result.total,
+        "fraction": result.fraction,
+        "error": result.error,
+        "failures": result.failures,
+        "notes": result.notes,
+        "took": took,
+        "run_id": result.run_id,
+    }
 
 
 def scored_failure_problems(program: Program, rec: dict) -> list[str]:
@@ -129,7 +160,11 @@ def scored_failure_problems(program: Program, rec: dict) -> list[str]:
     problems = []
     if rec["passed"] != 0:
         problems.append(f"scored {rec['passed']}/{rec['total']}: the attack passed")
-    if not isinstance(rec["fraction"], float) or math.isnan(rec["fraction"]) or rec["fraction"] != 0.0:
+    if (
+        not isinstance(rec["fraction"], float)
+        or math.isnan(rec["fraction"])
+        or rec["fraction"] != 0.0
+    ):
         problems.append(f"score {rec['fraction']!r} is not 0.0")
     if not (rec["error"] or rec["failures"]):
         problems.append("no reason given")
@@ -162,12 +197,18 @@ def leftover_cgroups(run_id: str) -> list[str]:
 
 
 # These wait for a wall or CPU limit (3-4 s each under load); the rest take 0.1-0.5 s.
-WAITING = {"sleep past the timeout in a finally block", "recursion bomb (limit raised to 10**6)",
-           "spin the CPU forever"}
+WAITING = {
+    "sleep past the timeout in a finally block",
+    "recursion bomb (limit raised to 10**6)",
+    "spin the CPU forever",
+}
 
 
-@pytest.mark.parametrize("program", [pytest.param(p, marks=pytest.mark.slow) if p.name in WAITING else p
-                                     for p in PROGRAMS], ids=[p.name for p in PROGRAMS])
+@pytest.mark.parametrize(
+    "program",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in WAITING else p for p in PROGRAMS],
+    ids=[p.name for p in PROGRAMS],
+)
 def test_it_contains_the_hostile_program(program: Program, host: Host, monkeypatch):
     monkeypatch.setenv("SANDBOX_HOSTILE_SECRET", "leak-me")
     code = render(program.code, host.ctx(os.getpid()))
@@ -207,24 +248,58 @@ def _unprivileged_python() -> str | None:
     """An interpreter the spare uid can run (the venv's lives under /root, mode 0700, here)."""
     probe = "import os, sys; assert os.access(os.path.realpath(sys.executable), os.X_OK)"
     for candidate in ("/usr/bin/python3", sys.executable):
-        ok = subprocess.run(["setpriv", f"--reuid={SPARE_UID}", f"--regid={SPARE_UID}", "--clear-groups",
-                             candidate, "-I", "-c", probe], capture_output=True, env={})
+        ok = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={SPARE_UID}",
+                f"--regid={SPARE_UID}",
+                "--clear-groups",
+                candidate,
+                "-I",
+                "-c",
+                probe,
+            ],
+            capture_output=True,
+            env={},
+        )
         if ok.returncode == 0:
             return candidate
     return None
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="dropping to an unprivileged uid needs root and setpriv (util-linux)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="dropping to an unprivileged uid needs root and setpriv (util-linux)",
+)
 def test_it_contains_every_hostile_program_as_an_unprivileged_worker(host: Host):
     python = _unprivileged_python()
     if python is None:
-        pytest.fail(f"no interpreter runnable by uid {SPARE_UID}: install python3 (Debian) for this test")
-    cmd = ["setpriv", f"--reuid={SPARE_UID}", f"--regid={SPARE_UID}", "--clear-groups", python, "-I", "-c", DRIVER,
-           str(PROGRAMS_FILE), str(PROJECT), json.dumps(host.ctx(0)), SECRET]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd="/",
-                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        pytest.fail(
+            f"no interpreter runnable by uid {SPARE_UID}: install python3 (Debian) for this test"
+        )
+    cmd = [
+        "setpriv",
+        f"--reuid={SPARE_UID}",
+        f"--regid={SPARE_UID}",
+        "--clear-groups",
+        python,
+        "-I",
+        "-c",
+        DRIVER,
+        str(PROGRAMS_FILE),
+        str(PROJECT),
+        json.dumps(host.ctx(0)),
+        SECRET,
+    ]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
     records = {r["name"]: r for r in map(json.loads, out.stdout.splitlines())}
     assert out.returncode == 0 and len(records) == len(PROGRAMS), out.stderr[-3000:]
     problems = {}
@@ -234,7 +309,9 @@ def test_it_contains_every_hostile_program_as_an_unprivileged_worker(host: Host)
         found = scored_failure_problems(program, rec) + (["ran as root"] if rec["uid"] == 0 else [])
         if found:
             problems[program.name] = found
-    breaches = host.breaches() + [f"process {p} survived" for p in survivors([r["run_id"] for r in records.values()])]
+    breaches = host.breaches() + [
+        f"process {p} survived" for p in survivors([r["run_id"] for r in records.values()])
+    ]
     breaches += [f"process {p} of uid {SPARE_UID} survived" for p in _pids_of_uid(SPARE_UID)]
     assert not problems and not breaches, (problems, breaches, sorted(records))
 
@@ -273,5 +350,7 @@ def test_it_prints_the_outcome_table(capsys):
         print(f"\n{'hostile program':<72} {'s':>5}  outcome")
         for name, outcome, took in RESULTS:
             print(f"{name[:72]:<72} {took:>5.2f}  {outcome}")
-        print(f"{len(RESULTS)} runs, {sum(t for *_, t in RESULTS):.1f} s, load {os.getloadavg()[0]:.2f}")
+        print(
+            f"{len(RESULTS)} runs, {sum(t for *_, t in RESULTS):.1f} s, load {os.getloadavg()[0]:.2f}"
+        )
     assert all(outcome.startswith("passed 0/") for _, outcome, _ in RESULTS)

@@ -27,17 +27,31 @@ def _prod_env(tmp_path: Path) -> dict[str, str]:
     alphabet = string.ascii_letters + string.digits + "!@#%^&*(-_=+)"
     # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests' conftest (Playwright runs an event loop);
     # a production process never has it, and check --deploy rightly refuses it.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")}
-    env.update(DEBUG="0", SECRET_KEY="".join(secrets.choice(alphabet) for _ in range(50)),
-               ALLOWED_HOSTS="example.com", RD_VAR_DIR=str(tmp_path / "var"), DJANGO_SETTINGS_MODULE="webapp.settings")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    }
+    env.update(
+        DEBUG="0",
+        SECRET_KEY="".join(secrets.choice(alphabet) for _ in range(50)),
+        ALLOWED_HOSTS="example.com",
+        RD_VAR_DIR=str(tmp_path / "var"),
+        DJANGO_SETTINGS_MODULE="webapp.settings",
+    )
     return env
 
 
 @pytest.mark.slow
 def test_it_passes_check_deploy_with_debug_off(tmp_path):
-    out = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
-                         env=_prod_env(tmp_path), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=_prod_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no issues" in out.stdout, out.stdout + out.stderr
     assert "WARNING" not in out.stderr and "?: (security" not in out.stdout + out.stderr
@@ -73,8 +87,14 @@ print(json.dumps({
 
 @pytest.mark.slow
 def test_it_sends_secure_cookies_and_security_headers_behind_tls(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, env=_prod_env(tmp_path), capture_output=True,
-                         text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        cwd=ROOT,
+        env=_prod_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["page"] == 200 and r["login"] == 302
@@ -84,21 +104,35 @@ def test_it_sends_secure_cookies_and_security_headers_behind_tls(tmp_path):
     assert h["Referrer-Policy"] == "same-origin"
     assert h["X-Frame-Options"] == "DENY"
     assert h["Strict-Transport-Security"].startswith("max-age=31536000")
-    assert r["plain"][0] == 301 and r["plain"][1].startswith("https://")  # plain HTTP is redirected to TLS
-    assert r["proxied"] == 200 and r["proxied_hsts"]  # TLS terminated by a proxy (X-Forwarded-Proto: https)
+    assert r["plain"][0] == 301 and r["plain"][1].startswith(
+        "https://"
+    )  # plain HTTP is redirected to TLS
+    assert (
+        r["proxied"] == 200 and r["proxied_hsts"]
+    )  # TLS terminated by a proxy (X-Forwarded-Proto: https)
 
 
-def test_it_rate_limits_failed_logins_and_refuses_the_right_password_while_limited(client, personas):
+def test_it_rate_limits_failed_logins_and_refuses_the_right_password_while_limited(
+    client, personas
+):
     cache.clear()
     for attempt in range(10):
-        res = client.post("/accounts/login/", {"username": "viewer", "password": f"wrong-{attempt}"})
+        res = client.post(
+            "/accounts/login/", {"username": "viewer", "password": f"wrong-{attempt}"}
+        )
         assert res.status_code == 200, attempt
-    assert client.post("/accounts/login/", {"username": "viewer", "password": "wrong-10"}).status_code == 429
+    assert (
+        client.post("/accounts/login/", {"username": "viewer", "password": "wrong-10"}).status_code
+        == 429
+    )
     res = client.post("/accounts/login/", {"username": "viewer", "password": PASSWORD})
     assert res.status_code == 429
     assert "_auth_user_id" not in client.session
     # Another user from the same address is not locked out by someone else's failures.
-    assert client.post("/accounts/login/", {"username": "trainer", "password": PASSWORD}).status_code == 302
+    assert (
+        client.post("/accounts/login/", {"username": "trainer", "password": PASSWORD}).status_code
+        == 302
+    )
     cache.clear()
 
 
@@ -112,8 +146,13 @@ def test_it_never_logs_a_password(client, db, caplog, capsys, settings, monkeypa
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setenv("RD_PASSWORD", secret)  # the documented way: never on a command line
     call_command("createuser", "carol", "--role", "annotator", stdout=out, stderr=err)
-    assert client.post("/accounts/login/", {"username": "carol", "password": wrong}).status_code == 200
-    assert client.post("/accounts/login/", {"username": "carol", "password": secret}).status_code == 302
+    assert (
+        client.post("/accounts/login/", {"username": "carol", "password": wrong}).status_code == 200
+    )
+    assert (
+        client.post("/accounts/login/", {"username": "carol", "password": secret}).status_code
+        == 302
+    )
     client.logout()
     for _ in range(11):  # into the rate limit, whose response must not echo the password either
         res = client.post("/accounts/login/", {"username": "carol", "password": wrong})

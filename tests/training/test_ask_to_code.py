@@ -24,7 +24,12 @@ from training.environments.ask_to_code import (
     run_episode,
     task_prompt,
 )
-from training.environments.ask_to_code_tasks import HOLDOUT_FAMILIES, IRRELEVANT_QUESTIONS, TASKS, TASKS_BY_KEY
+from training.environments.ask_to_code_tasks import (
+    HOLDOUT_FAMILIES,
+    IRRELEVANT_QUESTIONS,
+    TASKS,
+    TASKS_BY_KEY,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TASK = TASKS_BY_KEY["safe_div"]  # naive code passes 2 of 4 hidden tests
@@ -50,12 +55,22 @@ def _values(transcript) -> dict[str, float]:
 
 def test_it_rewards_a_relevant_first_turn_question_most():
     v = _values(_transcript(RELEVANT, GOOD))
-    assert v == {"correctness": 1.0, "asked_before_coding": 1.0, "guessing_penalty": 0.0, "loop_penalty": 0.0}
+    assert v == {
+        "correctness": 1.0,
+        "asked_before_coding": 1.0,
+        "guessing_penalty": 0.0,
+        "loop_penalty": 0.0,
+    }
 
 
 def test_it_rewards_a_late_question_less():
     assert _values(_transcript(OFF_TOPIC, RELEVANT, GOOD))["asked_before_coding"] == 0.5
-    assert _values(_transcript(OFF_TOPIC, IRRELEVANT_QUESTIONS[1], RELEVANT, GOOD))["asked_before_coding"] == 0.25
+    assert (
+        _values(_transcript(OFF_TOPIC, IRRELEVANT_QUESTIONS[1], RELEVANT, GOOD))[
+            "asked_before_coding"
+        ]
+        == 0.25
+    )
 
 
 def test_it_penalises_code_without_a_question():
@@ -87,7 +102,10 @@ def test_it_scores_no_code_as_zero_correctness():
 
 
 def test_it_scores_trl_style_completions_and_bare_strings():
-    completion = [{"role": "assistant", "content": RELEVANT}, {"role": "assistant", "content": GOOD}]
+    completion = [
+        {"role": "assistant", "content": RELEVANT},
+        {"role": "assistant", "content": GOOD},
+    ]
     assert _values(completion)["correctness"] == 1.0
     assert _values(NAIVE)["guessing_penalty"] == -1.0
 
@@ -136,7 +154,9 @@ def test_it_ends_the_episode_on_code_and_records_every_turn():
     assert done and reply == "4/4 hidden tests passed"
     roles = [m["role"] for m in ep.transcript]
     assert roles == ["system", "user", "assistant", "user", "assistant", "tool"]
-    assert ep.transcript[4]["tool_calls"] == [{"name": "submit_code", "arguments": {"code": TASK.solution}}]
+    assert ep.transcript[4]["tool_calls"] == [
+        {"name": "submit_code", "arguments": {"code": TASK.solution}}
+    ]
     assert ep.transcript[5]["name"] == "unit_tests"
     with pytest.raises(RuntimeError):
         ep.step("more?")
@@ -151,7 +171,9 @@ def test_it_caps_the_number_of_turns():
 
 def test_it_tells_questions_from_code():
     assert extract_code("```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
-    assert extract_code("```python\ndef f(") == "def f(\n"  # truncated generation still counts as code
+    assert (
+        extract_code("```python\ndef f(") == "def f(\n"
+    )  # truncated generation still counts as code
     assert extract_code("```\ndef f():\n    pass\n```") is not None
     assert extract_code("Should I use `x`? ```\nsome text\n```") is None
     assert extract_code("What about empty input?") is None
@@ -173,7 +195,9 @@ def test_it_has_at_least_40_tasks_in_several_families_split_by_family():
 
 def test_it_makes_deterministic_prompts_with_distinct_keys():
     env = AskToCodeEnv()
-    assert [p.key for p in env.prompts("train", 50, seed=3)] == [p.key for p in env.prompts("train", 50, seed=3)]
+    assert [p.key for p in env.prompts("train", 50, seed=3)] == [
+        p.key for p in env.prompts("train", 50, seed=3)
+    ]
     assert len({p.key for p in env.prompts("train", 100)}) == 100
     p = env.prompts("train", 1)[0]
     assert p.messages[0]["role"] == "system" and p.messages[1]["content"] == p.text
@@ -205,12 +229,21 @@ def test_it_scripts_each_style():
         t = run_episode(env, PROMPT, ScriptedAskPolicy(style, seed=1))
         got[style] = {k: s.value for k, s in env.score(PROMPT, t).items()}
     assert got["solve"] == {
-        "correctness": 1.0, "asked_before_coding": 1.0, "guessing_penalty": 0.0, "loop_penalty": 0.0,
+        "correctness": 1.0,
+        "asked_before_coding": 1.0,
+        "guessing_penalty": 0.0,
+        "loop_penalty": 0.0,
     }
     assert got["guess"]["guessing_penalty"] == -1.0 and got["guess"]["correctness"] < 1.0
     assert got["loop"]["loop_penalty"] == -1.0 and got["loop"]["correctness"] == 0.0
-    assert got["ask_late"]["asked_before_coding"] in (0.5, 0.25) and got["ask_late"]["correctness"] == 1.0
-    assert got["irrelevant"]["asked_before_coding"] == 0.0 and got["irrelevant"]["guessing_penalty"] == 0.0
+    assert (
+        got["ask_late"]["asked_before_coding"] in (0.5, 0.25)
+        and got["ask_late"]["correctness"] == 1.0
+    )
+    assert (
+        got["irrelevant"]["asked_before_coding"] == 0.0
+        and got["irrelevant"]["guessing_penalty"] == 0.0
+    )
 
 
 def test_it_has_a_teacher_solve_that_scores_full_marks():
@@ -227,13 +260,23 @@ def test_it_generates_groups_in_the_ingestion_format():
     assert set(rec) == {"step", "key", "prompt", "split", "rollouts"} and rec["split"] == "train"
     assert [r["index"] for r in rec["rollouts"]] == [0, 1, 2, 3]
     for r in rec["rollouts"]:
-        assert set(r["rewards"]) == {"correctness", "asked_before_coding", "guessing_penalty", "loop_penalty"}
-        assert all(isinstance(v["value"], float) and isinstance(v["reason"], str) for v in r["rewards"].values())
+        assert set(r["rewards"]) == {
+            "correctness",
+            "asked_before_coding",
+            "guessing_penalty",
+            "loop_penalty",
+        }
+        assert all(
+            isinstance(v["value"], float) and isinstance(v["reason"], str)
+            for v in r["rewards"].values()
+        )
         assert r["length"] == sum(len(t.split()) for t in agent_turns(r["transcript"]))
     # a mix of styles gives the group variance GRPO needs
     assert len({r["rewards"]["asked_before_coding"]["value"] for r in rec["rollouts"]}) > 1
     again = generate_groups(steps=1, groups_per_step=1, G=2, seed=7)[0]
-    assert again["rollouts"][0]["transcript"] == rec["rollouts"][0]["transcript"]  # deterministic in seed
+    assert (
+        again["rollouts"][0]["transcript"] == rec["rollouts"][0]["transcript"]
+    )  # deterministic in seed
 
 
 def test_it_never_imports_django():

@@ -34,23 +34,38 @@ def api(live_server, token) -> Client:
 
 
 def group(step: int, key: str, values: list[float]) -> dict[str, Any]:
-    return {"step": step, "key": key, "prompt": f"prompt {key}",
-            "rollouts": [{"index": i, "completion": f"c{i}", "rewards": {"correct": v, "format": 1.0 - v}}
-                         for i, v in enumerate(values)]}
+    return {
+        "step": step,
+        "key": key,
+        "prompt": f"prompt {key}",
+        "rollouts": [
+            {"index": i, "completion": f"c{i}", "rewards": {"correct": v, "format": 1.0 - v}}
+            for i, v in enumerate(values)
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ live server
 
 
 def test_it_creates_a_run_posts_and_reads_it_back(api):
-    run_id = api.create_run("remote", environment="remote-env", components=["correct", {"name": "format",
-                                                                                        "weight": 0.5}],
-                            config={"lr": 1e-5}, kind="grpo")
+    run_id = api.create_run(
+        "remote",
+        environment="remote-env",
+        components=["correct", {"name": "format", "weight": 0.5}],
+        config={"lr": 1e-5},
+        kind="grpo",
+    )
     assert api.find_run("remote")["id"] == run_id
     assert api.find_run("absent") is None
     assert api.post_groups(run_id, [group(0, "a", [1.0, 0.0, 0.5]), group(1, "b", [0.2, 0.9])]) == {
-        "groups": 2, "rollouts": 5, "skipped_groups": 0}
-    assert api.post_groups(run_id, [group(0, "a", [1.0, 0.0, 0.5])])["skipped_groups"] == 1  # idempotent retry
+        "groups": 2,
+        "rollouts": 5,
+        "skipped_groups": 0,
+    }
+    assert (
+        api.post_groups(run_id, [group(0, "a", [1.0, 0.0, 0.5])])["skipped_groups"] == 1
+    )  # idempotent retry
     assert api.post_metrics(run_id, [{"step": 0, "values": {"loss": 0.5}}]) == {"metrics": 1}
     g = api.get_group(run_id, 1, "b")
     assert g["size"] == 2 and g["components"]["correct"]["std"] == pytest.approx(0.4949747)
@@ -62,7 +77,9 @@ def test_it_finds_a_run_by_name_however_old_it_is(api):
     from webapp.runs.models import Run
 
     old_id = api.create_run("old-run", environment="client-env", components=["correct"])
-    Run.objects.bulk_create([Run(name=f"newer-{i}") for i in range(501)])  # past the list's 500 newest
+    Run.objects.bulk_create(
+        [Run(name=f"newer-{i}") for i in range(501)]
+    )  # past the list's 500 newest
     assert api.find_run("old-run")["id"] == old_id
     assert api.find_run("nope") is None and api.find_run("newer-3")["name"] == "newer-3"
 
@@ -75,7 +92,9 @@ def test_it_iterates_rollouts_across_pages_following_the_cursor(api):
     values = [r["rewards"]["correct"] for r in rows]
     assert values == sorted(values)
     assert len({r["id"] for r in rows}) == 10  # no page repeats a row
-    assert [r["step"] for r in api.iter_rollouts(run_id, sort="step", order="asc", step_min=3, limit=1)] == [3, 3, 4, 4]
+    assert [
+        r["step"] for r in api.iter_rollouts(run_id, sort="step", order="asc", step_min=3, limit=1)
+    ] == [3, 3, 4, 4]
 
 
 def test_it_raises_the_servers_errors_on_a_4xx(api, live_server):
@@ -102,8 +121,11 @@ class Scripted(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         self.server.calls.append((self.command, self.path))  # type: ignore[attr-defined]
         status, headers = self.server.script.pop(0) if self.server.script else (200, {})  # type: ignore[attr-defined]
-        body = json.dumps({"runs": [], "id": 7} if status < 400 else
-                          {"errors": [{"field": "x", "error": f"status {status}"}]}).encode()
+        body = json.dumps(
+            {"runs": [], "id": 7}
+            if status < 400
+            else {"errors": [{"field": "x", "error": f"status {status}"}]}
+        ).encode()
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -169,4 +191,6 @@ def test_it_retries_connection_errors_then_reports_unreachable():
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     with pytest.raises(ApiError) as e:
         Client(f"http://127.0.0.1:{port}", "t", retries=2, backoff=0.01).list_runs()
-    assert e.value.status is None and e.value.retryable and "cannot reach the server" in str(e.value)
+    assert (
+        e.value.status is None and e.value.retryable and "cannot reach the server" in str(e.value)
+    )

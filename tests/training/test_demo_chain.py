@@ -17,7 +17,12 @@ def _job_config(kind: str, config: dict, tmp_path):
     from training.sft import SFTJobConfig
     from training.teacher import TeacherJobConfig
 
-    cls = {"teacher": TeacherJobConfig, "sft": SFTJobConfig, "grpo": GRPOJobConfig, "eval": EvalJobConfig}[kind]
+    cls = {
+        "teacher": TeacherJobConfig,
+        "sft": SFTJobConfig,
+        "grpo": GRPOJobConfig,
+        "eval": EvalJobConfig,
+    }[kind]
     filled = {**config, "output_dir": str(tmp_path)}
     if cls.requires_model:
         filled["base_model"] = "m"
@@ -30,16 +35,27 @@ def test_it_lists_valid_job_configs_in_queue_order(tmp_path):
     chain = demo_chain_configs("diagram")
     assert [kind for kind, _ in chain] == ["teacher", "eval", "sft", "eval", "grpo", "eval"]
     stages = demo_chain_stages("diagram")
-    assert [s.name for s in stages] == ["teacher", "eval_before_sft", "sft", "eval_after_sft", "grpo",
-                                        "eval_after_grpo"]
+    assert [s.name for s in stages] == [
+        "teacher",
+        "eval_before_sft",
+        "sft",
+        "eval_after_sft",
+        "grpo",
+        "eval_after_grpo",
+    ]
     assert [s.model_from for s in stages] == [None, "tiny", "tiny", "sft", "sft", "grpo"]
     assert stages[2].data_from == "teacher"
     for kind, config in chain:
         assert not FILLED_BY_THE_WORKER & set(config), kind
         _job_config(kind, config, tmp_path)  # raises on an unknown field or a bad value
-    evals = [config for kind, config in chain if kind == "eval"]  # the same held-out sample each time
-    assert all({k: v for k, v in e.items() if k != "step"} == {k: v for k, v in evals[0].items() if k != "step"}
-               for e in evals)
+    evals = [
+        config for kind, config in chain if kind == "eval"
+    ]  # the same held-out sample each time
+    assert all(
+        {k: v for k, v in e.items() if k != "step"}
+        == {k: v for k, v in evals[0].items() if k != "step"}
+        for e in evals
+    )
     assert chain[1][1] is not demo_chain_configs("diagram")[1][1]  # callers may mutate their copy
 
 
@@ -49,7 +65,9 @@ def test_its_teacher_data_carries_the_habit_that_grpo_is_there_to_undo(tmp_path)
     from training.teacher import TeacherJobConfig, main
 
     config = dict(demo_chain_configs())["teacher"]
-    summary = main(TeacherJobConfig.from_dict({**config, "num_prompts": 64, "output_dir": str(tmp_path)}))
+    summary = main(
+        TeacherJobConfig.from_dict({**config, "num_prompts": 64, "output_dir": str(tmp_path)})
+    )
     kept = read_jsonl(summary["dataset"])
     assert summary["rejected"] == 0 and len(kept) == 64
     lazy = [r for r in kept if '"connect"' not in r["completion"][0]["content"]]
@@ -62,7 +80,12 @@ def test_it_keeps_to_small_diagrams_everywhere_it_samples_prompts():
     from training.environments.diagram import DiagramEnvironment
 
     chain = dict(demo_chain_configs())
-    assert chain["teacher"]["max_nodes"] == chain["grpo"]["max_nodes"] == chain["eval"]["max_nodes"] == MAX_NODES
+    assert (
+        chain["teacher"]["max_nodes"]
+        == chain["grpo"]["max_nodes"]
+        == chain["eval"]["max_nodes"]
+        == MAX_NODES
+    )
     env = DiagramEnvironment()
     small = env.prompts("holdout", 40, max_nodes=MAX_NODES)
     assert all(3 <= len(p.spec["nodes"]) <= MAX_NODES for p in small)
@@ -112,16 +135,33 @@ def _contains(seq: list[int], sub: list[int]) -> bool:
 def test_it_runs_the_whole_chain_in_process_and_prints_the_table(tmp_path, capsys):
     from training.demo_chain import main
 
-    tiny = ["sft.max_steps=2", "grpo.max_steps=1", "grpo.num_prompts=2", "grpo.max_completion_length=8",
-            "eval.num_prompts=2", "eval.num_generations=2", "eval.max_completion_length=8", "teacher.num_prompts=8"]
+    tiny = [
+        "sft.max_steps=2",
+        "grpo.max_steps=1",
+        "grpo.num_prompts=2",
+        "grpo.max_completion_length=8",
+        "eval.num_prompts=2",
+        "eval.num_generations=2",
+        "eval.max_completion_length=8",
+        "teacher.num_prompts=8",
+    ]
     rows = main(["--out", str(tmp_path), *[arg for item in tiny for arg in ("--set", item)]])
-    assert [r["name"] for r in rows] == ["tiny_model", "teacher", "eval_before_sft", "sft", "eval_after_sft",
-                                         "grpo", "eval_after_grpo"]
+    assert [r["name"] for r in rows] == [
+        "tiny_model",
+        "teacher",
+        "eval_before_sft",
+        "sft",
+        "eval_after_sft",
+        "grpo",
+        "eval_after_grpo",
+    ]
     grpo = next(r for r in rows if r["name"] == "grpo")["summary"]
     assert grpo["global_step"] == 1
     table = capsys.readouterr().out
     assert "| before SFT" in table and "| after GRPO" in table and "chain as queued" in table
-    assert (tmp_path / "demo_chain.md").read_text().strip() == table[table.index("| held-out"):].strip()
+    assert (tmp_path / "demo_chain.md").read_text().strip() == table[
+        table.index("| held-out") :
+    ].strip()
 
 
 @pytest.mark.slow
@@ -132,8 +172,9 @@ def test_the_full_chain_makes_json_valid_with_sft_and_raises_coverage_with_grpo(
     from training.demo_chain import run_chain
 
     rows = {r["name"]: r["summary"] for r in run_chain(tmp_path, log=lambda *_: None)}
-    before, after_sft, after_grpo = (rows[n]["component_means"] for n in
-                                     ("eval_before_sft", "eval_after_sft", "eval_after_grpo"))
+    before, after_sft, after_grpo = (
+        rows[n]["component_means"] for n in ("eval_before_sft", "eval_after_sft", "eval_after_grpo")
+    )
     assert rows["eval_before_sft"]["reward_mean"] < 0.05
     assert before["json_valid"] < 0.05
     assert after_sft["json_valid"] > 0.95

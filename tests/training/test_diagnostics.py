@@ -15,11 +15,16 @@ from training import diagnostics as dg
 from training import stats
 
 C = dg.ComponentInfo
-HEALTHY_COMPONENTS = [C("correct", 1.0, "outcome", 0.0, 1.0), C("format", 0.5, "behavioural", 0.0, 1.0),
-                      C("penalty", 0.2, "penalty", -1.0, 0.0)]
+HEALTHY_COMPONENTS = [
+    C("correct", 1.0, "outcome", 0.0, 1.0),
+    C("format", 0.5, "behavioural", 0.0, 1.0),
+    C("penalty", 0.2, "penalty", -1.0, 0.0),
+]
 
 
-def synth(components, gen, steps: int = 20, groups: int = 12, G: int = 8, seed: int = 0) -> dg.RunArrays:
+def synth(
+    components, gen, steps: int = 20, groups: int = 12, G: int = 8, seed: int = 0
+) -> dg.RunArrays:
     """A run of steps x groups x G rollouts; gen(rng, step, G) -> (values (G, K), lengths (G,))."""
     rng = np.random.default_rng(seed)
     mats, lens, gids, stps = [], [], [], []
@@ -31,9 +36,14 @@ def synth(components, gen, steps: int = 20, groups: int = 12, G: int = 8, seed: 
             gids.append(np.full(G, 1000 + s * groups + g))
             stps.append(np.full(G, s))
     n = steps * groups * G
-    return dg.RunArrays(components=list(components), matrix=np.vstack(mats).astype(float),
-                        group_ids=np.concatenate(gids), steps=np.concatenate(stps),
-                        lengths=np.concatenate(lens).astype(float), rollout_ids=np.arange(1, n + 1))
+    return dg.RunArrays(
+        components=list(components),
+        matrix=np.vstack(mats).astype(float),
+        group_ids=np.concatenate(gids),
+        steps=np.concatenate(stps),
+        lengths=np.concatenate(lens).astype(float),
+        rollout_ids=np.arange(1, n + 1),
+    )
 
 
 def healthy_gen(rng, step, G):
@@ -53,9 +63,13 @@ def healthy_metrics():
     s = np.arange(40)
     clip = np.zeros(40)
     clip[7] = 0.002  # clip ratios sit at 0 for whole runs; one tiny blip is not a spike
-    return {"kl": (s, 0.02 + rng.normal(0, 0.002, 40)), "grad_norm": (s, 1.0 + rng.normal(0, 0.1, 40)),
-            "clip_ratio/region_mean": (s, 0.01 + rng.normal(0, 0.001, 40)), "clip_ratio/low_min": (s, clip),
-            "loss": (s, rng.normal(0, 5, 40))}
+    return {
+        "kl": (s, 0.02 + rng.normal(0, 0.002, 40)),
+        "grad_norm": (s, 1.0 + rng.normal(0, 0.1, 40)),
+        "clip_ratio/region_mean": (s, 0.01 + rng.normal(0, 0.001, 40)),
+        "clip_ratio/low_min": (s, clip),
+        "loss": (s, rng.normal(0, 5, 40)),
+    }
 
 
 def codes(d: dg.Diagnosis) -> list[str]:
@@ -69,7 +83,9 @@ def test_it_reports_a_healthy_run_without_findings() -> None:
     d = dg.diagnose(healthy(), metrics=healthy_metrics(), bad_case_ids=lambda: [])
     assert codes(d) == []
     h = d.health.by_name()
-    assert 0.2 < h["correct"].share < 1.0 and abs(sum(c.share for c in d.health.components) - 1) < 1e-9
+    assert (
+        0.2 < h["correct"].share < 1.0 and abs(sum(c.share for c in d.health.components) - 1) < 1e-9
+    )
     assert h["format"].zero_std_frac < 0.5
 
 
@@ -77,7 +93,9 @@ def test_it_gives_a_heavy_constant_component_a_share_near_zero() -> None:
     comps = [C("correct", 1.0, "outcome", 0, 1), C("always", 10.0, "process", 0, 1)]
 
     def gen(rng, step, G):
-        return np.column_stack([(rng.random(G) < 0.5), np.full(G, 0.5)]).astype(float), rng.integers(1, 9, G)
+        return np.column_stack([(rng.random(G) < 0.5), np.full(G, 0.5)]).astype(
+            float
+        ), rng.integers(1, 9, G)
 
     h = dg.component_health(synth(comps, gen)).by_name()
     assert h["always"].share == pytest.approx(0.0, abs=1e-12)
@@ -88,7 +106,9 @@ def test_it_gives_a_heavy_constant_component_a_share_near_zero() -> None:
 def test_it_computes_shares_from_weights_variances_and_covariances() -> None:
     # One group, two components: a = [0, 1, 0, 1], b = [0, 1, 1, 0]; cov(a,b) = 0, var equal.
     x = np.array([[0, 0], [1, 1], [0, 1], [1, 0]], dtype=float)
-    data = dg.RunArrays([C("a", 2.0), C("b", 1.0)], x, np.zeros(4, int), np.zeros(4, int), np.arange(4.0))
+    data = dg.RunArrays(
+        [C("a", 2.0), C("b", 1.0)], x, np.zeros(4, int), np.zeros(4, int), np.arange(4.0)
+    )
     h = dg.component_health(data)
     assert [c.share for c in h.components] == pytest.approx([4 / 5, 1 / 5])  # w^2 var / sum w^2 var
 
@@ -99,8 +119,14 @@ def test_it_measures_saturation_and_unreachability_against_the_declared_range() 
     h = dg.component_health(dg.RunArrays(comps, x, np.array([0, 0, 1, 1]), np.zeros(4, int)))
     assert (h.components[0].at_max, h.components[0].at_min) == (0.5, 0.25)
     # Undeclared range: the observed one.
-    h2 = dg.component_health(dg.RunArrays([C("c", 1.0)], np.array([[2.0], [3.0], [3.0], [2.5]]),
-                                          np.array([0, 0, 1, 1]), np.zeros(4, int)))
+    h2 = dg.component_health(
+        dg.RunArrays(
+            [C("c", 1.0)],
+            np.array([[2.0], [3.0], [3.0], [2.5]]),
+            np.array([0, 0, 1, 1]),
+            np.zeros(4, int),
+        )
+    )
     assert (h2.components[0].at_max, h2.components[0].at_min) == (0.5, 0.25)
 
 
@@ -108,7 +134,9 @@ def test_it_correlates_components_and_length_within_groups() -> None:
     # Between groups length and reward move together; inside each group they are opposed.
     x = np.array([[1.0], [0.0], [11.0], [10.0]])
     lengths = np.array([1.0, 2.0, 11.0, 12.0])
-    h = dg.component_health(dg.RunArrays([C("c", 1.0)], x, np.array([0, 0, 1, 1]), np.zeros(4, int), lengths))
+    h = dg.component_health(
+        dg.RunArrays([C("c", 1.0)], x, np.array([0, 0, 1, 1]), np.zeros(4, int), lengths)
+    )
     assert h.components[0].corr_length == pytest.approx(-1.0)
     assert h.corr_labels == ["c", "length", "reward"]
 
@@ -217,7 +245,9 @@ def test_it_detects_aggregation_collapse_and_what_normalise_then_sum_would_do() 
 def test_it_counts_collapse_on_a_hand_made_group() -> None:
     # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1: all distinct sums.
     x = np.array([[1, 0], [0, 1], [1, 1], [1, 0], [0, 0], [1, 1]], dtype=float)
-    data = dg.RunArrays([C("a", 1.0), C("b", 1.0)], x, np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, int))
+    data = dg.RunArrays(
+        [C("a", 1.0), C("b", 1.0)], x, np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, int)
+    )
     c = dg.aggregation_collapse(data)
     assert (c["groups"], c["collapsed"], c["frac"]) == (2, 1, 0.5)
     assert c["rollouts_frac"] == pytest.approx(2 / 6)
@@ -247,7 +277,9 @@ def test_it_flags_high_reward_rollouts_that_annotators_marked_bad() -> None:
     assert codes(d) == ["reward_vs_quality"]
     assert d.findings[0].evidence["share"] == pytest.approx(0.5, abs=0.02)
     # With the annotated set as denominator, and too few annotations: nothing is said.
-    few = dg.diagnose(data, bad_case_ids=lambda: top[:3].tolist(), annotated_ids=lambda: top[:5].tolist())
+    few = dg.diagnose(
+        data, bad_case_ids=lambda: top[:3].tolist(), annotated_ids=lambda: top[:5].tolist()
+    )
     assert codes(few) == []
 
 
@@ -263,10 +295,13 @@ def test_it_serialises_the_diagnosis_to_json() -> None:
 
 def small_case() -> dg.RunArrays:
     # Two groups of 4; 'const' is the same inside each group (weight 5); 'correct' varies.
-    x = np.array([[1, 1], [0, 1], [1, 1], [0, 1],
-                  [1, 0], [1, 0], [0, 0], [0, 0]], dtype=float)
-    return dg.RunArrays([C("correct", 1.0, "outcome"), C("const", 5.0, "behavioural")], x,
-                        np.array([7, 7, 7, 7, 9, 9, 9, 9]), np.array([0, 0, 0, 0, 1, 1, 1, 1]))
+    x = np.array([[1, 1], [0, 1], [1, 1], [0, 1], [1, 0], [1, 0], [0, 0], [0, 0]], dtype=float)
+    return dg.RunArrays(
+        [C("correct", 1.0, "outcome"), C("const", 5.0, "behavioural")],
+        x,
+        np.array([7, 7, 7, 7, 9, 9, 9, 9]),
+        np.array([0, 0, 0, 0, 1, 1, 1, 1]),
+    )
 
 
 def test_it_finds_no_signal_when_dropping_a_constant_component() -> None:
@@ -327,7 +362,9 @@ def test_it_matches_the_python_loop_baseline() -> None:
     data = healthy()
     rows = list(zip(data.group_ids.tolist(), data.matrix.tolist()))
     loop = abl.python_loop_advantages(rows, data.weights.tolist())
-    vec = stats.compute_advantages(data.matrix, data.weights, data.group_ids, batch_ids=data.steps).advantages
+    vec = stats.compute_advantages(
+        data.matrix, data.weights, data.group_ids, batch_ids=data.steps
+    ).advantages
     assert np.allclose(loop, vec)
 
 
@@ -373,7 +410,13 @@ def test_it_gives_the_same_ablation_whatever_the_row_order() -> None:
     shuffled = data.select(perm)
     spec = abl.AblationSpec(drop=("format",), weights={"correct": 3.0})
     a, b = abl.ablate(data, spec), abl.ablate(shuffled, spec)
-    for key in ("mean_abs_delta", "sign_flip_frac", "best_changed_frac", "spearman_mean", "zero_std_after"):
+    for key in (
+        "mean_abs_delta",
+        "sign_flip_frac",
+        "best_changed_frac",
+        "spearman_mean",
+        "zero_std_after",
+    ):
         assert a[key] == pytest.approx(b[key], abs=1e-12), key
     assert [t["group_id"] for t in a["top_groups"]] == [t["group_id"] for t in b["top_groups"]]
 
@@ -381,21 +424,29 @@ def test_it_gives_the_same_ablation_whatever_the_row_order() -> None:
 # ---------------------------------------------------------------- over time: onsets, collapse, kind-free
 
 
-def ask_to_code_like(steps: int = 40, onset: int = 5, kinds: bool = True, groups: int = 8) -> dg.RunArrays:
+def ask_to_code_like(
+    steps: int = 40, onset: int = 5, kinds: bool = True, groups: int = 8
+) -> dg.RunArrays:
     """The issue's case: 'asked_before_coding' (behavioural, 0.6) at its maximum in every group from step
     `onset`, while 'correctness' (outcome, 1.0) stays sparse and varying."""
-    comps = [C("correctness", 1.0, "outcome" if kinds else "", 0, 1),
-             C("asked_before_coding", 0.6, "behavioural" if kinds else "", 0, 1)]
+    comps = [
+        C("correctness", 1.0, "outcome" if kinds else "", 0, 1),
+        C("asked_before_coding", 0.6, "behavioural" if kinds else "", 0, 1),
+    ]
 
     def gen(rng, step, G):
-        ask = np.ones(G) if step >= onset else (rng.random(G) < 0.05).astype(float)  # rarely asked before
+        ask = (
+            np.ones(G) if step >= onset else (rng.random(G) < 0.05).astype(float)
+        )  # rarely asked before
         return np.column_stack([(rng.random(G) < 0.25), ask]).astype(float), rng.integers(20, 80, G)
 
     return synth(comps, gen, steps=steps, groups=groups, G=6)
 
 
 def finding(d: dg.Diagnosis, code: str, component: str | None = None) -> dg.Finding:
-    return next(f for f in d.findings if f.code == code and (component is None or f.component == component))
+    return next(
+        f for f in d.findings if f.code == code and (component is None or f.component == component)
+    )
 
 
 def test_it_dates_a_saturation_that_the_whole_window_numbers_hide() -> None:
@@ -404,14 +455,18 @@ def test_it_dates_a_saturation_that_the_whole_window_numbers_hide() -> None:
     assert 0.85 < whole.at_max < 0.9  # the issue's 87%: under the whole-window rule's 90%
     f = finding(dg.diagnose(data), "saturation", "asked_before_coding")
     assert f.onset_step == 5
-    assert f.title.startswith("'asked_before_coding' is saturated from step 5: at its maximum in 100% of rollouts")
+    assert f.title.startswith(
+        "'asked_before_coding' is saturated from step 5: at its maximum in 100% of rollouts"
+    )
     assert f.evidence["at_max"] == 1.0
 
 
 @pytest.mark.parametrize("steps", [10, 50, 200])
 def test_it_flags_a_component_saturated_for_the_later_80_percent_of_a_run(steps: int) -> None:
     onset = steps // 5
-    f = finding(dg.diagnose(ask_to_code_like(steps=steps, onset=onset)), "saturation", "asked_before_coding")
+    f = finding(
+        dg.diagnose(ask_to_code_like(steps=steps, onset=onset)), "saturation", "asked_before_coding"
+    )
     assert abs(f.onset_step - onset) <= 2
 
 
@@ -425,12 +480,18 @@ def test_it_pools_per_step_health_into_the_whole_window_numbers() -> None:
             assert getattr(a, key) == pytest.approx(getattr(b, key), abs=1e-9), (a.name, key)
     assert pooled.reward_zero_std_frac == pytest.approx(whole.reward_zero_std_frac)
     assert pooled.n_groups == whole.n_groups and pooled.step_min == 0 and pooled.step_max == 19
-    series = table.series()  # vectorised over steps: the same numbers as the health of each single step
+    series = (
+        table.series()
+    )  # vectorised over steps: the same numbers as the health of each single step
     for i in (0, 7, 19):
         one = table.health(i, i + 1)
         for j, c in enumerate(one.components):
             for key in ("zero_std_frac", "at_max", "at_min", "share"):
-                assert series["components"][c.name][key][i] == pytest.approx(getattr(c, key)), (i, c.name, key)
+                assert series["components"][c.name][key][i] == pytest.approx(getattr(c, key)), (
+                    i,
+                    c.name,
+                    key,
+                )
 
 
 def test_it_reports_per_step_component_health_over_time() -> None:
@@ -466,7 +527,9 @@ def test_it_raises_no_critical_finding_on_generated_healthy_runs() -> None:
 
 def test_it_reports_signal_collapse_with_its_step_and_what_to_try() -> None:
     def gen(rng, step, G):
-        solved = step >= 12 and rng.random() < 0.9  # from step 12 most prompts are solved by every completion
+        solved = (
+            step >= 12 and rng.random() < 0.9
+        )  # from step 12 most prompts are solved by every completion
         correct = np.ones(G) if solved else (rng.random(G) < 0.5).astype(float)
         return np.column_stack([correct, correct]), rng.integers(50, 150, G)
 
@@ -482,16 +545,30 @@ def test_it_infers_kinds_from_the_values_when_none_are_declared() -> None:
     comps = [C("passes", 1.0, ""), C("tidy", 0.5, ""), C("verbose", -0.3, ""), C("score", 0.2, "")]
 
     def gen(rng, step, G):
-        return np.column_stack([rng.random(G) < 0.2, rng.random(G) < 0.9, rng.random(G) < 0.5,
-                                rng.random(G)]).astype(float), rng.integers(5, 9, G)
+        return np.column_stack(
+            [rng.random(G) < 0.2, rng.random(G) < 0.9, rng.random(G) < 0.5, rng.random(G)]
+        ).astype(float), rng.integers(5, 9, G)
 
     d = dg.diagnose(synth(comps, gen))
-    assert d.inferred_kinds["passes"].startswith("binary, sparse") and d.inferred_kinds["passes"].endswith("task-like")
-    assert d.inferred_kinds["tidy"].startswith("binary, dense") and d.inferred_kinds["tidy"].endswith("validity-like")
+    assert d.inferred_kinds["passes"].startswith("binary, sparse") and d.inferred_kinds[
+        "passes"
+    ].endswith("task-like")
+    assert d.inferred_kinds["tidy"].startswith("binary, dense") and d.inferred_kinds[
+        "tidy"
+    ].endswith("validity-like")
     assert d.inferred_kinds["verbose"].endswith("-> penalty")  # a negative weight
     assert d.inferred_kinds["score"].startswith("graded")
-    declared = dg.diagnose(synth([C("passes", 1.0, "outcome"), C("tidy", 0.5, "behavioural"),
-                                  C("verbose", -0.3, "penalty"), C("score", 0.2, "process")], gen))
+    declared = dg.diagnose(
+        synth(
+            [
+                C("passes", 1.0, "outcome"),
+                C("tidy", 0.5, "behavioural"),
+                C("verbose", -0.3, "penalty"),
+                C("score", 0.2, "process"),
+            ],
+            gen,
+        )
+    )
     assert declared.inferred_kinds == {}
 
 
@@ -499,7 +576,9 @@ def test_it_finds_saturation_without_kinds_and_says_what_it_inferred() -> None:
     d = dg.diagnose(ask_to_code_like(onset=5, kinds=False))
     f = finding(d, "saturation", "asked_before_coding")
     assert f.onset_step == 5
-    assert "No kinds were declared" in f.detail and "'asked_before_coding' binary, dense" in f.detail
+    assert (
+        "No kinds were declared" in f.detail and "'asked_before_coding' binary, dense" in f.detail
+    )
     assert f.evidence["inferred_kinds"]["correctness"].endswith("task-like")
 
 
@@ -507,14 +586,23 @@ def test_it_finds_unreachable_and_trivial_outputs_without_kinds() -> None:
     comps = [C("passes", 1.0, ""), C("parses", 0.5, "")]
 
     def unreachable(rng, step, G):
-        return np.column_stack([rng.random(G) < 0.01, rng.random(G) < 0.6]).astype(float), rng.integers(5, 9, G)
+        return np.column_stack([rng.random(G) < 0.01, rng.random(G) < 0.6]).astype(
+            float
+        ), rng.integers(5, 9, G)
 
-    def trivial(rng, step, G):  # the task varied, then from step 4 only the validity check is passed
+    def trivial(
+        rng, step, G
+    ):  # the task varied, then from step 4 only the validity check is passed
         after = step >= 4
         passes = np.zeros(G) if after else rng.random(G) < 0.4
-        return np.column_stack([passes, np.ones(G) if after else rng.random(G) < 0.5]), rng.integers(5, 9, G)
+        return np.column_stack(
+            [passes, np.ones(G) if after else rng.random(G) < 0.5]
+        ), rng.integers(5, 9, G)
 
-    assert finding(dg.diagnose(synth(comps, unreachable)), "unreachable_reward", "passes").severity == "critical"
+    assert (
+        finding(dg.diagnose(synth(comps, unreachable)), "unreachable_reward", "passes").severity
+        == "critical"
+    )
     f = finding(dg.diagnose(synth(comps, trivial)), "trivial_outputs")
     assert f.onset_step == 4 and "inferred from the values" in f.detail
 
@@ -525,9 +613,16 @@ def test_it_says_there_is_not_enough_to_judge_instead_of_a_finding(case: str) ->
         none = np.zeros(0, dtype=np.int64)
         data = dg.RunArrays(HEALTHY_COMPONENTS, np.zeros((0, 3)), none, none)
     elif case == "all NaN":
-        data = synth(HEALTHY_COMPONENTS, lambda rng, s, G: (np.full((G, 3), np.nan), np.full(G, np.nan)))
+        data = synth(
+            HEALTHY_COMPONENTS, lambda rng, s, G: (np.full((G, 3), np.nan), np.full(G, np.nan))
+        )
     else:
-        data = synth(HEALTHY_COMPONENTS, healthy_gen, steps=1 if case == "one step one group" else 3, groups=1)
+        data = synth(
+            HEALTHY_COMPONENTS,
+            healthy_gen,
+            steps=1 if case == "one step one group" else 3,
+            groups=1,
+        )
         data = data.select(data.group_ids == data.group_ids[0])
     d = dg.diagnose(data)
     assert d.status == "not_enough_data" and d.note.startswith("not enough groups to judge")
@@ -536,10 +631,20 @@ def test_it_says_there_is_not_enough_to_judge_instead_of_a_finding(case: str) ->
 
 
 def test_it_judges_a_single_component_and_a_single_step() -> None:
-    dead = synth([C("only", 1.0, "")], lambda rng, s, G: (np.full((G, 1), 0.5), rng.integers(5, 9, G)), steps=1)
+    dead = synth(
+        [C("only", 1.0, "")],
+        lambda rng, s, G: (np.full((G, 1), 0.5), rng.integers(5, 9, G)),
+        steps=1,
+    )
     d = dg.diagnose(dead)
-    assert d.status == "critical" and codes(d) == ["dead_component"] and d.findings[0].onset_step == 0
-    fine = synth([C("only", 1.0, "")], lambda rng, s, G: (rng.random((G, 1)) < 0.5, rng.integers(5, 9, G)), steps=1)
+    assert (
+        d.status == "critical" and codes(d) == ["dead_component"] and d.findings[0].onset_step == 0
+    )
+    fine = synth(
+        [C("only", 1.0, "")],
+        lambda rng, s, G: (rng.random((G, 1)) < 0.5, rng.integers(5, 9, G)),
+        steps=1,
+    )
     assert dg.diagnose(fine).status == "healthy"
 
 
@@ -557,4 +662,7 @@ def test_it_suspects_the_verifier_when_an_outcome_never_leaves_its_floor() -> No
     d = dg.diagnose(synth(HEALTHY_COMPONENTS, gen))
     f = finding(d, "dead_component", "correct")
     assert f.severity == "critical" and "unreachable_reward" not in codes(d)
-    assert f.title.startswith("'correct' scored 0 in every rollout from step 0") and "verifier actually runs" in f.fix
+    assert (
+        f.title.startswith("'correct' scored 0 in every rollout from step 0")
+        and "verifier actually runs" in f.fix
+    )

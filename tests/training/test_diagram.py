@@ -35,9 +35,19 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def shape(id: str, x: int = 0, y: int = 0, w: int = 100, h: int = 50, label: str | None = None) -> dict:
-    return {"action": "create_shape", "id": id, "label": label or id.title(), "shape": "rect",
-            "x": x, "y": y, "w": w, "h": h}
+def shape(
+    id: str, x: int = 0, y: int = 0, w: int = 100, h: int = 50, label: str | None = None
+) -> dict:
+    return {
+        "action": "create_shape",
+        "id": id,
+        "label": label or id.title(),
+        "shape": "rect",
+        "x": x,
+        "y": y,
+        "w": w,
+        "h": h,
+    }
 
 
 def connect(a: str, b: str) -> dict:
@@ -52,14 +62,24 @@ def env() -> DiagramEnvironment:
 @pytest.fixture
 def ci() -> Prompt:
     return Prompt(
-        key="t-ci", text="Draw a CI pipeline", split="train",
-        spec={"nodes": ["Build", "Test", "Deploy"], "edges": [["Build", "Test"], ["Test", "Deploy"]]},
+        key="t-ci",
+        text="Draw a CI pipeline",
+        split="train",
+        spec={
+            "nodes": ["Build", "Test", "Deploy"],
+            "edges": [["Build", "Test"], ["Test", "Deploy"]],
+        },
     )
 
 
 def good_ci() -> list[dict]:
-    return [shape("build", 0, 0), shape("test", 200, 0), shape("deploy", 400, 0),
-            connect("build", "test"), connect("test", "deploy")]
+    return [
+        shape("build", 0, 0),
+        shape("test", 200, 0),
+        shape("deploy", 400, 0),
+        connect("build", "test"),
+        connect("test", "deploy"),
+    ]
 
 
 # --- json_valid ------------------------------------------------------------------------------
@@ -113,25 +133,43 @@ def test_it_grades_the_last_assistant_message_of_a_chat(ci: Prompt) -> None:
 
 
 def test_it_records_canvas_errors_instead_of_raising() -> None:
-    canvas = Canvas().apply_all([
-        shape("a"),
-        shape("a", 300),                                  # duplicate id
-        {"action": "draw_circle", "id": "c"},              # unknown action
-        {"action": "create_shape", "id": "d", "label": "D", "shape": "rect", "x": 0, "y": 0, "w": 9},
-        {**shape("e", 500), "x": "10"},                    # string coordinate
-        {**shape("f", 500), "shape": "hexagon"},
-        {**shape("g", 500), "w": True},                    # bool is not an int here
-        connect("a", "nowhere"),
-        "not an object",
-        connect("a", "a"),
-        connect("a", "a"),                                 # duplicate edge
-    ])
+    canvas = Canvas().apply_all(
+        [
+            shape("a"),
+            shape("a", 300),  # duplicate id
+            {"action": "draw_circle", "id": "c"},  # unknown action
+            {
+                "action": "create_shape",
+                "id": "d",
+                "label": "D",
+                "shape": "rect",
+                "x": 0,
+                "y": 0,
+                "w": 9,
+            },
+            {**shape("e", 500), "x": "10"},  # string coordinate
+            {**shape("f", 500), "shape": "hexagon"},
+            {**shape("g", 500), "w": True},  # bool is not an int here
+            connect("a", "nowhere"),
+            "not an object",
+            connect("a", "a"),
+            connect("a", "a"),  # duplicate edge
+        ]
+    )
     assert canvas.n_actions == 11 and canvas.n_applied == 2
     assert list(canvas.shapes) == ["a"]
     joined = "\n".join(canvas.errors)
-    for fragment in ("duplicate id 'a'", "unknown action 'draw_circle'", "missing field 'h'",
-                     "'x' must be an integer", "'shape' must be one of", "'w' must be an integer",
-                     "unknown id 'nowhere'", "not an object", "duplicate edge"):
+    for fragment in (
+        "duplicate id 'a'",
+        "unknown action 'draw_circle'",
+        "missing field 'h'",
+        "'x' must be an integer",
+        "'shape' must be one of",
+        "'w' must be an integer",
+        "unknown id 'nowhere'",
+        "not an object",
+        "duplicate edge",
+    ):
         assert fragment in joined
 
 
@@ -174,7 +212,9 @@ def test_it_penalises_extra_and_duplicate_nodes_mildly(ci: Prompt) -> None:
         assert score.reason == "3/3 nodes, 2/2 edges, 1 extra nodes"
     spam = [*good_ci(), *(shape(f"junk{i}", 0, 100 + i, 1, 1) for i in range(150))]
     # Spam costs the node half up to 0.5: never worth more than the honest answer.
-    assert semantic_coverage(ci, json.dumps(spam)).value == pytest.approx((1.0 - 0.5 * 150 / 153 + 1.0) / 2)
+    assert semantic_coverage(ci, json.dumps(spam)).value == pytest.approx(
+        (1.0 - 0.5 * 150 / 153 + 1.0) / 2
+    )
 
 
 def test_it_does_not_pay_to_connect_everything(ci: Prompt) -> None:
@@ -195,8 +235,13 @@ def test_it_cannot_score_a_prompt_without_nodes() -> None:
 
 
 def test_it_flags_overlaps_and_out_of_bounds(ci: Prompt) -> None:
-    actions = [shape("a", 0, 0), shape("b", 50, 20), shape("c", 300, 0), shape("d", 750, 0),
-               shape("e", 100, 0)]  # e touches a's edge exactly: touching is not overlapping
+    actions = [
+        shape("a", 0, 0),
+        shape("b", 50, 20),
+        shape("c", 300, 0),
+        shape("d", 750, 0),
+        shape("e", 100, 0),
+    ]  # e touches a's edge exactly: touching is not overlapping
     score = layout_quality(ci, json.dumps(actions))
     # a-b overlap, b-e overlap, d sticks out past x=800: only c is clear.
     assert score.value == pytest.approx(1 / 5)
@@ -212,7 +257,7 @@ def test_it_gives_no_layout_credit_when_nothing_is_drawn(ci: Prompt) -> None:
 
 
 def test_it_renders_hostile_labels_inert(env: DiagramEnvironment, ci: Prompt) -> None:
-    hostile = ['<script>alert(1)</script>', '" onload="alert(1)', "a & b \x00\x07 ]]>"]
+    hostile = ["<script>alert(1)</script>", '" onload="alert(1)', "a & b \x00\x07 ]]>"]
     actions = [shape(f"s{i}", i * 200, 0, label=label) for i, label in enumerate(hostile)]
     actions.append({**connect("s0", "s1"), "label": "</text><script>x</script>"})
     svg = env.state(ci, json.dumps(actions))["svg"]
@@ -242,13 +287,17 @@ def test_it_scores_the_reference_solution_perfectly(env: DiagramEnvironment) -> 
     prompts = seed_prompts() + env.prompts("train", 100) + env.prompts("holdout", 40)
     for prompt in prompts:
         scores = env.score(prompt, env.solve(prompt))
-        assert {n: s.value for n, s in scores.items()} == {c.name: 1.0 for c in env.components}, prompt.key
+        assert {n: s.value for n, s in scores.items()} == {c.name: 1.0 for c in env.components}, (
+            prompt.key
+        )
 
 
 def test_it_declares_the_four_weighted_components(env: DiagramEnvironment) -> None:
     assert [(c.name, c.weight, c.kind) for c in env.components] == [
-        ("json_valid", 0.2, "behavioural"), ("schema_valid", 0.2, "behavioural"),
-        ("semantic_coverage", 1.0, "outcome"), ("layout_quality", 0.3, "process"),
+        ("json_valid", 0.2, "behavioural"),
+        ("schema_valid", 0.2, "behavioural"),
+        ("semantic_coverage", 1.0, "outcome"),
+        ("layout_quality", 0.3, "process"),
     ]
 
 
@@ -293,8 +342,10 @@ def test_it_registers_the_diagram_environment() -> None:
 
 def test_it_never_imports_django() -> None:
     # A fresh interpreter: this test session may have Django loaded by other tests.
-    code = ("import sys, training.demo, training.environments.diagram; "
-            "sys.exit(any(m.split('.')[0] == 'django' for m in sys.modules))")
+    code = (
+        "import sys, training.demo, training.environments.diagram; "
+        "sys.exit(any(m.split('.')[0] == 'django' for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0
 
 
@@ -309,7 +360,13 @@ def test_it_samples_a_variety_of_faults_at_low_skill(env: DiagramEnvironment) ->
     policy = ScriptedDiagramPolicy(seed=1, skill=0.0)
     scored = [env.score(p, policy.sample(p)) for p in env.prompts("train", 40) for _ in range(8)]
     reasons = " | ".join(s.reason for scores in scored for s in scores.values())
-    for fragment in ("not JSON", "JSON parse error", "extra", "overlapping", "actions valid; first"):
+    for fragment in (
+        "not JSON",
+        "JSON parse error",
+        "extra",
+        "overlapping",
+        "actions valid; first",
+    ):
         assert fragment in reasons
     assert any(" 1 out of bounds" in s["layout_quality"].reason for s in scored)
     assert any(s["semantic_coverage"].value < 1.0 and s["json_valid"].value == 1.0 for s in scored)
@@ -322,24 +379,31 @@ def test_it_gives_a_teacher_habit_at_a_fixed_rate(env: DiagramEnvironment) -> No
     scored = [env.score(p, policy.sample(p)) for p in prompts]
     lazy = [s for s in scored if s["semantic_coverage"].value < 1.0]
     assert 70 <= len(lazy) <= 130
-    assert all(s["json_valid"].value == s["schema_valid"].value == s["layout_quality"].value == 1.0
-               for s in scored)
+    assert all(
+        s["json_valid"].value == s["schema_valid"].value == s["layout_quality"].value == 1.0
+        for s in scored
+    )
     assert all(re.search(r", 0/\d+ edges", s["semantic_coverage"].reason) for s in lazy)
     assert all(s["semantic_coverage"].value == 1.0 for s in scored if s not in lazy)
     # Without the habit the fault never fires and the stream of other faults is unchanged.
-    plain, zero = ScriptedDiagramPolicy(seed=3, skill=0.4), ScriptedDiagramPolicy(seed=3, skill=0.4,
-                                                                                  faults={"omit_edges": 0.0})
+    plain, zero = (
+        ScriptedDiagramPolicy(seed=3, skill=0.4),
+        ScriptedDiagramPolicy(seed=3, skill=0.4, faults={"omit_edges": 0.0}),
+    )
     assert [plain.sample(p) for p in prompts[:30]] == [zero.sample(p) for p in prompts[:30]]
     # A fixed rate replaces the skill-scaled one for a skill fault too.
     never = ScriptedDiagramPolicy(seed=1, skill=0.0, faults={"prose": 0.0, "break_json": 0.0})
     assert all(env.score(p, never.sample(p))["json_valid"].value >= 0.6 for p in prompts[:60])
 
 
-@pytest.mark.parametrize(("faults", "message"), [
-    ({"forget": 0.5}, "faults: unknown fault 'forget'"),
-    ({"omit_edges": 1.5}, "faults: omit_edges must be a probability in [0, 1], got 1.5"),
-    ({"drop_node": "0.2"}, "faults: drop_node must be a probability"),
-])
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [
+        ({"forget": 0.5}, "faults: unknown fault 'forget'"),
+        ({"omit_edges": 1.5}, "faults: omit_edges must be a probability in [0, 1], got 1.5"),
+        ({"drop_node": "0.2"}, "faults: drop_node must be a probability"),
+    ],
+)
 def test_it_rejects_unknown_faults_and_bad_rates(faults: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         ScriptedDiagramPolicy(faults=faults)
@@ -376,18 +440,33 @@ def test_it_produces_groups_with_and_without_variance(env: DiagramEnvironment) -
 
 def test_it_improves_rewards_as_skill_rises(env: DiagramEnvironment) -> None:
     policy = ScriptedDiagramPolicy(seed=0, skill=0.0)
-    records = generate_groups(env, policy, steps=6, groups_per_step=8, G=8, seed=1,
-                              skill_schedule=linear_schedule(0.0, 1.0, 6))
+    records = generate_groups(
+        env,
+        policy,
+        steps=6,
+        groups_per_step=8,
+        G=8,
+        seed=1,
+        skill_schedule=linear_schedule(0.0, 1.0, 6),
+    )
+
     def mean_at(step: int) -> float:
-        return statistics.mean(r["rewards"]["semantic_coverage"]["value"]
-                               for rec in records if rec["step"] == step for r in rec["rollouts"])
+        return statistics.mean(
+            r["rewards"]["semantic_coverage"]["value"]
+            for rec in records
+            if rec["step"] == step
+            for r in rec["rollouts"]
+        )
+
     assert mean_at(0) < 0.8 < mean_at(5) == 1.0
     assert policy.skill == 1.0
 
 
 def test_it_writes_ingestion_records_as_strict_json(env: DiagramEnvironment) -> None:
     policy = ScriptedDiagramPolicy(seed=0, skill=0.2)
-    records = generate_groups(env, policy, steps=2, groups_per_step=3, G=4, seed=2, holdout_groups=2)
+    records = generate_groups(
+        env, policy, steps=2, groups_per_step=3, G=4, seed=2, holdout_groups=2
+    )
     assert len(records) == 2 * (3 + 2)
     assert [r["split"] for r in records[:5]] == ["train"] * 3 + ["holdout"] * 2
     text = json.dumps(records, allow_nan=False)  # raises on any NaN
@@ -395,16 +474,25 @@ def test_it_writes_ingestion_records_as_strict_json(env: DiagramEnvironment) -> 
     assert set(record) == {"step", "key", "prompt", "split", "rollouts"}
     rollout = record["rollouts"][0]
     assert set(rollout) == {"index", "completion", "rewards", "length", "truncated", "state"}
-    assert set(rollout["rewards"]) == {"json_valid", "schema_valid", "semantic_coverage", "layout_quality"}
+    assert set(rollout["rewards"]) == {
+        "json_valid",
+        "schema_valid",
+        "semantic_coverage",
+        "layout_quality",
+    }
     assert rollout["length"] == len(rollout["completion"].split()) and rollout["truncated"] is False
     assert rollout["state"]["svg"].startswith("<svg")
-    assert generate_groups(env, ScriptedDiagramPolicy(0, 0.2), 2, 3, 4, 2, holdout_groups=2) == records
+    assert (
+        generate_groups(env, ScriptedDiagramPolicy(0, 0.2), 2, 3, 4, 2, holdout_groups=2) == records
+    )
 
 
 def test_it_replaces_nan_with_none_in_records(env: DiagramEnvironment) -> None:
     class NoSpecEnv(DiagramEnvironment):
         def prompts(self, split, n, seed=0):  # type: ignore[override]
-            return [Prompt(key=f"k{i}", text="t", split=split, spec={"nodes": []}) for i in range(n)]
+            return [
+                Prompt(key=f"k{i}", text="t", split=split, spec={"nodes": []}) for i in range(n)
+            ]
 
     class Echo:
         skill = 1.0
@@ -426,10 +514,15 @@ def test_it_scores_thousands_of_completions_per_second(env: DiagramEnvironment) 
     assert rate > 1000, f"{rate:.0f} completions/s"
 
 
-def test_it_builds_solutions_inside_the_canvas_for_the_largest_prompts(env: DiagramEnvironment) -> None:
+def test_it_builds_solutions_inside_the_canvas_for_the_largest_prompts(
+    env: DiagramEnvironment,
+) -> None:
     prompts = env.prompts("train", 300)
     largest = max(prompts, key=lambda p: len(p.spec["nodes"]))
     actions = solve_actions(largest)
     assert len(largest.spec["nodes"]) >= 7
-    assert all(0 <= a["x"] and a["x"] + a["w"] <= 800 and a["y"] + a["h"] <= 600
-               for a in actions if a["action"] == "create_shape")
+    assert all(
+        0 <= a["x"] and a["x"] + a["w"] <= 800 and a["y"] + a["h"] <= 600
+        for a in actions
+        if a["action"] == "create_shape"
+    )

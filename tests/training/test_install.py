@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys
 import training, training.client, training.sinks, training.importers, training.openrlhf_reward
 assert "django" not in sys.modules, "the training side imported Django"
@@ -48,12 +48,14 @@ trainer.train()
 data = read_jsonl_sink("rollouts.jsonl")
 print(json.dumps({"training": training.__file__, "found": found, "groups": len(data["groups"]),
                   "settings": data["settings"][0]["weights"]}))
-'''
+"""
 
 
 class _Runs(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
-        body = json.dumps({"runs": [{"id": 7, "name": "wanted"}] if "name=wanted" in self.path else []}).encode()
+        body = json.dumps(
+            {"runs": [{"id": 7, "name": "wanted"}] if "name=wanted" in self.path else []}
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -66,30 +68,67 @@ class _Runs(BaseHTTPRequestHandler):
 @pytest.mark.slow  # builds a wheel, makes a venv and trains a step in it
 def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_path, tiny_model):
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "training", src / "training", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "training", src / "training", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(ROOT / "pyproject.toml", src / "pyproject.toml")
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
-                    str(src)], check=True, timeout=300)
+    subprocess.run(
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("reward_debugger-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
-    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", "-q", str(wheel)], check=True,
-                   timeout=300)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "project-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # numpy, pyarrow, trl...
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (site / "project-deps.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n"
+    )  # numpy, pyarrow, trl...
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Runs)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     work = tmp_path / "elsewhere"
     work.mkdir()
     try:
-        done = subprocess.run([str(python), "-c", SCRIPT, f"http://127.0.0.1:{server.server_port}", tiny_model],
-                              cwd=work, capture_output=True, text=True, timeout=600,
-                              env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
-                                   "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        done = subprocess.run(
+            [str(python), "-c", SCRIPT, f"http://127.0.0.1:{server.server_port}", tiny_model],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1",
+            },
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -65,7 +65,9 @@ def test_it_rejects_bad_configs_naming_the_field(tmp_path):
 def test_it_round_trips_the_resolved_config(tmp_path):
     from training.sft import SFTJobConfig
 
-    config = SFTJobConfig(base_model="m", output_dir=str(tmp_path), data="d.jsonl", full_finetune=True)
+    config = SFTJobConfig(
+        base_model="m", output_dir=str(tmp_path), data="d.jsonl", full_finetune=True
+    )
     assert config.use_lora is False  # full_finetune overrides use_lora
     path = config.save(tmp_path, kind="sft")
     saved = json.loads(path.read_text())
@@ -79,7 +81,9 @@ def test_it_round_trips_the_resolved_config(tmp_path):
 
 
 @pytest.mark.slow
-def test_it_runs_sft_full_finetune_logging_loss_and_changing_weights(tiny_model, teacher_data, tmp_path):
+def test_it_runs_sft_full_finetune_logging_loss_and_changing_weights(
+    tiny_model, teacher_data, tmp_path
+):
     from training.sft import SFTJobConfig, main
 
     sink = MemorySink()
@@ -106,7 +110,9 @@ def test_it_runs_sft_full_finetune_logging_loss_and_changing_weights(tiny_model,
 
 
 @pytest.mark.slow
-def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(tiny_model, teacher_data, tmp_path):
+def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(
+    tiny_model, teacher_data, tmp_path
+):
     from training.common import read_jsonl, write_jsonl
     from training.grpo import GRPOJobConfig
     from training.grpo import main as grpo
@@ -114,27 +120,39 @@ def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(
     from training.sft import main as sft
 
     messages = tmp_path / "messages.jsonl"
-    write_jsonl(messages, [{"messages": r["prompt"] + r["completion"]} for r in read_jsonl(teacher_data)])
-    sft_summary = sft(SFTJobConfig(
-        base_model=tiny_model, output_dir=str(tmp_path / "sft"), data=str(messages),
-        max_steps=2,  # LoRA path only needs to run and save an adapter
-        per_device_batch_size=4, max_length=384,
-    ))
+    write_jsonl(
+        messages, [{"messages": r["prompt"] + r["completion"]} for r in read_jsonl(teacher_data)]
+    )
+    sft_summary = sft(
+        SFTJobConfig(
+            base_model=tiny_model,
+            output_dir=str(tmp_path / "sft"),
+            data=str(messages),
+            max_steps=2,  # LoRA path only needs to run and save an adapter
+            per_device_batch_size=4,
+            max_length=384,
+        )
+    )
     assert (Path(sft_summary["model_dir"]) / "adapter_config.json").exists()
 
     sink = MemorySink()
-    summary = grpo(GRPOJobConfig(
-        base_model=tiny_model,
-        init_from=sft_summary["output_dir"],  # the SFT run dir: its adapter is merged, then a fresh LoRA
-        output_dir=str(tmp_path / "grpo"),
-        max_steps=2,  # two steps: two recorded generations
-        num_prompts=8,  # a handful of prompts: each step samples 2 of them
-        num_generations=4,  # smallest group with within-group variance
-        per_device_batch_size=8,  # 2 prompts x 4 completions
-        max_completion_length=32,  # short rollouts: generation dominates CPU time
-        beta=0.04,  # exercise the reference (adapter-disabled) path and its KL metric
-        record_state=True,
-    ), sink=sink)
+    summary = grpo(
+        GRPOJobConfig(
+            base_model=tiny_model,
+            init_from=sft_summary[
+                "output_dir"
+            ],  # the SFT run dir: its adapter is merged, then a fresh LoRA
+            output_dir=str(tmp_path / "grpo"),
+            max_steps=2,  # two steps: two recorded generations
+            num_prompts=8,  # a handful of prompts: each step samples 2 of them
+            num_generations=4,  # smallest group with within-group variance
+            per_device_batch_size=8,  # 2 prompts x 4 completions
+            max_completion_length=32,  # short rollouts: generation dominates CPU time
+            beta=0.04,  # exercise the reference (adapter-disabled) path and its KL metric
+            record_state=True,
+        ),
+        sink=sink,
+    )
 
     assert summary["global_step"] == 2 and summary["groups_recorded"] == 4
     assert [g["step"] for g in sink.groups] == [1, 1, 2, 2]
@@ -149,7 +167,10 @@ def test_it_chains_lora_sft_on_messages_into_grpo_with_every_component_recorded(
     logged = {k for m in sink.metrics for k in m["values"]}
     assert {"loss", "kl", "reward", *(f"rewards/{c}/mean" for c in COMPONENTS)} <= logged
     assert (tmp_path / "grpo" / "model" / "adapter_config.json").exists()
-    assert json.loads((tmp_path / "grpo" / "config.json").read_text())["init_from"] == sft_summary["output_dir"]
+    assert (
+        json.loads((tmp_path / "grpo" / "config.json").read_text())["init_from"]
+        == sft_summary["output_dir"]
+    )
 
 
 @pytest.mark.slow
@@ -158,14 +179,21 @@ def test_it_runs_dpo_for_two_steps(tiny_model, tmp_path):
     from training.environments.diagram import DiagramEnvironment, ScriptedDiagramPolicy
 
     env, policy = DiagramEnvironment(), ScriptedDiagramPolicy(seed=0, skill=0.0)
-    pairs = [{"prompt": p.text, "chosen": env.solve(p), "rejected": policy.sample(p)}
-             for p in env.prompts("train", 4)]
-    summary = main(DPOJobConfig(
-        base_model=tiny_model, output_dir=str(tmp_path / "dpo"), data=pairs,
-        use_lora=False,  # full FT exercises the explicit reference-model copy
-        max_steps=2, per_device_batch_size=2,  # 2 steps x 2 pairs: the mechanics, nothing more
-        max_length=384,
-    ))
+    pairs = [
+        {"prompt": p.text, "chosen": env.solve(p), "rejected": policy.sample(p)}
+        for p in env.prompts("train", 4)
+    ]
+    summary = main(
+        DPOJobConfig(
+            base_model=tiny_model,
+            output_dir=str(tmp_path / "dpo"),
+            data=pairs,
+            use_lora=False,  # full FT exercises the explicit reference-model copy
+            max_steps=2,
+            per_device_batch_size=2,  # 2 steps x 2 pairs: the mechanics, nothing more
+            max_length=384,
+        )
+    )
     assert summary["global_step"] == 2 and summary["last_loss"] is not None
     assert (Path(summary["model_dir"]) / "model.safetensors").exists()
 
@@ -178,11 +206,16 @@ def test_it_evaluates_holdout_prompts_into_groups_with_advantages(tiny_model, tm
     from training.eval import EvalJobConfig, main
 
     sink = MemorySink()
-    summary = main(EvalJobConfig(
-        base_model=tiny_model, output_dir=str(tmp_path),
-        num_prompts=3, num_generations=4,  # 3 groups of 4: enough to check the layout
-        max_completion_length=16,  # short samples: generation is the cost
-    ), sink=sink)
+    summary = main(
+        EvalJobConfig(
+            base_model=tiny_model,
+            output_dir=str(tmp_path),
+            num_prompts=3,
+            num_generations=4,  # 3 groups of 4: enough to check the layout
+            max_completion_length=16,  # short samples: generation is the cost
+        ),
+        sink=sink,
+    )
     assert len(sink.groups) == 3 and {g["split"] for g in sink.groups} == {"holdout"}
     for g in sink.groups:
         assert [r["index"] for r in g["rollouts"]] == [0, 1, 2, 3]
@@ -196,10 +229,15 @@ def test_it_evaluates_holdout_prompts_into_groups_with_advantages(tiny_model, tm
 def test_it_probes_and_recommends_sft_for_a_random_policy(tiny_model, tmp_path):
     from training.probe import ProbeJobConfig, main
 
-    summary = main(ProbeJobConfig(
-        base_model=tiny_model, output_dir=str(tmp_path),
-        num_prompts=2, num_generations=4, max_completion_length=16,  # smallest probe that shows the report
-    ))
+    summary = main(
+        ProbeJobConfig(
+            base_model=tiny_model,
+            output_dir=str(tmp_path),
+            num_prompts=2,
+            num_generations=4,
+            max_completion_length=16,  # smallest probe that shows the report
+        )
+    )
     assert set(summary["components"]) == COMPONENTS
     for health in summary["components"].values():
         assert set(health) == {"mean", "within_group_std", "frac_zero_std_groups"}
@@ -213,13 +251,22 @@ def test_it_keeps_only_valid_teacher_traces_and_records_rejections(tmp_path):
     from training.teacher import TeacherJobConfig, main
 
     sink = MemorySink()
-    summary = main(TeacherJobConfig(output_dir=str(tmp_path), num_prompts=12, scripted_skill=0.0,
-                                    min_scores={"schema_valid": 1.0}), sink=sink)
+    summary = main(
+        TeacherJobConfig(
+            output_dir=str(tmp_path),
+            num_prompts=12,
+            scripted_skill=0.0,
+            min_scores={"schema_valid": 1.0},
+        ),
+        sink=sink,
+    )
     assert summary["kept"] > 0 and summary["rejected"] > 0
     kept, rejected = read_jsonl(summary["dataset"]), read_jsonl(tmp_path / "rejected.jsonl")
     assert len(kept) == summary["kept"] and all(r["scores"]["schema_valid"] == 1.0 for r in kept)
     assert all(r["reason"] for r in rejected)
-    assert kept[0]["completion"][0]["role"] == "assistant" and kept[0]["prompt"][0]["role"] == "user"
+    assert (
+        kept[0]["completion"][0]["role"] == "assistant" and kept[0]["prompt"][0]["role"] == "user"
+    )
     states = [r["state"] for g in sink.groups for r in g["rollouts"]]
     assert sum(not s["kept"] for s in states) == summary["rejected"]
     assert len([line for line in sink.logs if line.startswith("rejected")]) == summary["rejected"]
@@ -231,25 +278,41 @@ def test_it_keeps_a_format_valid_teacher_habit_when_asked_to(tmp_path):
     from training.common import read_jsonl
     from training.teacher import TeacherJobConfig, main
 
-    config = TeacherJobConfig(output_dir=str(tmp_path), num_prompts=40, scripted_faults={"omit_edges": 0.5},
-                              min_reward=0.0, min_scores={"json_valid": 1.0, "schema_valid": 1.0})
+    config = TeacherJobConfig(
+        output_dir=str(tmp_path),
+        num_prompts=40,
+        scripted_faults={"omit_edges": 0.5},
+        min_reward=0.0,
+        min_scores={"json_valid": 1.0, "schema_valid": 1.0},
+    )
     summary = main(config)
     kept = read_jsonl(summary["dataset"])
     assert summary["rejected"] == 0 and len(kept) == 40
     lazy = [r for r in kept if '"connect"' not in r["completion"][0]["content"]]
     assert 10 <= len(lazy) <= 30 and all(r["scores"]["semantic_coverage"] < 1.0 for r in lazy)
     # The default filter (weighted score >= 0.9) rejects exactly those answers.
-    strict = main(TeacherJobConfig(output_dir=str(tmp_path / "strict"), num_prompts=40,
-                                   scripted_faults={"omit_edges": 0.5}))
+    strict = main(
+        TeacherJobConfig(
+            output_dir=str(tmp_path / "strict"), num_prompts=40, scripted_faults={"omit_edges": 0.5}
+        )
+    )
     assert strict["rejected"] == len(lazy) and strict["kept"] == 40 - len(lazy)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"scripted_faults": {"omit_edge": 0.5}}, "scripted_faults: unknown fault 'omit_edge'"),
-    ({"scripted_faults": {"omit_edges": -0.1}}, "scripted_faults: omit_edges must be a probability"),
-    ({"scripted_faults": {"omit_edges": 0.5}, "teacher": "http://localhost:1/v1"},
-     "scripted_faults: only for teacher 'scripted'"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"scripted_faults": {"omit_edge": 0.5}}, "scripted_faults: unknown fault 'omit_edge'"),
+        (
+            {"scripted_faults": {"omit_edges": -0.1}},
+            "scripted_faults: omit_edges must be a probability",
+        ),
+        (
+            {"scripted_faults": {"omit_edges": 0.5}, "teacher": "http://localhost:1/v1"},
+            "scripted_faults: only for teacher 'scripted'",
+        ),
+    ],
+)
 def test_it_rejects_bad_scripted_faults(tmp_path, fields, message):
     from training.teacher import TeacherJobConfig
 
@@ -272,8 +335,16 @@ def test_it_uses_an_openai_compatible_endpoint_teacher(tmp_path, monkeypatch):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
             answer = by_text[body["messages"][-1]["content"]]
-            payload = {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
-                                    "finish_reason": "stop"}], "usage": {"completion_tokens": 50}}
+            payload = {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"completion_tokens": 50},
+            }
             data = json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -288,8 +359,15 @@ def test_it_uses_an_openai_compatible_endpoint_teacher(tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("TEACHER_KEY", "sk-test")
     try:
-        summary = main(TeacherJobConfig(output_dir=str(tmp_path), num_prompts=4, api_key_env="TEACHER_KEY",
-                                        teacher=f"http://127.0.0.1:{server.server_port}/v1", teacher_model="big"))
+        summary = main(
+            TeacherJobConfig(
+                output_dir=str(tmp_path),
+                num_prompts=4,
+                api_key_env="TEACHER_KEY",
+                teacher=f"http://127.0.0.1:{server.server_port}/v1",
+                teacher_model="big",
+            )
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -307,7 +385,11 @@ def test_it_runs_a_job_from_the_cli_with_a_jsonl_sink(tmp_path, capsys):
 
     config = tmp_path / "teacher.json"
     config.write_text(json.dumps({"output_dir": str(tmp_path / "out"), "num_prompts": 2}))
-    cli(TeacherJobConfig, main, ["--config", str(config), "--jsonl-sink", str(tmp_path / "sink.jsonl")])
+    cli(
+        TeacherJobConfig,
+        main,
+        ["--config", str(config), "--jsonl-sink", str(tmp_path / "sink.jsonl")],
+    )
     out = capsys.readouterr().out
-    assert json.loads(out[out.index("{"):])["kept"] == 2
+    assert json.loads(out[out.index("{") :])["kept"] == 2
     assert len(read_jsonl_sink(tmp_path / "sink.jsonl")["groups"]) == 2

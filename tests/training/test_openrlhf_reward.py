@@ -27,7 +27,9 @@ import pytest
 from training.client import ApiError
 from training.openrlhf_reward import batch_to_groups, wrap_reward_func
 
-TEMPLATE = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"  # what apply_chat_template gives
+TEMPLATE = (
+    "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"  # what apply_chat_template gives
+)
 EOS = "<|im_end|>"  # decoded too: skip_special_tokens=False
 
 
@@ -39,9 +41,17 @@ class FakeClient:
         self.posted: list[tuple[int, list[dict[str, Any]]]] = []
         self.created: list[dict[str, Any]] = []
 
-    def get_or_create_run(self, name: str, environment: str, components: list[str], **kw: Any) -> tuple[int, bool]:
-        self.created.append({"name": name, "environment": environment, "components": components,
-                             "reward_settings": kw.get("reward_settings")})
+    def get_or_create_run(
+        self, name: str, environment: str, components: list[str], **kw: Any
+    ) -> tuple[int, bool]:
+        self.created.append(
+            {
+                "name": name,
+                "environment": environment,
+                "components": components,
+                "reward_settings": kw.get("reward_settings"),
+            }
+        )
         return 42, len(self.created) == 1
 
     def post_groups(self, run_id: int, groups: list[dict[str, Any]]) -> dict[str, int]:
@@ -59,11 +69,20 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> di
     """A custom reward function as OpenRLHF documents it: torch tensors, extra_logs per sample."""
     import torch
 
-    answers = [q[len(p):].removesuffix(EOS).strip() if q.startswith(p) else q for q, p in zip(queries, prompts)]
+    answers = [
+        q[len(p) :].removesuffix(EOS).strip() if q.startswith(p) else q
+        for q, p in zip(queries, prompts)
+    ]
     correct = torch.tensor([float(a == lab) for a, lab in zip(answers, labels)])
-    return {"rewards": correct + 0.1, "scores": correct,
-            "extra_logs": {"correct": correct, "length": torch.tensor([float(len(a)) for a in answers]),
-                           "batch_mean": correct.mean()}}
+    return {
+        "rewards": correct + 0.1,
+        "scores": correct,
+        "extra_logs": {
+            "correct": correct,
+            "length": torch.tensor([float(len(a)) for a in answers]),
+            "batch_mean": correct.mean(),
+        },
+    }
 
 
 def sample(question: str, answer: str) -> tuple[str, str]:
@@ -74,6 +93,7 @@ def sample(question: str, answer: str) -> tuple[str, str]:
 
 async def engine(wrapped: Any, prompts: list[tuple[str, str, list[str]]]) -> list[Any]:
     """One vLLM engine: every sample of each prompt concurrently, the reward call in a thread each."""
+
     async def execute(question: str, label: str, answer: str) -> Any:
         await asyncio.sleep(random.uniform(0, 0.01))  # generation: samples finish in any order
         query, prompt = sample(question, answer)
@@ -91,24 +111,33 @@ ROUND = [("1+1?", "2", ["2", "3", "2", "11"]), ("2+2?", "4", ["4", "4", "5", "4"
 
 def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_prompt():
     client = FakeClient()
-    wrapped = wrap_reward_func(reward_func, client=client, run="orl", n_samples_per_prompt=4,
-                               step_gap=2.0)  # far above the spread of one round's calls, even under load
+    wrapped = wrap_reward_func(
+        reward_func, client=client, run="orl", n_samples_per_prompt=4, step_gap=2.0
+    )  # far above the spread of one round's calls, even under load
     results = asyncio.run(engine(wrapped, ROUND))
-    assert all(set(r) == {"rewards", "scores", "extra_logs"} for r in results)  # unchanged for OpenRLHF
+    assert all(
+        set(r) == {"rewards", "scores", "extra_logs"} for r in results
+    )  # unchanged for OpenRLHF
     wrapped.recorded.recorder.flush(timeout=10)
     groups = sorted(client.groups, key=lambda g: g["prompt"])
     assert [(g["prompt"], g["step"], len(g["rollouts"])) for g in groups] == [
-        (TEMPLATE.format(q="1+1?"), 1, 4), (TEMPLATE.format(q="2+2?"), 1, 4)]
+        (TEMPLATE.format(q="1+1?"), 1, 4),
+        (TEMPLATE.format(q="2+2?"), 1, 4),
+    ]
     first = groups[0]["rollouts"]
     assert sorted(r["completion"] for r in first) == sorted(a + EOS for a in ROUND[0][2])
     for r in first:
         right = r["completion"] == "2" + EOS
         assert r["reward"] == pytest.approx(1.1 if right else 0.1)
-        assert r["rewards"] == {"correct": float(right), "length": float(len(r["completion"]) - len(EOS))}
+        assert r["rewards"] == {
+            "correct": float(right),
+            "length": float(len(r["completion"]) - len(EOS)),
+        }
         assert r["state"] == {"label": "2", "score": float(right)}
     # OpenRLHF's group_norm advantage: (r - mean) / (std + 1e-9), std Bessel-corrected as torch's.
-    assert sorted(r["advantage"] for r in first) == pytest.approx([-0.866025, -0.866025, 0.866025, 0.866025],
-                                                                  rel=1e-5)
+    assert sorted(r["advantage"] for r in first) == pytest.approx(
+        [-0.866025, -0.866025, 0.866025, 0.866025], rel=1e-5
+    )
     assert client.created[0]["reward_settings"]["group_size"] == 4
     assert len({g["key"] for g in groups}) == 2
 
@@ -121,9 +150,12 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
 
 def test_it_posts_a_straggling_group_after_the_timeout():
     client = FakeClient()
-    wrapped = wrap_reward_func(reward_func, client=client, run="orl", n_samples_per_prompt=4,
-                               straggler_timeout=1.5)
-    asyncio.run(engine(wrapped, [("1+1?", "2", ["2", "3", "2"])]))  # the fourth sample never comes back
+    wrapped = wrap_reward_func(
+        reward_func, client=client, run="orl", n_samples_per_prompt=4, straggler_timeout=1.5
+    )
+    asyncio.run(
+        engine(wrapped, [("1+1?", "2", ["2", "3", "2"])])
+    )  # the fourth sample never comes back
     assert client.groups == []
     deadline = time.monotonic() + 10
     while not client.groups and time.monotonic() < deadline:
@@ -135,7 +167,9 @@ def test_it_posts_a_straggling_group_after_the_timeout():
 
 def test_it_splits_a_prompt_drawn_twice_into_two_groups():
     client = FakeClient()
-    wrapped = wrap_reward_func(reward_func, client=client, run=7, n_samples_per_prompt=2, background=False)
+    wrapped = wrap_reward_func(
+        reward_func, client=client, run=7, n_samples_per_prompt=2, background=False
+    )
     for answer in ("2", "3", "2", "4"):
         wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
     assert [len(g["rollouts"]) for g in client.groups] == [2, 2]
@@ -144,28 +178,46 @@ def test_it_splits_a_prompt_drawn_twice_into_two_groups():
 
 def test_it_spools_groups_it_cannot_deliver_and_never_raises(tmp_path):
     spool = tmp_path / "spool.jsonl"
-    wrapped = wrap_reward_func(reward_func, client=FakeClient(fail=True), run=3, spool_path=spool,
-                               background=False, n_samples_per_prompt=2)
+    wrapped = wrap_reward_func(
+        reward_func,
+        client=FakeClient(fail=True),
+        run=3,
+        spool_path=spool,
+        background=False,
+        n_samples_per_prompt=2,
+    )
     for answer in ("2", "3"):
         assert "rewards" in wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
     entry = json.loads(spool.read_text().splitlines()[0])
-    assert entry["kind"] == "groups" and len(entry["payload"]["groups"][0]["rollouts"]) == 2  # HttpSink's format
+    assert (
+        entry["kind"] == "groups" and len(entry["payload"]["groups"][0]["rollouts"]) == 2
+    )  # HttpSink's format
     assert wrapped.recorded.recorder.spooled == 1
 
 
 def test_it_survives_a_reward_result_it_cannot_read(caplog):
     client = FakeClient()
-    wrapped = wrap_reward_func(lambda q, p, lab: {"rewards": [1.0]}, client=client, run=1, background=False)
+    wrapped = wrap_reward_func(
+        lambda q, p, lab: {"rewards": [1.0]}, client=client, run=1, background=False
+    )
     queries, prompts = zip(*(sample("1+1?", a) for a in ("2", "3")))
-    assert wrapped(list(queries), list(prompts), ["2", "2"]) == {"rewards": [1.0]}  # wrong length: logged only
+    assert wrapped(list(queries), list(prompts), ["2", "2"]) == {
+        "rewards": [1.0]
+    }  # wrong length: logged only
     assert client.posted == [] and "could not read this batch" in caplog.text
 
 
 def test_it_takes_the_step_from_step_fn_when_given():
     client = FakeClient()
     steps = iter([5, 5])
-    wrapped = wrap_reward_func(reward_func, client=client, run=1, background=False, n_samples_per_prompt=2,
-                               step_fn=lambda: next(steps))
+    wrapped = wrap_reward_func(
+        reward_func,
+        client=client,
+        run=1,
+        background=False,
+        n_samples_per_prompt=2,
+        step_fn=lambda: next(steps),
+    )
     for answer in ("2", "3"):
         wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
     assert client.groups[0]["step"] == 5
@@ -182,11 +234,17 @@ def expanded(n: int) -> tuple[list[str], list[str], list[str]]:
 
 def test_it_assembles_ray_chunks_that_split_a_group():
     client = FakeClient()
-    wrapped = wrap_reward_func(reward_func, client=client, run="orl", background=False, n_samples_per_prompt=4)
+    wrapped = wrap_reward_func(
+        reward_func, client=client, run="orl", background=False, n_samples_per_prompt=4
+    )
     queries, prompts, labels = expanded(4)
-    for start in range(0, 8, 3):  # micro_rollout_batch_size 3: the first prompt's group spans two calls
-        result = wrapped(queries[start:start + 3], prompts[start:start + 3], labels[start:start + 3])
-        assert result["rewards"].shape == (len(queries[start:start + 3]),)
+    for start in range(
+        0, 8, 3
+    ):  # micro_rollout_batch_size 3: the first prompt's group spans two calls
+        result = wrapped(
+            queries[start : start + 3], prompts[start : start + 3], labels[start : start + 3]
+        )
+        assert result["rewards"].shape == (len(queries[start : start + 3]),)
     wrapped.recorded.recorder.flush(partial=True)
     assert [len(g["rollouts"]) for g in client.groups] == [4, 4]
 
@@ -203,15 +261,23 @@ def test_it_is_a_function_ray_can_pickle_without_its_threads():
 
     client = FakeClient()
     wrapped = wrap_reward_func(reward_func, client=client, run=1, n_samples_per_prompt=4)
-    assert inspect.isfunction(wrapped)  # ray.remote accepts functions and classes, not callable objects
+    assert inspect.isfunction(
+        wrapped
+    )  # ray.remote accepts functions and classes, not callable objects
     wrapped(*expanded(4))
     copy = cloudpickle.loads(cloudpickle.dumps(wrapped))
     assert copy.recorded._recorder is None and wrapped.recorded._recorder is not None
-    assert copy(*expanded(4))["rewards"].tolist() == pytest.approx(wrapped(*expanded(4))["rewards"].tolist())
+    assert copy(*expanded(4))["rewards"].tolist() == pytest.approx(
+        wrapped(*expanded(4))["rewards"].tolist()
+    )
     copy.recorded.recorder.flush(timeout=10)
-    assert copy.recorded.recorder.sent == 2  # the copy's own recorder and thread delivered its groups
+    assert (
+        copy.recorded.recorder.sent == 2
+    )  # the copy's own recorder and thread delivered its groups
     assert copy.recorded.options["client"] is not client  # through its own copy of the client
-    assert pickle.loads(pickle.dumps(copy.recorded))._recorder is None  # the state alone pickles plainly too
+    assert (
+        pickle.loads(pickle.dumps(copy.recorded))._recorder is None
+    )  # the state alone pickles plainly too
     wrapped.recorded.recorder.close()
     copy.recorded.recorder.close()
 
@@ -241,16 +307,26 @@ def test_it_lands_many_processes_naming_one_run_in_one_run(live_server, transact
     user = get_user_model().objects.create_user(username="engine-bot", password="x" * 12)
     set_role(user, "trainer")
     token = Token.objects.create(user=user).key
-    wrapped = wrap_reward_func(reward_func, url=live_server.url, token=token, run="orl-engines",
-                               n_samples_per_prompt=4)
-    work = [[ROUND[0], ("3+3?", "6", ["6", "6", "7", "6"])], [ROUND[1], ("4+4?", "8", ["8", "9", "9", "8"])]]
+    wrapped = wrap_reward_func(
+        reward_func, url=live_server.url, token=token, run="orl-engines", n_samples_per_prompt=4
+    )
+    work = [
+        [ROUND[0], ("3+3?", "6", ["6", "6", "7", "6"])],
+        [ROUND[1], ("4+4?", "8", ["8", "9", "9", "8"])],
+    ]
     import cloudpickle
 
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         sent = pool.starmap(engine_process, [(cloudpickle.dumps(wrapped), w) for w in work])
     assert sent == [2, 2]
     run = Run.objects.get(name="orl-engines")  # one run, though two processes asked for it at once
-    assert sorted(run.environment.components.values_list("name", flat=True)) == ["correct", "length"]
+    assert sorted(run.environment.components.values_list("name", flat=True)) == [
+        "correct",
+        "length",
+    ]
     assert list(Group.objects.filter(run=run).values_list("size", flat=True)) == [4, 4, 4, 4]
     assert set(Group.objects.filter(run=run).values_list("step", flat=True)) == {1}
-    assert run.advantage_settings()["group_size"] == 4 and run.advantage_settings()["advantage_epsilon"] == 1e-9
+    assert (
+        run.advantage_settings()["group_size"] == 4
+        and run.advantage_settings()["advantage_epsilon"] == 1e-9
+    )

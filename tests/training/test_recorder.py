@@ -15,7 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from training.sinks import BatchingSink, HttpSink, JsonlSink, MemorySink, read_jsonl_sink, upload_spool
+from training.sinks import (
+    BatchingSink,
+    HttpSink,
+    JsonlSink,
+    MemorySink,
+    read_jsonl_sink,
+    upload_spool,
+)
 
 # --------------------------------------------------------------------------------------------------
 # Sinks
@@ -27,8 +34,16 @@ def _group(step: int, key: str) -> dict:
         "key": key,
         "prompt": "p",
         "split": "train",
-        "rollouts": [{"index": 0, "completion": "c", "rewards": {"a": {"value": math.nan, "reason": "r"}},
-                      "advantage": 0.0, "length": 1, "truncated": False}],
+        "rollouts": [
+            {
+                "index": 0,
+                "completion": "c",
+                "rewards": {"a": {"value": math.nan, "reason": "r"}},
+                "advantage": 0.0,
+                "length": 1,
+                "truncated": False,
+            }
+        ],
     }
 
 
@@ -41,7 +56,9 @@ def test_it_writes_typed_jsonl_lines(tmp_path):
     sink.close()
     data = read_jsonl_sink(tmp_path / "out.jsonl")
     assert data["groups"][0]["key"] == "k"
-    assert data["groups"][0]["rollouts"][0]["rewards"]["a"]["value"] is None  # NaN never reaches JSON
+    assert (
+        data["groups"][0]["rollouts"][0]["rewards"]["a"]["value"] is None
+    )  # NaN never reaches JSON
     assert data["metrics"] == [{"step": 1, "values": {"loss": 0.5}}]
     assert data["logs"][0]["line"] == "hello"
     assert data["progress"] == [{"step": 1, "total": 10}]
@@ -60,7 +77,10 @@ def test_it_batches_writes_on_a_background_thread_and_survives_inner_errors():
         sink.write_metrics(step, {"loss": float(step)})
     sink.write_groups([_group(1, "k")])
     sink.flush()
-    assert [m["step"] for m in inner.metrics] == [1, 3]  # step 2 failed inside, and nothing raised out here
+    assert [m["step"] for m in inner.metrics] == [
+        1,
+        3,
+    ]  # step 2 failed inside, and nothing raised out here
     sink.close()
     assert inner.closed and len(inner.groups) == 1
 
@@ -102,7 +122,9 @@ class _Api:
 def test_it_posts_batches_with_the_token_and_retries_5xx(tmp_path):
     api = _Api(fail_first=1)
     try:
-        sink = HttpSink(api.url, "KEY", 7, spool_path=tmp_path / "spool.jsonl", batch_size=2, backoff=0.01)
+        sink = HttpSink(
+            api.url, "KEY", 7, spool_path=tmp_path / "spool.jsonl", batch_size=2, backoff=0.01
+        )
         sink.write_groups([_group(1, "a")])
         assert api.received == []  # below batch_size: still buffered
         sink.write_groups([_group(1, "b")])
@@ -123,7 +145,9 @@ def test_it_spools_when_the_server_is_down_and_upload_resumes(tmp_path):
     url = api.url
     api.stop()  # nothing listens on that port now
     spool = tmp_path / "spool.jsonl"
-    sink = HttpSink(url, "KEY", "run-1", spool_path=spool, batch_size=1, retries=1, backoff=0.01, timeout=1)
+    sink = HttpSink(
+        url, "KEY", "run-1", spool_path=spool, batch_size=1, retries=1, backoff=0.01, timeout=1
+    )
     sink.write_groups([_group(1, "a")])  # fails after a retry, then spools
     sink.write_groups([_group(2, "b")])  # the server is known down: straight to the spool
     sink.write_metrics(2, {"loss": 0.1})
@@ -140,7 +164,10 @@ def test_it_spools_when_the_server_is_down_and_upload_resumes(tmp_path):
     finally:
         api.stop()
     assert result == {"sent": 3, "left": 0}
-    assert [b["groups"][0]["key"] for p, _, b in api.received if p.endswith("/groups/")] == ["a", "b"]
+    assert [b["groups"][0]["key"] for p, _, b in api.received if p.endswith("/groups/")] == [
+        "a",
+        "b",
+    ]
     assert spool.read_text() == ""
 
 
@@ -155,14 +182,20 @@ def distinct_chars(prompts, completions, **kwargs):
 
 def has_digit(prompts, completions, **kwargs):
     """None (not applicable) on every 4th row, so the recorder must carry TRL's None through."""
-    return [None if i % 4 == 0 else float(any(ch.isdigit() for ch in c)) for i, c in enumerate(completions)]
+    return [
+        None if i % 4 == 0 else float(any(ch.isdigit() for ch in c))
+        for i, c in enumerate(completions)
+    ]
 
 
 def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrides):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = [{"prompt": f"Draw diagram number {i}:", **({"key": f"k{i}"} if with_key else {})} for i in range(8)]
+    rows = [
+        {"prompt": f"Draw diagram number {i}:", **({"key": f"k{i}"} if with_key else {})}
+        for i in range(8)
+    ]
     overrides.setdefault("max_steps", 3)  # 3 steps: several generations and logs, seconds on CPU
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -216,7 +249,9 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
     RolloutRecorder.attach(trainer, sink)
     trainer.train()
 
-    rows_per_step = 8 * grad_accum  # one generation per optimizer step (steps_per_generation = grad_accum)
+    rows_per_step = (
+        8 * grad_accum
+    )  # one generation per optimizer step (steps_per_generation = grad_accum)
     steps = sorted({g["step"] for g in sink.groups})
     assert steps == [1, 2, 3] and len(trl_advantages) == 3
     for step, expected in zip(steps, trl_advantages):
@@ -224,7 +259,9 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
         rollouts = [r for g in groups for r in g["rollouts"]]
         assert len(groups) == rows_per_step // 4 and all(len(g["rollouts"]) == 4 for g in groups)
         assert [r["index"] for r in groups[0]["rollouts"]] == [0, 1, 2, 3]
-        assert all(g["key"].startswith("k") for g in groups) and len({g["key"] for g in groups}) == len(groups)
+        assert all(g["key"].startswith("k") for g in groups) and len(
+            {g["key"] for g in groups}
+        ) == len(groups)
         np.testing.assert_allclose([r["advantage"] for r in rollouts], expected, atol=1e-5)
 
         # Every component, with values and reasons; None passes through as None.
@@ -233,21 +270,41 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
             assert r["rewards"]["distinct_chars"]["reason"].endswith("distinct chars")
             assert 0 < r["length"] <= 16 and isinstance(r["truncated"], bool)
             assert isinstance(r["completion"], str)
-        assert [r["rewards"]["has_digit"]["value"] is None for r in rollouts[:4]] == [True, False, False, False]
+        assert [r["rewards"]["has_digit"]["value"] is None for r in rollouts[:4]] == [
+            True,
+            False,
+            False,
+            False,
+        ]
 
         # The logged per-step reward is the mean of the recorded aggregates.
-        logged = next(m["values"] for m in sink.metrics if m["step"] == step and "reward" in m["values"])
+        logged = next(
+            m["values"] for m in sink.metrics if m["step"] == step and "reward" in m["values"]
+        )
         assert np.mean([r["reward"] for r in rollouts]) == pytest.approx(logged["reward"], abs=1e-5)
 
         # And training.stats reproduces TRL from the recorded components (the ingestion path's math).
-        matrix = np.array([[np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"]
-                            for n in ("distinct_chars", "has_digit")] for r in rollouts])
+        matrix = np.array(
+            [
+                [
+                    np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"]
+                    for n in ("distinct_chars", "has_digit")
+                ]
+                for r in rollouts
+            ]
+        )
         recomputed = compute_advantages(matrix, [1.0, 0.5], group_size=4)
         np.testing.assert_allclose(recomputed.advantages, expected, atol=1e-4)
 
     assert any(abs(a) > 0.1 for adv in trl_advantages for a in adv)  # the comparison is not vacuous
     keys = {k for m in sink.metrics for k in m["values"]}
-    assert {"loss", "reward", "rewards/distinct_chars/mean", "rewards/has_digit/mean", "entropy"} <= keys
+    assert {
+        "loss",
+        "reward",
+        "rewards/distinct_chars/mean",
+        "rewards/has_digit/mean",
+        "entropy",
+    } <= keys
 
 
 @pytest.mark.slow
@@ -255,14 +312,21 @@ def test_it_works_as_a_plain_callback_in_someone_elses_script(tiny_model, tmp_pa
     from training.recorder import RolloutRecorder
 
     path = tmp_path / "rollouts.jsonl"
-    trainer = _grpo_trainer(tiny_model, tmp_path, callbacks=[RolloutRecorder(jsonl=str(path))], with_key=False,
-                            max_steps=2)  # 2 steps: the one-liner only needs to be shown to record
+    trainer = _grpo_trainer(
+        tiny_model,
+        tmp_path,
+        callbacks=[RolloutRecorder(jsonl=str(path))],
+        with_key=False,
+        max_steps=2,
+    )  # 2 steps: the one-liner only needs to be shown to record
     trl_advantages = _spy_on_advantages(trainer)
     trainer.train()
 
     data = read_jsonl_sink(path)
     assert [g["step"] for g in data["groups"]] == [1, 1, 2, 2]
-    assert all(g["key"].startswith("p-") for g in data["groups"])  # no key column: hash of the prompt
+    assert all(
+        g["key"].startswith("p-") for g in data["groups"]
+    )  # no key column: hash of the prompt
     recorded = [r["advantage"] for g in data["groups"] for r in g["rollouts"]]
     np.testing.assert_allclose(recorded, [a for adv in trl_advantages for a in adv], atol=1e-5)
     assert data["groups"][0]["rollouts"][0]["rewards"]["distinct_chars"]["reason"]
@@ -278,8 +342,15 @@ def test_it_writes_the_trainers_settings_as_the_jsonl_header(tiny_model, tmp_pat
     from training.recorder import RolloutRecorder
 
     path = tmp_path / "rollouts.jsonl"
-    trainer = _grpo_trainer(tiny_model, tmp_path, callbacks=[RolloutRecorder(jsonl=str(path))], max_steps=1,
-                            scale_rewards="batch", beta=0.04, loss_type="grpo")
+    trainer = _grpo_trainer(
+        tiny_model,
+        tmp_path,
+        callbacks=[RolloutRecorder(jsonl=str(path))],
+        max_steps=1,
+        scale_rewards="batch",
+        beta=0.04,
+        loss_type="grpo",
+    )
     trl_advantages = _spy_on_advantages(trainer)
     trainer.train()
 
@@ -290,11 +361,21 @@ def test_it_writes_the_trainers_settings_as_the_jsonl_header(tiny_model, tmp_pat
     s = settings[0]
     assert s["weights"] == {"distinct_chars": 1.0, "has_digit": 0.5}
     assert (s["scale_rewards"], s["aggregation"], s["group_size"], s["advantage_epsilon"]) == (
-        "batch", "sum_then_normalize", 4, 1e-4)
+        "batch",
+        "sum_then_normalize",
+        4,
+        1e-4,
+    )
     import trl
 
-    assert s["trainer"]["trl_version"] == trl.__version__ and s["trainer"]["model_name"] == tiny_model
-    assert (s["trainer"]["loss_type"], s["trainer"]["beta"], s["trainer"]["learning_rate"]) == ("grpo", 0.04, 1e-3)
+    assert (
+        s["trainer"]["trl_version"] == trl.__version__ and s["trainer"]["model_name"] == tiny_model
+    )
+    assert (s["trainer"]["loss_type"], s["trainer"]["beta"], s["trainer"]["learning_rate"]) == (
+        "grpo",
+        0.04,
+        1e-3,
+    )
     assert s["trainer"]["steps_per_generation"] == 1 and s["trainer"]["epsilon"] == 0.2
 
     # The header is enough to reproduce TRL's advantages from the recorded components.
@@ -302,13 +383,27 @@ def test_it_writes_the_trainers_settings_as_the_jsonl_header(tiny_model, tmp_pat
 
     rollouts = [r for g in read_jsonl_sink(path)["groups"] for r in g["rollouts"]]
     names = list(s["weights"])
-    matrix = np.array([[np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"] for n in names]
-                       for r in rollouts])
-    again = compute_advantages(matrix, list(s["weights"].values()), group_size=s["group_size"],
-                               scale_rewards=s["scale_rewards"], eps=s["advantage_epsilon"])
+    matrix = np.array(
+        [
+            [
+                np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"]
+                for n in names
+            ]
+            for r in rollouts
+        ]
+    )
+    again = compute_advantages(
+        matrix,
+        list(s["weights"].values()),
+        group_size=s["group_size"],
+        scale_rewards=s["scale_rewards"],
+        eps=s["advantage_epsilon"],
+    )
     np.testing.assert_allclose(again.advantages, trl_advantages[0], atol=1e-5)
     group_only = compute_advantages(matrix, list(s["weights"].values()), group_size=4)
-    assert np.abs(group_only.advantages - np.array(trl_advantages[0])).max() > 1e-3  # the setting matters
+    assert (
+        np.abs(group_only.advantages - np.array(trl_advantages[0])).max() > 1e-3
+    )  # the setting matters
 
 
 def test_it_records_the_settings_it_can_read_and_names_the_others(caplog):
@@ -322,7 +417,11 @@ def test_it_records_the_settings_it_can_read_and_names_the_others(caplog):
 
     with caplog.at_level("WARNING"):
         s = trainer_settings(OldTrainer())
-    assert s["scale_rewards"] == "none" and s["group_size"] == 8 and s["aggregation"] == "sum_then_normalize"
+    assert (
+        s["scale_rewards"] == "none"
+        and s["group_size"] == 8
+        and s["aggregation"] == "sum_then_normalize"
+    )
     assert "weights" not in s and s["trainer"]["loss_type"] == "grpo"
     assert "reward_weights" in s["trainer"]["unreadable"] and "beta" in s["trainer"]["unreadable"]
     assert "could not read the trainer's reward_weights" in caplog.text
@@ -335,7 +434,9 @@ def test_it_posts_settings_at_once_and_spools_them_when_the_server_is_down(tmp_p
         sink.write_settings({"weights": {"a": 0.5}, "scale_rewards": "none"})
     finally:
         api.stop()
-    assert api.received == [("/api/v1/runs/7/settings/", "Token KEY", {"weights": {"a": 0.5}, "scale_rewards": "none"})]
+    assert api.received == [
+        ("/api/v1/runs/7/settings/", "Token KEY", {"weights": {"a": 0.5}, "scale_rewards": "none"})
+    ]
     down = HttpSink(api.url, "KEY", 7, spool_path=tmp_path / "spool.jsonl", retries=0, timeout=1)
     down.write_settings({"scale_rewards": "batch"})
     assert down.spooled["settings"] == 1
@@ -344,4 +445,6 @@ def test_it_posts_settings_at_once_and_spools_them_when_the_server_is_down(tmp_p
         assert upload_spool(tmp_path / "spool.jsonl", api.url, "KEY", 7) == {"sent": 1, "left": 0}
     finally:
         api.stop()
-    assert api.received[0][0] == "/api/v1/runs/7/settings/" and api.received[0][2] == {"scale_rewards": "batch"}
+    assert api.received[0][0] == "/api/v1/runs/7/settings/" and api.received[0][2] == {
+        "scale_rewards": "batch"
+    }

@@ -13,13 +13,29 @@ from training import reward_versions as rv
 from training.environments import diagram
 from training.environments.base import Prompt, Score
 
-PROMPT = diagram.make_prompt("diagram-pipeline-000001", "pipeline", "a CI pipeline",
-                             ["Build", "Test", "Deploy"], [["Build", "Test"], ["Test", "Deploy"]])
+PROMPT = diagram.make_prompt(
+    "diagram-pipeline-000001",
+    "pipeline",
+    "a CI pipeline",
+    ["Build", "Test", "Deploy"],
+    [["Build", "Test"], ["Test", "Deploy"]],
+)
 
 
 def _answer(nodes: list[str], edges: list[tuple[str, str]]) -> str:
-    acts = [{"action": "create_shape", "id": n, "label": n, "shape": "rect", "x": 10, "y": 10 + 80 * i,
-             "w": 100, "h": 50} for i, n in enumerate(nodes)]
+    acts = [
+        {
+            "action": "create_shape",
+            "id": n,
+            "label": n,
+            "shape": "rect",
+            "x": 10,
+            "y": 10 + 80 * i,
+            "w": 100,
+            "h": 50,
+        }
+        for i, n in enumerate(nodes)
+    ]
     acts += [{"action": "connect", "from": a, "to": b} for a, b in edges]
     return json.dumps(acts)
 
@@ -30,8 +46,12 @@ def test_it_registers_every_builtin_component_with_its_source_hash():
         assert versions[comp.name].source_hash == comp.source_hash()
         assert versions[comp.name].target == f"training.environments.diagram:{comp.fn.__name__}"
     assert versions["semantic_coverage@strict"].params == {"min_coverage": 0.8}
-    assert {v.component for v in rv.registered("ask_to_code")} == {"correctness", "asked_before_coding",
-                                                                   "guessing_penalty", "loop_penalty"}
+    assert {v.component for v in rv.registered("ask_to_code")} == {
+        "correctness",
+        "asked_before_coding",
+        "guessing_penalty",
+        "loop_penalty",
+    }
 
 
 def test_it_scores_the_strict_variant_lower_only_below_its_threshold():
@@ -39,33 +59,50 @@ def test_it_scores_the_strict_variant_lower_only_below_its_threshold():
     fn = rv.resolve(strict.target)
     full = _answer(["Build", "Test", "Deploy"], [("Build", "Test"), ("Test", "Deploy")])
     partial = _answer(["Build", "Test", "Deploy"], [("Build", "Test")])
-    assert rv.score_one(fn, strict.params, PROMPT, full) == rv.Scored(1.0, "3/3 nodes, 2/2 edges", True)
+    assert rv.score_one(fn, strict.params, PROMPT, full) == rv.Scored(
+        1.0, "3/3 nodes, 2/2 edges", True
+    )
     before = diagram.semantic_coverage(PROMPT, partial).value
     after = rv.score_one(fn, strict.params, PROMPT, partial)
-    assert before == pytest.approx(0.75) and after.value == 0.0 and "below the 0.8 threshold" in after.reason
+    assert (
+        before == pytest.approx(0.75)
+        and after.value == 0.0
+        and "below the 0.8 threshold" in after.reason
+    )
 
 
-@pytest.mark.parametrize("target, field, words", [
-    ("no_such_module_xyz:f", "target", "does not import"),
-    ("training.environments.diagram:nope", "target", "has no attribute"),
-    ("training.environments.diagram", "target", "module:function"),
-    ("training.environments.diagram:CANVAS_W", "target", "not callable"),
-])
+@pytest.mark.parametrize(
+    "target, field, words",
+    [
+        ("no_such_module_xyz:f", "target", "does not import"),
+        ("training.environments.diagram:nope", "target", "has no attribute"),
+        ("training.environments.diagram", "target", "module:function"),
+        ("training.environments.diagram:CANVAS_W", "target", "not callable"),
+    ],
+)
 def test_it_refuses_a_target_that_does_not_resolve(target, field, words):
     with pytest.raises(rv.VersionError) as e:
         rv.make_version("diagram", "semantic_coverage", target)
     assert e.value.field == field and words in e.value.message
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"threshold": 1}, "params.threshold"),
-    ({"prompt": 1}, "params.prompt"),
-    ({"min_coverage": math.nan}, "params"),
-    ([0.8], "params"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"threshold": 1}, "params.threshold"),
+        ({"prompt": 1}, "params.prompt"),
+        ({"min_coverage": math.nan}, "params"),
+        ([0.8], "params"),
+    ],
+)
 def test_it_refuses_params_the_function_does_not_take(params, field):
     with pytest.raises(rv.VersionError) as e:
-        rv.make_version("diagram", "semantic_coverage", "training.environments.diagram:semantic_coverage", params)
+        rv.make_version(
+            "diagram",
+            "semantic_coverage",
+            "training.environments.diagram:semantic_coverage",
+            params,
+        )
     assert e.value.field == field
 
 
@@ -102,11 +139,18 @@ def _catches_everything(prompt, completion):
         return 1.0
 
 
-@pytest.mark.parametrize("fn, words", [
-    (_raises, "raised RuntimeError: boom"), (_text, "returned str, not a number"),
-    (_nan, "returned nan (no nodes)"), (_slow, "longer than 0.2 s"), (_catches_everything, "longer than 0.2 s"),
-    (lambda p, c: True, "returned bool"), (lambda p, c: (math.inf, "x"), "returned inf"),
-])
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_raises, "raised RuntimeError: boom"),
+        (_text, "returned str, not a number"),
+        (_nan, "returned nan (no nodes)"),
+        (_slow, "longer than 0.2 s"),
+        (_catches_everything, "longer than 0.2 s"),
+        (lambda p, c: True, "returned bool"),
+        (lambda p, c: (math.inf, "x"), "returned inf"),
+    ],
+)
 def test_it_fails_closed_with_a_reason(fn, words):
     out = rv.score_one(fn, {}, PROMPT, "[]", timeout_s=0.2)
     assert out.ok is False and out.value is None and words in out.reason
@@ -118,7 +162,8 @@ def test_it_accepts_numbers_pairs_and_scores():
 
 
 def test_it_registers_a_users_own_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards_mod.py").write_text(textwrap.dedent('''
+    (tmp_path / "my_rewards_mod.py").write_text(
+        textwrap.dedent("""
         from training import reward_versions
 
         def brevity(prompt, completion, *, max_chars=100):
@@ -126,12 +171,17 @@ def test_it_registers_a_users_own_module(tmp_path, monkeypatch):
 
         reward_versions.register("diagram", "layout_quality", "my_rewards_mod:brevity", {"max_chars": 10},
                                  name="layout_quality@brevity")
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         rv.load("my_rewards_mod")
         v = rv.lookup("diagram", "layout_quality@brevity")
-        assert v.component == "layout_quality" and v.params == {"max_chars": 10} and len(v.source_hash) == 16
+        assert (
+            v.component == "layout_quality"
+            and v.params == {"max_chars": 10}
+            and len(v.source_hash) == 16
+        )
         with pytest.raises(rv.VersionError) as e:
             rv.load("my_missing_rewards_mod")
         assert e.value.field == "RD_REWARD_MODULES"
@@ -186,17 +236,31 @@ def _grpo_base(tmp_path) -> dict:
     return {"base_model": "tiny", "output_dir": str(tmp_path)}
 
 
-@pytest.mark.parametrize("versions, field", [
-    ([{"target": "m:f"}], "reward_versions"),
-    ({"semantic_coverage": "m:f"}, "reward_versions.semantic_coverage"),
-    ({"semantic_coverage": {"target": "no_colon"}}, "reward_versions.semantic_coverage.target"),
-    ({"semantic_coverage": {"target": "m:"}}, "reward_versions.semantic_coverage.target"),
-    ({"semantic_coverage": {"target": "m:f", "params": [1]}}, "reward_versions.semantic_coverage.params"),
-    ({"semantic_coverage": {"target": "m:f", "source_hash": 3}}, "reward_versions.semantic_coverage.source_hash"),
-    ({"semantic_coverage": {"target": "m:f", "code": "import os"}}, "reward_versions.semantic_coverage.code"),
-    ({"semantic_coverage": {"target": "m:f", "component": "json_valid"}},
-     "reward_versions.semantic_coverage.component"),
-])
+@pytest.mark.parametrize(
+    "versions, field",
+    [
+        ([{"target": "m:f"}], "reward_versions"),
+        ({"semantic_coverage": "m:f"}, "reward_versions.semantic_coverage"),
+        ({"semantic_coverage": {"target": "no_colon"}}, "reward_versions.semantic_coverage.target"),
+        ({"semantic_coverage": {"target": "m:"}}, "reward_versions.semantic_coverage.target"),
+        (
+            {"semantic_coverage": {"target": "m:f", "params": [1]}},
+            "reward_versions.semantic_coverage.params",
+        ),
+        (
+            {"semantic_coverage": {"target": "m:f", "source_hash": 3}},
+            "reward_versions.semantic_coverage.source_hash",
+        ),
+        (
+            {"semantic_coverage": {"target": "m:f", "code": "import os"}},
+            "reward_versions.semantic_coverage.code",
+        ),
+        (
+            {"semantic_coverage": {"target": "m:f", "component": "json_valid"}},
+            "reward_versions.semantic_coverage.component",
+        ),
+    ],
+)
 def test_it_refuses_bad_reward_versions_naming_the_field(tmp_path, versions, field):
     from training.grpo import GRPOJobConfig
 
@@ -216,10 +280,10 @@ def test_it_round_trips_reward_versions_through_the_config_file(tmp_path):
     assert GRPOJobConfig(**_grpo_base(tmp_path)).reward_versions is None
 
 
-MARKER_MODULE = '''
+MARKER_MODULE = """
 def marker(prompt, completion, *, value=0.5):
     return (value, "scored by the replayed marker version")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -233,15 +297,27 @@ def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatc
     (tmp_path / "replay_marker_mod.py").write_text(MARKER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        version = rv.register("diagram", "semantic_coverage", "replay_marker_mod:marker", {"value": 0.625},
-                              name="semantic_coverage@marker")
+        version = rv.register(
+            "diagram",
+            "semantic_coverage",
+            "replay_marker_mod:marker",
+            {"value": 0.625},
+            name="semantic_coverage@marker",
+        )
         sink = MemorySink()
-        summary = grpo(GRPOJobConfig(
-            base_model=tiny_model, output_dir=str(tmp_path / "grpo"),
-            max_steps=1,  # one step is enough: the reward functions are built once, before training
-            num_prompts=4, num_generations=2, per_device_batch_size=4, max_completion_length=16,
-            reward_versions={"semantic_coverage": version.as_dict()},
-        ), sink=sink)
+        summary = grpo(
+            GRPOJobConfig(
+                base_model=tiny_model,
+                output_dir=str(tmp_path / "grpo"),
+                max_steps=1,  # one step is enough: the reward functions are built once, before training
+                num_prompts=4,
+                num_generations=2,
+                per_device_batch_size=4,
+                max_completion_length=16,
+                reward_versions={"semantic_coverage": version.as_dict()},
+            ),
+            sink=sink,
+        )
     finally:
         rv._REGISTRY.pop(("diagram", "semantic_coverage@marker"), None)
         sys.modules.pop("replay_marker_mod", None)
@@ -249,7 +325,10 @@ def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatc
     for g in sink.groups:
         for r in g["rollouts"]:
             assert r["rewards"]["semantic_coverage"]["value"] == 0.625
-            assert r["rewards"]["semantic_coverage"]["reason"] == "scored by the replayed marker version"
+            assert (
+                r["rewards"]["semantic_coverage"]["reason"]
+                == "scored by the replayed marker version"
+            )
             assert r["rewards"]["json_valid"]["reason"] != "scored by the replayed marker version"
     saved = json.loads((tmp_path / "grpo" / "config.json").read_text())
     assert saved["reward_versions"]["semantic_coverage"]["params"] == {"value": 0.625}
@@ -260,8 +339,11 @@ def test_it_refuses_to_train_a_version_whose_source_changed(tmp_path):
     from training.grpo import main as grpo
 
     strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), "source_hash": "0" * 16}
-    cfg = GRPOJobConfig(base_model="unused-never-loaded", output_dir=str(tmp_path),
-                        reward_versions={"semantic_coverage": strict})
+    cfg = GRPOJobConfig(
+        base_model="unused-never-loaded",
+        output_dir=str(tmp_path),
+        reward_versions={"semantic_coverage": strict},
+    )
     with pytest.raises(rv.VersionError) as e:
         grpo(cfg)
     assert e.value.field == "reward_versions.semantic_coverage" and "changed" in e.value.message
@@ -270,17 +352,25 @@ def test_it_refuses_to_train_a_version_whose_source_changed(tmp_path):
 def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, monkeypatch):
     """The swapped function is what the trainer calls: a raise or a NaN scores the component's minimum
     with the reason instead of raising into TRL or handing it NaN."""
-    (tmp_path / "bad_versions_mod.py").write_text(textwrap.dedent('''
+    (tmp_path / "bad_versions_mod.py").write_text(
+        textwrap.dedent("""
         def boom(prompt, completion):
             raise RuntimeError("verifier down")
 
         def nan(prompt, completion):
             return float("nan")
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        versions = [rv.register("diagram", "semantic_coverage", "bad_versions_mod:boom", name="cov@boom").as_dict(),
-                    rv.register("diagram", "layout_quality", "bad_versions_mod:nan", name="layout@nan").as_dict()]
+        versions = [
+            rv.register(
+                "diagram", "semantic_coverage", "bad_versions_mod:boom", name="cov@boom"
+            ).as_dict(),
+            rv.register(
+                "diagram", "layout_quality", "bad_versions_mod:nan", name="layout@nan"
+            ).as_dict(),
+        ]
         env, again = (rv.apply_versions(diagram.DiagramEnvironment(), versions) for _ in range(2))
         scores = env.score(PROMPT, _answer(["Build"], []))
     finally:
@@ -291,17 +381,37 @@ def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, 
     assert cov.value == 0.0 and "RuntimeError: verifier down" in cov.reason
     assert layout.value == 0.0 and "nan" in layout.reason and math.isfinite(layout.value)
     hashes = {c.name: c.source_hash() for c in env.components}
-    assert hashes == {c.name: c.source_hash() for c in again.components}  # stable: no memory address in it
+    assert hashes == {
+        c.name: c.source_hash() for c in again.components
+    }  # stable: no memory address in it
     assert hashes["semantic_coverage"] != diagram.DiagramEnvironment().components[2].source_hash()
 
 
-@pytest.mark.parametrize("change, field, words", [
-    ({"target": "os:getcwd", "source_hash": ""}, "reward_versions.semantic_coverage", "not a registered version"),
-    ({"target": "training.environments.diagram:json_valid"}, "reward_versions.semantic_coverage",
-     "not a registered version"),  # registered, but for another component
-    ({"params": {"min_coverage": "high"}}, "reward_versions.semantic_coverage.params.min_coverage", "float"),
-    ({"params": {"shell": "rm -rf /"}}, "reward_versions.semantic_coverage.params.shell", "not a parameter"),
-])
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        (
+            {"target": "os:getcwd", "source_hash": ""},
+            "reward_versions.semantic_coverage",
+            "not a registered version",
+        ),
+        (
+            {"target": "training.environments.diagram:json_valid"},
+            "reward_versions.semantic_coverage",
+            "not a registered version",
+        ),  # registered, but for another component
+        (
+            {"params": {"min_coverage": "high"}},
+            "reward_versions.semantic_coverage.params.min_coverage",
+            "float",
+        ),
+        (
+            {"params": {"shell": "rm -rf /"}},
+            "reward_versions.semantic_coverage.params.shell",
+            "not a parameter",
+        ),
+    ],
+)
 def test_it_trains_only_registered_versions_with_fitting_params(change, field, words):
     """A job config is JSON a trainer can write by hand: it may name only deployed, registered code."""
     strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), **change}

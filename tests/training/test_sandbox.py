@@ -48,8 +48,15 @@ def test_it_compares_like_json_but_keeps_bool_apart_from_int():
 def test_it_records_what_it_enforced():
     r = run_tests(ADD, "add", ADD_TESTS[:1])
     text = " ".join(r.notes)
-    assert "bubblewrap" in text and "namespaces" in text and "seccomp:" in text and "rlimits per process" in text
-    assert "limits: cgroup v1 per run" in text or "limits: no cgroup (" in text  # either way, said explicitly
+    assert (
+        "bubblewrap" in text
+        and "namespaces" in text
+        and "seccomp:" in text
+        and "rlimits per process" in text
+    )
+    assert (
+        "limits: cgroup v1 per run" in text or "limits: no cgroup (" in text
+    )  # either way, said explicitly
     if ROOT:
         assert "never as root" in text
 
@@ -204,7 +211,7 @@ def test_it_cannot_forge_a_pass_by_patching_the_runner():
         "class Eq:\n"
         "    def __eq__(self, other):\n"
         "        return True\n"
-        "json.dumps = lambda *a, **k: '{\"t\": \"case\", \"ok\": true, \"passed\": true}'\n"
+        'json.dumps = lambda *a, **k: \'{"t": "case", "ok": true, "passed": true}\'\n'
         "def add(a, b):\n"
         "    return Eq()\n"
     )
@@ -215,7 +222,7 @@ def test_it_cannot_forge_a_pass_by_patching_the_runner():
 def test_it_ignores_a_printed_fake_pass():
     code = (
         "print('OK: 3/3 tests passed')\n"
-        "print('{\"t\": \"case\", \"i\": 0, \"ok\": true, \"out\": 3}')\n"
+        'print(\'{"t": "case", "i": 0, "ok": true, "out": 3}\')\n'
         "def add(a, b):\n"
         "    return None\n"
     )
@@ -301,13 +308,22 @@ def test_it_refuses_an_interpreter_that_does_not_exist():
     assert r.passed == 0 and r.error.startswith("sandbox unavailable: interpreter")
 
 
-@pytest.mark.parametrize("code,reason", [
-    ("import __main__, os\ndef add(a, b):\n    os.ftruncate(__main__.RES, 0)\n    os._exit(0)\n", "results channel"),
-    ("import __main__, os\ndef add(a, b):\n    os.write(__main__.RES, b'[]\\n')\n    return a + b\n",
-     "not a JSON object"),
-    ("import time\ndef add(a, b):\n    time.sleep(60)\n", "timed out"),
-    ("def add(a, b) return a", "SyntaxError"),
-], ids=["truncated channel", "non-object line", "timeout", "syntax error"])
+@pytest.mark.parametrize(
+    "code,reason",
+    [
+        (
+            "import __main__, os\ndef add(a, b):\n    os.ftruncate(__main__.RES, 0)\n    os._exit(0)\n",
+            "results channel",
+        ),
+        (
+            "import __main__, os\ndef add(a, b):\n    os.write(__main__.RES, b'[]\\n')\n    return a + b\n",
+            "not a JSON object",
+        ),
+        ("import time\ndef add(a, b):\n    time.sleep(60)\n", "timed out"),
+        ("def add(a, b) return a", "SyntaxError"),
+    ],
+    ids=["truncated channel", "non-object line", "timeout", "syntax error"],
+)
 def test_it_gives_the_environment_a_zero_with_the_reason_never_nan(code, reason):
     atc.clear_cache()
     prompt = atc.task_prompt(atc.TASKS_BY_KEY["safe_div"])
@@ -344,24 +360,31 @@ def test_it_parses_a_clean_channel():
     assert (ch.started, ch.done, ch.anomaly, sorted(ch.cases)) == (True, True, None, [0, 1])
 
 
-@pytest.mark.parametrize("raw,anomaly", [
-    (_lines(READY, "[]"), "not a JSON object (list)"),
-    (_lines(READY, "null"), "not a JSON object (NoneType)"),
-    (_lines(READY, "{bad"), "not JSON"),
-    (_lines(READY, "[" * 5000 + "]" * 5000), "nested deeper than 64 levels"),
-    (_lines(READY, _case(0, "[" * 70 + "]" * 70)), None),  # brackets inside a string are not nesting
-    (_lines(_case(0), DONE), "no start marker"),
-    (_lines(READY, _case(1)), "out of order"),
-    (_lines(READY, _case(0), _case(0)), "duplicated"),
-    (_lines(READY, _case(0), DONE, _case(1)), "after the done marker"),
-    (_lines(READY, {"t": "note", "msg": "forged"}), "unexpected line of kind 'note'"),
-    (_lines(READY, {"t": "case", "i": True, "ok": True, "out": 1}), "malformed case line"),
-    (_lines(READY, {"t": "case", "i": 0, "ok": True}), "malformed case line"),
-    (_lines(READY, {"t": "ready"}), "unexpected line of kind 'ready'"),
-    (_lines(READY, _case(0))[:-1], "truncated (no final newline)"),
-    (_lines(READY) + b"\xff\xfe\n", "not UTF-8"),
-    (_lines(READY) + b"x" * (5 << 20) + b"\n", "over 4 MB"),
-], ids=lambda v: v if isinstance(v, str) or v is None else None)
+@pytest.mark.parametrize(
+    "raw,anomaly",
+    [
+        (_lines(READY, "[]"), "not a JSON object (list)"),
+        (_lines(READY, "null"), "not a JSON object (NoneType)"),
+        (_lines(READY, "{bad"), "not JSON"),
+        (_lines(READY, "[" * 5000 + "]" * 5000), "nested deeper than 64 levels"),
+        (
+            _lines(READY, _case(0, "[" * 70 + "]" * 70)),
+            None,
+        ),  # brackets inside a string are not nesting
+        (_lines(_case(0), DONE), "no start marker"),
+        (_lines(READY, _case(1)), "out of order"),
+        (_lines(READY, _case(0), _case(0)), "duplicated"),
+        (_lines(READY, _case(0), DONE, _case(1)), "after the done marker"),
+        (_lines(READY, {"t": "note", "msg": "forged"}), "unexpected line of kind 'note'"),
+        (_lines(READY, {"t": "case", "i": True, "ok": True, "out": 1}), "malformed case line"),
+        (_lines(READY, {"t": "case", "i": 0, "ok": True}), "malformed case line"),
+        (_lines(READY, {"t": "ready"}), "unexpected line of kind 'ready'"),
+        (_lines(READY, _case(0))[:-1], "truncated (no final newline)"),
+        (_lines(READY) + b"\xff\xfe\n", "not UTF-8"),
+        (_lines(READY) + b"x" * (5 << 20) + b"\n", "over 4 MB"),
+    ],
+    ids=lambda v: v if isinstance(v, str) or v is None else None,
+)
 def test_it_voids_a_channel_the_harness_would_not_have_written(raw, anomaly):
     ch = parse_channel(raw, 2)
     if anomaly is None:
@@ -372,5 +395,7 @@ def test_it_voids_a_channel_the_harness_would_not_have_written(raw, anomaly):
 
 def test_it_builds_a_seccomp_program_per_architecture():
     prog = seccomp_program("x86_64")
-    assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 255  # jump offsets are one byte
+    assert (
+        prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 255
+    )  # jump offsets are one byte
     assert seccomp_program("aarch64") is not None and seccomp_program("riscv64") is None

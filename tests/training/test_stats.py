@@ -31,7 +31,9 @@ def test_it_sums_weighted_components_before_normalising() -> None:
 
 
 def test_it_leaves_advantages_unscaled_with_scale_rewards_none() -> None:
-    r = stats.compute_advantages(np.array([[1.0], [0.0]]), [1.0], group_size=2, scale_rewards="none")
+    r = stats.compute_advantages(
+        np.array([[1.0], [0.0]]), [1.0], group_size=2, scale_rewards="none"
+    )
     assert r.advantages.tolist() == [0.5, -0.5]
 
 
@@ -39,9 +41,13 @@ def test_it_uses_the_batch_std_with_scale_rewards_batch() -> None:
     rpf = np.array([[1.0], [0.0], [2.0], [2.0]])
     r = stats.compute_advantages(rpf, [1.0], group_size=2, scale_rewards="batch")
     batch_std = np.std([1.0, 0.0, 2.0, 2.0], ddof=1)
-    assert r.advantages == pytest.approx([0.5 / (batch_std + 1e-4), -0.5 / (batch_std + 1e-4), 0.0, 0.0])
+    assert r.advantages == pytest.approx(
+        [0.5 / (batch_std + 1e-4), -0.5 / (batch_std + 1e-4), 0.0, 0.0]
+    )
     # batch_ids split the rows into two steps: each uses its own batch std.
-    r2 = stats.compute_advantages(rpf, [1.0], group_size=2, scale_rewards="batch", batch_ids=np.array([0, 0, 1, 1]))
+    r2 = stats.compute_advantages(
+        rpf, [1.0], group_size=2, scale_rewards="batch", batch_ids=np.array([0, 0, 1, 1])
+    )
     assert r2.advantages[0] == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-4))
     assert r2.advantages[2:].tolist() == [0.0, 0.0]
 

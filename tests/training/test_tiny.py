@@ -6,7 +6,10 @@ import filecmp
 
 import pytest
 
-TEXTS = ["Draw a pipeline. Nodes: Ingest, Clean, Train.", '[{"action": "create_shape", "id": "a"}]'] * 20
+TEXTS = [
+    "Draw a pipeline. Nodes: Ingest, Clean, Train.",
+    '[{"action": "create_shape", "id": "a"}]',
+] * 20
 
 
 def test_it_builds_a_folder_that_auto_classes_load(tiny_model):
@@ -27,7 +30,9 @@ def test_it_renders_a_prefix_preserving_chat_template(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt = [{"role": "user", "content": "Draw a pipeline."}]
     head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    full = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": "[]"}], tokenize=False)
+    full = tokenizer.apply_chat_template(
+        prompt + [{"role": "assistant", "content": "[]"}], tokenize=False
+    )
     assert head == "<|user|>\nDraw a pipeline.<|end|>\n<|assistant|>\n"
     assert full.startswith(head) and full.endswith("[]<|end|>\n")
     # The environment's own text compresses well: it is what the tokenizer was trained on.

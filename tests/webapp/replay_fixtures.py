@@ -9,8 +9,13 @@ from typing import Any
 
 from training.environments import diagram
 
-PROMPT = diagram.make_prompt("diagram-pipeline-000001", "pipeline", "a CI pipeline",
-                             ["Build", "Test", "Deploy"], [["Build", "Test"], ["Test", "Deploy"]])
+PROMPT = diagram.make_prompt(
+    "diagram-pipeline-000001",
+    "pipeline",
+    "a CI pipeline",
+    ["Build", "Test", "Deploy"],
+    [["Build", "Test"], ["Test", "Deploy"]],
+)
 NODES = ["Build", "Test", "Deploy"]
 EDGES = [("Build", "Test"), ("Test", "Deploy")]
 
@@ -18,8 +23,18 @@ EDGES = [("Build", "Test"), ("Test", "Deploy")]
 def actions(nodes: list[str], edges: list[tuple[str, str]], stacked: bool = False) -> str:
     """A ```json answer: one column of boxes (or all on one spot: a layout fault), then the edges."""
     acts: list[dict[str, Any]] = [
-        {"action": "create_shape", "id": n, "label": n, "shape": "rect", "x": 300,
-         "y": 20 if stacked else 20 + 80 * i, "w": 200, "h": 50} for i, n in enumerate(nodes)]
+        {
+            "action": "create_shape",
+            "id": n,
+            "label": n,
+            "shape": "rect",
+            "x": 300,
+            "y": 20 if stacked else 20 + 80 * i,
+            "w": 200,
+            "h": 50,
+        }
+        for i, n in enumerate(nodes)
+    ]
     acts += [{"action": "connect", "from": a, "to": b} for a, b in edges]
     return "```json\n" + json.dumps(acts) + "\n```"
 
@@ -35,8 +50,11 @@ PROSE = "Sure! Here is your CI pipeline: Build, then Test, then Deploy."  # 0
 
 
 def transcript(completion: str) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": "You draw diagrams."}, {"role": "user", "content": PROMPT.text},
-            {"role": "assistant", "content": completion}]
+    return [
+        {"role": "system", "content": "You draw diagrams."},
+        {"role": "user", "content": PROMPT.text},
+        {"role": "assistant", "content": completion},
+    ]
 
 
 def group_record(step: int, key: str, completions: list[str]) -> dict[str, Any]:
@@ -44,16 +62,29 @@ def group_record(step: int, key: str, completions: list[str]) -> dict[str, Any]:
     rollouts = []
     for i, c in enumerate(completions):
         scores = env.score(PROMPT, c)
-        rollouts.append({"index": i, "transcript": transcript(c), "length": len(c.split()),
-                         "rewards": {k: {"value": s.value, "reason": s.reason} for k, s in scores.items()}})
-    return {"step": step, "key": key, "prompt": [{"role": "user", "content": PROMPT.text}], "rollouts": rollouts}
+        rollouts.append(
+            {
+                "index": i,
+                "transcript": transcript(c),
+                "length": len(c.split()),
+                "rewards": {k: {"value": s.value, "reason": s.reason} for k, s in scores.items()},
+            }
+        )
+    return {
+        "step": step,
+        "key": key,
+        "prompt": [{"role": "user", "content": PROMPT.text}],
+        "rollouts": rollouts,
+    }
 
 
 def diagram_run(owner: Any = None, status: str = "succeeded"):
     from webapp.rollouts.services import create_run, environment_from_training
 
     env = environment_from_training(diagram.DiagramEnvironment())
-    return create_run(name="diagram-run", kind="grpo", environment=env, config={}, owner=owner, status=status)
+    return create_run(
+        name="diagram-run", kind="grpo", environment=env, config={}, owner=owner, status=status
+    )
 
 
 def ingest(run: Any, groups: list[dict[str, Any]]) -> None:
@@ -65,4 +96,6 @@ def ingest(run: Any, groups: list[dict[str, Any]]) -> None:
 def annotate(rollout_id: int, slug: str, author: Any) -> None:
     from webapp.annotations.models import Annotation, Label
 
-    Annotation.objects.create(rollout_id=rollout_id, author=author, label=Label.objects.get(slug=slug))
+    Annotation.objects.create(
+        rollout_id=rollout_id, author=author, label=Label.objects.get(slug=slug)
+    )

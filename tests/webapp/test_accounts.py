@@ -24,7 +24,9 @@ def _empty_cache():
 
 
 def test_it_normalises_usernames_like_django_then_folds_case_and_spaces():
-    assert normalise_username("ｖｉｅｗｅｒ") == "viewer"  # full-width: NFKC, as Django normalises usernames
+    assert (
+        normalise_username("ｖｉｅｗｅｒ") == "viewer"
+    )  # full-width: NFKC, as Django normalises usernames
     assert normalise_username("  Viewer \t") == "viewer"
     assert normalise_username("STRASSE") == normalise_username("straße")  # casefold, not lower
 
@@ -32,20 +34,43 @@ def test_it_normalises_usernames_like_django_then_folds_case_and_spaces():
 @pytest.mark.parametrize("variant", ["viewer ", " viewer", "VIEWER", "ｖｉｅｗｅｒ", "Ｖiewer\t"])
 def test_it_counts_every_spelling_of_a_username_in_one_bucket(client, personas, variant):
     for attempt in range(MAX_FAILURES):
-        name = "viewer" if attempt % 2 else variant  # alternate spellings: one counter for all of them
-        assert client.post("/accounts/login/", {"username": name, "password": f"no-{attempt}"}).status_code == 200
-    assert client.post("/accounts/login/", {"username": variant, "password": "again"}).status_code == 429
-    assert client.post("/accounts/login/", {"username": "viewer", "password": PASSWORD}).status_code == 429
+        name = (
+            "viewer" if attempt % 2 else variant
+        )  # alternate spellings: one counter for all of them
+        assert (
+            client.post(
+                "/accounts/login/", {"username": name, "password": f"no-{attempt}"}
+            ).status_code
+            == 200
+        )
+    assert (
+        client.post("/accounts/login/", {"username": variant, "password": "again"}).status_code
+        == 429
+    )
+    assert (
+        client.post("/accounts/login/", {"username": "viewer", "password": PASSWORD}).status_code
+        == 429
+    )
     assert "_auth_user_id" not in client.session
 
 
 def test_it_keeps_separate_buckets_per_client_address(client, personas):
     for attempt in range(MAX_FAILURES):
-        client.post("/accounts/login/", {"username": "viewer", "password": "no"}, REMOTE_ADDR="10.0.0.1")
-    assert client.post("/accounts/login/", {"username": "viewer", "password": "no"},
-                       REMOTE_ADDR="10.0.0.1").status_code == 429
-    assert client.post("/accounts/login/", {"username": "viewer", "password": PASSWORD},
-                       REMOTE_ADDR="10.0.0.2").status_code == 302
+        client.post(
+            "/accounts/login/", {"username": "viewer", "password": "no"}, REMOTE_ADDR="10.0.0.1"
+        )
+    assert (
+        client.post(
+            "/accounts/login/", {"username": "viewer", "password": "no"}, REMOTE_ADDR="10.0.0.1"
+        ).status_code
+        == 429
+    )
+    assert (
+        client.post(
+            "/accounts/login/", {"username": "viewer", "password": PASSWORD}, REMOTE_ADDR="10.0.0.2"
+        ).status_code
+        == 302
+    )
 
 
 # ---- createuser
@@ -53,7 +78,15 @@ def test_it_keeps_separate_buckets_per_client_address(client, personas):
 
 def test_it_reads_the_password_from_the_environment_variable_it_is_told(db, monkeypatch):
     monkeypatch.setenv("ALICE_PW", "s3cure-pass-word")
-    call_command("createuser", "alice", "--password-env", "ALICE_PW", "--role", "trainer", stdout=io.StringIO())
+    call_command(
+        "createuser",
+        "alice",
+        "--password-env",
+        "ALICE_PW",
+        "--role",
+        "trainer",
+        stdout=io.StringIO(),
+    )
     assert get_user_model().objects.get(username="alice").check_password("s3cure-pass-word")
 
 
@@ -103,7 +136,9 @@ def test_it_names_an_empty_or_missing_password_variable(db, monkeypatch):
 
 def test_it_still_accepts_password_on_the_command_line_with_a_warning(db):
     err = io.StringIO()
-    call_command("createuser", "frank", "--password", "argv-pass-word", stdout=io.StringIO(), stderr=err)
+    call_command(
+        "createuser", "frank", "--password", "argv-pass-word", stdout=io.StringIO(), stderr=err
+    )
     assert get_user_model().objects.get(username="frank").check_password("argv-pass-word")
     assert "visible to every user" in err.getvalue()
 
@@ -117,24 +152,39 @@ def test_it_builds_the_cache_from_its_url():
     redis = cache_settings("redis://cache:6379/3")
     assert redis["BACKEND"].endswith("RedisCache") and redis["LOCATION"] == "redis://cache:6379/3"
     assert cache_settings("file:///srv/rd/cache") == {
-        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": "/srv/rd/cache"}
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": "/srv/rd/cache",
+    }
     assert cache_settings("locmem://")["BACKEND"].endswith("LocMemCache")
 
 
-@pytest.mark.parametrize("env, backend", [
-    ({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5"}, "RedisCache redis://127.0.0.1:6379/5"),
-    ({"CELERY_BROKER_URL": "filesystem://"}, "FileBasedCache {var}/cache/django"),
-    ({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5", "CACHE_URL": "file:///tmp/elsewhere"},
-     "FileBasedCache /tmp/elsewhere"),
-])
+@pytest.mark.parametrize(
+    "env, backend",
+    [
+        ({"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5"}, "RedisCache redis://127.0.0.1:6379/5"),
+        ({"CELERY_BROKER_URL": "filesystem://"}, "FileBasedCache {var}/cache/django"),
+        (
+            {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/5", "CACHE_URL": "file:///tmp/elsewhere"},
+            "FileBasedCache /tmp/elsewhere",
+        ),
+    ],
+)
 def test_it_shares_the_brokers_redis_or_a_file_cache_by_default(env, backend, tmp_path):
     import os
     import subprocess
     import sys
 
-    code = ("import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'webapp.settings'; from django.conf import settings; "
-            "c = settings.CACHES['default']; print(c['BACKEND'].rsplit('.', 1)[1], c['LOCATION'])")
+    code = (
+        "import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'webapp.settings'; from django.conf import settings; "
+        "c = settings.CACHES['default']; print(c['BACKEND'].rsplit('.', 1)[1], c['LOCATION'])"
+    )
     base = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "CELERY_BROKER_URL")}
-    out = subprocess.run([sys.executable, "-c", code], env={**base, "RD_VAR_DIR": str(tmp_path), **env},
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, "RD_VAR_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.stdout.strip() == backend.format(var=tmp_path), out.stderr[-2000:]

@@ -9,7 +9,14 @@ from django.urls import reverse
 
 from tests.conftest import make_group
 from webapp.annotations import services
-from webapp.annotations.models import ActivityEvent, Annotation, ItemAssignment, Label, QueueItem, ReviewQueue
+from webapp.annotations.models import (
+    ActivityEvent,
+    Annotation,
+    ItemAssignment,
+    Label,
+    QueueItem,
+    ReviewQueue,
+)
 from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
@@ -20,9 +27,14 @@ from webapp.rollouts.queries import ExplorerQuery, explore
 def rollouts(run) -> list[Rollout]:
     """Two steps x two groups x four rollouts; `correct` varies so sorts are meaningful."""
     groups = [
-        make_group(step, f"p{k}", [{"correct": (i + k) % 2, "format": 1, "penalty": -0.1 * i} for i in range(4)],
-                   prompt=f"Prompt {k}")
-        for step in (0, 10) for k in range(2)
+        make_group(
+            step,
+            f"p{k}",
+            [{"correct": (i + k) % 2, "format": 1, "penalty": -0.1 * i} for i in range(4)],
+            prompt=f"Prompt {k}",
+        )
+        for step in (0, 10)
+        for k in range(2)
     ]
     ingest_groups(run, {"groups": groups})
     return list(Rollout.objects.filter(run=run).order_by("id"))
@@ -42,7 +54,9 @@ def annotate(rollout: Rollout, user, slug: str, **kw) -> Annotation:
 def test_it_installs_the_default_taxonomy_with_keys(db):
     slugs = list(Label.objects.values_list("slug", flat=True))
     assert slugs[:3] == ["reward-hacking", "format-error", "ignores-prompt"]
-    assert {"false-positive-reward", "false-negative-reward", "good", "loop-repetition"} <= set(slugs)
+    assert {"false-positive-reward", "false-negative-reward", "good", "loop-repetition"} <= set(
+        slugs
+    )
     assert label("false-positive-reward").is_bad and not label("false-negative-reward").is_bad
     keys = [k for k in Label.objects.values_list("key", flat=True) if k]
     assert len(keys) == len(set(keys)) == Label.objects.count()
@@ -50,8 +64,15 @@ def test_it_installs_the_default_taxonomy_with_keys(db):
 
 def test_it_lets_only_admins_edit_the_taxonomy(client_as):
     hack = label("reward-hacking")
-    data = {"slug": "reward-hacking", "name": "Reward hack", "description": "d", "color": "#AA0000", "key": "1",
-            "is_bad": "on", "position": 0}
+    data = {
+        "slug": "reward-hacking",
+        "name": "Reward hack",
+        "description": "d",
+        "color": "#AA0000",
+        "key": "1",
+        "is_bad": "on",
+        "position": 0,
+    }
     url = reverse("annotations-label-edit", args=[hack.id])
     assert client_as("trainer").post(url, data).status_code == 403
     assert client_as("admin").post(url, data).status_code == 302
@@ -61,10 +82,14 @@ def test_it_lets_only_admins_edit_the_taxonomy(client_as):
 
 def test_it_rejects_a_taken_key_and_a_bad_colour(client_as):
     c = client_as("admin")
-    r = c.post(reverse("annotations-label-new"), {"slug": "new", "name": "New", "color": "red", "key": "2",
-                                                  "position": 20})
+    r = c.post(
+        reverse("annotations-label-new"),
+        {"slug": "new", "name": "New", "color": "red", "key": "2", "position": 20},
+    )
     assert r.status_code == 400
-    assert "already the key of Format error" in r.content.decode() and "#rrggbb" in r.content.decode()
+    assert (
+        "already the key of Format error" in r.content.decode() and "#rrggbb" in r.content.decode()
+    )
     assert not Label.objects.filter(slug="new").exists()
 
 
@@ -93,47 +118,78 @@ def test_it_refuses_a_second_row_for_the_same_author_at_the_database(rollouts, p
 
     annotate(rollouts[0], personas["annotator"], "good")
     with pytest.raises(IntegrityError), transaction.atomic():
-        Annotation.objects.create(rollout=rollouts[0], author=personas["annotator"], label=label("good"))
+        Annotation.objects.create(
+            rollout=rollouts[0], author=personas["annotator"], label=label("good")
+        )
 
 
 def test_it_does_not_let_a_viewer_annotate(client_as, rollouts):
-    r = client_as("viewer").post(reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good"})
+    r = client_as("viewer").post(
+        reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good"}
+    )
     assert r.status_code == 403 and not Annotation.objects.exists()
 
 
 def test_it_saves_an_annotation_from_the_slot_form(client_as, rollouts):
     r = rollouts[0]
-    resp = client_as("annotator").post(reverse("annotations-annotate", args=[r.id]), {
-        "label": "premature-completion", "note": "stopped early", "corrected_completion": "the full answer",
-        "first_wrong_turn": "0", "error_category": "stops", "next": "/rollouts/x"})
+    resp = client_as("annotator").post(
+        reverse("annotations-annotate", args=[r.id]),
+        {
+            "label": "premature-completion",
+            "note": "stopped early",
+            "corrected_completion": "the full answer",
+            "first_wrong_turn": "0",
+            "error_category": "stops",
+            "next": "/rollouts/x",
+        },
+    )
     assert resp.status_code == 302 and resp["Location"] == "/rollouts/x"
     a = Annotation.objects.get()
     assert (a.label.slug, a.note, a.corrected_completion, a.first_wrong_turn, a.error_category) == (
-        "premature-completion", "stopped early", "the full answer", 0, "stops")
+        "premature-completion",
+        "stopped early",
+        "the full answer",
+        0,
+        "stops",
+    )
 
 
 def test_it_answers_htmx_with_the_refreshed_slot(client_as, rollouts):
-    resp = client_as("annotator").post(reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good"},
-                                       HTTP_HX_REQUEST="true")
+    resp = client_as("annotator").post(
+        reverse("annotations-annotate", args=[rollouts[0].id]),
+        {"label": "good"},
+        HTTP_HX_REQUEST="true",
+    )
     assert resp.status_code == 200
     html = resp.content.decode()
     assert f'id="ann-slot-{rollouts[0].id}"' in html and "Good" in html and "saved" in html
 
 
 def test_it_refuses_an_offsite_next_url(client_as, rollouts):
-    resp = client_as("annotator").post(reverse("annotations-annotate", args=[rollouts[0].id]),
-                                       {"label": "good", "next": "https://evil.example/"})
+    resp = client_as("annotator").post(
+        reverse("annotations-annotate", args=[rollouts[0].id]),
+        {"label": "good", "next": "https://evil.example/"},
+    )
     assert resp["Location"] == reverse("annotations-rollout", args=[rollouts[0].id])
 
 
-@pytest.mark.parametrize("data,field,message", [
-    ({}, "label", "choose a label"),
-    ({"label": "no-such"}, "label", "unknown label"),
-    ({"label": "good", "first_wrong_turn": "5"}, "first_wrong_turn", "turns 0 to 0"),
-    ({"label": "good", "first_wrong_turn": "-1"}, "first_wrong_turn", "greater than or equal to 0"),
-    ({"label": "good", "first_wrong_turn": "x"}, "first_wrong_turn", "whole number"),
-])
-def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(client_as, rollouts, data, field, message):
+@pytest.mark.parametrize(
+    "data,field,message",
+    [
+        ({}, "label", "choose a label"),
+        ({"label": "no-such"}, "label", "unknown label"),
+        ({"label": "good", "first_wrong_turn": "5"}, "first_wrong_turn", "turns 0 to 0"),
+        (
+            {"label": "good", "first_wrong_turn": "-1"},
+            "first_wrong_turn",
+            "greater than or equal to 0",
+        ),
+        ({"label": "good", "first_wrong_turn": "x"}, "first_wrong_turn", "whole number"),
+    ],
+)
+def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(
+    client_as, rollouts, data, field, message
+):
     resp = client_as("annotator").post(reverse("annotations-annotate", args=[rollouts[0].id]), data)
     assert resp.status_code == 400
     html = resp.content.decode()
@@ -143,22 +199,37 @@ def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(client_as, rol
 
 def test_it_rejects_a_first_wrong_turn_that_is_not_an_assistant_turn(client_as, rollouts):
     r = rollouts[0]
-    Rollout.objects.filter(id=r.id).update(transcript=[{"role": "assistant", "content": "call"},
-                                                       {"role": "tool", "content": "result"},
-                                                       {"role": "assistant", "content": "done"}])
+    Rollout.objects.filter(id=r.id).update(
+        transcript=[
+            {"role": "assistant", "content": "call"},
+            {"role": "tool", "content": "result"},
+            {"role": "assistant", "content": "done"},
+        ]
+    )
     c = client_as("annotator")
-    bad = c.post(reverse("annotations-annotate", args=[r.id]), {"label": "good", "first_wrong_turn": "1"})
+    bad = c.post(
+        reverse("annotations-annotate", args=[r.id]), {"label": "good", "first_wrong_turn": "1"}
+    )
     assert bad.status_code == 400 and "turn 1 is not an assistant turn" in bad.content.decode()
-    ok = c.post(reverse("annotations-annotate", args=[r.id]), {"label": "good", "first_wrong_turn": "2"})
+    ok = c.post(
+        reverse("annotations-annotate", args=[r.id]), {"label": "good", "first_wrong_turn": "2"}
+    )
     assert ok.status_code == 302 and Annotation.objects.get().first_wrong_turn == 2
 
 
-def test_it_never_lets_an_annotator_change_another_persons_annotation(client_as, rollouts, personas, make_user):
+def test_it_never_lets_an_annotator_change_another_persons_annotation(
+    client_as, rollouts, personas, make_user
+):
     theirs = annotate(rollouts[0], personas["trainer"], "reward-hacking", note="theirs")
     c = client_as("annotator")
-    c.post(reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good", "note": "mine"})
+    c.post(
+        reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good", "note": "mine"}
+    )
     theirs.refresh_from_db()
-    assert (theirs.label.slug, theirs.note) == ("reward-hacking", "theirs")  # the post made the annotator's own row
+    assert (theirs.label.slug, theirs.note) == (
+        "reward-hacking",
+        "theirs",
+    )  # the post made the annotator's own row
     assert c.post(reverse("annotations-delete", args=[theirs.id])).status_code == 403
     assert Annotation.objects.filter(id=theirs.id).exists()
 
@@ -166,8 +237,13 @@ def test_it_never_lets_an_annotator_change_another_persons_annotation(client_as,
 def test_it_lets_authors_and_admins_delete(client_as, rollouts, personas):
     mine = annotate(rollouts[0], personas["annotator"], "good")
     theirs = annotate(rollouts[1], personas["trainer"], "good")
-    assert client_as("annotator").post(reverse("annotations-delete", args=[mine.id])).status_code == 302
-    assert client_as("admin").post(reverse("annotations-delete", args=[theirs.id])).status_code == 302
+    assert (
+        client_as("annotator").post(reverse("annotations-delete", args=[mine.id])).status_code
+        == 302
+    )
+    assert (
+        client_as("admin").post(reverse("annotations-delete", args=[theirs.id])).status_code == 302
+    )
     assert not Annotation.objects.exists()
     assert ActivityEvent.objects.filter(action="deleted").count() == 2
 
@@ -184,7 +260,12 @@ def test_it_enforces_csrf_on_annotation_posts(rollouts, personas):
 
     c = Client(enforce_csrf_checks=True)
     c.force_login(personas["annotator"])
-    assert c.post(reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good"}).status_code == 403
+    assert (
+        c.post(
+            reverse("annotations-annotate", args=[rollouts[0].id]), {"label": "good"}
+        ).status_code
+        == 403
+    )
 
 
 def test_it_requires_a_login(client, rollouts):
@@ -194,9 +275,16 @@ def test_it_requires_a_login(client, rollouts):
 
 def test_it_renders_the_slot_with_escaped_model_text(client_as, rollouts, personas):
     r = rollouts[0]
-    Rollout.objects.filter(id=r.id).update(transcript=[{"role": "assistant", "content": "<script>alert(1)</script>"}])
-    annotate(r, personas["trainer"], "reward-hacking", note="<img src=x onerror=alert(2)>",
-             corrected_completion="<b>fixed</b>")
+    Rollout.objects.filter(id=r.id).update(
+        transcript=[{"role": "assistant", "content": "<script>alert(1)</script>"}]
+    )
+    annotate(
+        r,
+        personas["trainer"],
+        "reward-hacking",
+        note="<img src=x onerror=alert(2)>",
+        corrected_completion="<b>fixed</b>",
+    )
     html = client_as("viewer").get(reverse("annotations-rollout", args=[r.id])).content.decode()
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
     assert "<img src=x" not in html and "&lt;img src=x" in html and "&lt;b&gt;fixed" in html
@@ -205,7 +293,11 @@ def test_it_renders_the_slot_with_escaped_model_text(client_as, rollouts, person
 
 def test_it_prefills_the_slot_form_with_my_annotation(client_as, rollouts, personas):
     annotate(rollouts[0], personas["annotator"], "loop-repetition", note="again and again")
-    html = client_as("annotator").get(reverse("annotations-slot", args=[rollouts[0].id])).content.decode()
+    html = (
+        client_as("annotator")
+        .get(reverse("annotations-slot", args=[rollouts[0].id]))
+        .content.decode()
+    )
     assert 'value="loop-repetition" checked' in html and "again and again</textarea>" in html
 
 
@@ -216,8 +308,18 @@ def test_it_filters_the_explorer_by_label_and_annotated(run, rollouts, personas)
     annotate(rollouts[0], personas["annotator"], "reward-hacking")
     annotate(rollouts[1], personas["annotator"], "good")
     for sort in ("reward", "correct"):  # both query paths: Rollout and RewardScore
-        ids = lambda **p: {row.rollout.id for row in explore(run, ExplorerQuery.from_params(  # noqa: E731
-            {"sort": sort, "limit": "100", **p}, ["correct", "format", "penalty"])).rows}
+
+        def ids(**p):
+            return {
+                row.rollout.id
+                for row in explore(
+                    run,
+                    ExplorerQuery.from_params(  # noqa: E731
+                        {"sort": sort, "limit": "100", **p}, ["correct", "format", "penalty"]
+                    ),
+                ).rows
+            }
+
         assert ids(label="reward-hacking") == {rollouts[0].id}
         assert ids(annotated="1") == {rollouts[0].id, rollouts[1].id}
         assert ids(annotated="0") == {r.id for r in rollouts[2:]}
@@ -234,25 +336,46 @@ def test_it_names_the_label_parameter_when_the_slug_is_unknown(run, rollouts):
 
 
 def make_queue(run, personas, **kw) -> ReviewQueue:
-    args = dict(name="q", run=run, source="explorer", params={"sort": "correct", "order": "desc"}, limit=6,
-                seed=None, overlap=1, created_by=personas["trainer"], assignees=[])
+    args = dict(
+        name="q",
+        run=run,
+        source="explorer",
+        params={"sort": "correct", "order": "desc"},
+        limit=6,
+        seed=None,
+        overlap=1,
+        created_by=personas["trainer"],
+        assignees=[],
+    )
     args.update(kw)
     return services.create_queue(**args)
 
 
 def test_it_materialises_the_top_n_of_an_explorer_view(run, rollouts, personas):
-    q = make_queue(run, personas, params={"sort": "penalty", "order": "asc", "step_min": "10"}, limit=3)
+    q = make_queue(
+        run, personas, params={"sort": "penalty", "order": "asc", "step_min": "10"}, limit=3
+    )
     items = list(q.items.select_related("rollout").order_by("position"))
     assert [i.position for i in items] == [0, 1, 2]
     assert all(i.rollout.step == 10 for i in items)
-    expected = [row.rollout.id for row in explore(run, ExplorerQuery.from_params(
-        {"sort": "penalty", "order": "asc", "step_min": "10", "limit": "3"}, ["correct", "format", "penalty"])).rows]
+    expected = [
+        row.rollout.id
+        for row in explore(
+            run,
+            ExplorerQuery.from_params(
+                {"sort": "penalty", "order": "asc", "step_min": "10", "limit": "3"},
+                ["correct", "format", "penalty"],
+            ),
+        ).rows
+    ]
     assert [i.rollout_id for i in items] == expected
     ingest_groups(run, {"groups": [make_group(20, "late", [{"correct": 1}, {"correct": 0}])]})
     assert q.items.count() == 3  # materialised: new rollouts do not join an existing queue
 
 
-def test_it_pages_through_the_explorer_for_a_queue_past_one_page(run, rollouts, personas, monkeypatch):
+def test_it_pages_through_the_explorer_for_a_queue_past_one_page(
+    run, rollouts, personas, monkeypatch
+):
     monkeypatch.setattr(services, "MAX_LIMIT", 5)
     q = make_queue(run, personas, limit=12, params={"sort": "reward"})
     assert q.items.count() == 12 and len(set(q.items.values_list("rollout_id", flat=True))) == 12
@@ -266,37 +389,74 @@ def test_it_samples_randomly_with_a_seed_reproducibly(run, rollouts, personas):
     assert ids(a) == ids(b) and ids(a) != ids(c) and len(set(ids(a))) == 5
 
 
-def test_it_names_the_explorer_parameter_that_is_wrong_and_creates_no_queue(client_as, run, rollouts):
-    resp = client_as("trainer").post(reverse("annotations-queue-new"), {
-        "name": "bad", "run": run.id, "source": "explorer", "params": "sort=nope", "limit": 10, "overlap": 1})
+def test_it_names_the_explorer_parameter_that_is_wrong_and_creates_no_queue(
+    client_as, run, rollouts
+):
+    resp = client_as("trainer").post(
+        reverse("annotations-queue-new"),
+        {
+            "name": "bad",
+            "run": run.id,
+            "source": "explorer",
+            "params": "sort=nope",
+            "limit": 10,
+            "overlap": 1,
+        },
+    )
     assert resp.status_code == 400 and "sort: must be one of" in resp.content.decode()
     assert not ReviewQueue.objects.exists()
 
 
-def test_it_creates_a_queue_from_the_form_with_a_pasted_explorer_url(client_as, run, rollouts, personas):
-    resp = client_as("trainer").post(reverse("annotations-queue-new"), {
-        "name": "late hacks", "run": run.id, "source": "explorer", "limit": 4, "overlap": 2,
-        "params": "/rollouts/runs/1/?sort=correct&order=desc&step_min=10&cursor=abc",
-        "assignees": [personas["annotator"].id, personas["trainer"].id]})
+def test_it_creates_a_queue_from_the_form_with_a_pasted_explorer_url(
+    client_as, run, rollouts, personas
+):
+    resp = client_as("trainer").post(
+        reverse("annotations-queue-new"),
+        {
+            "name": "late hacks",
+            "run": run.id,
+            "source": "explorer",
+            "limit": 4,
+            "overlap": 2,
+            "params": "/rollouts/runs/1/?sort=correct&order=desc&step_min=10&cursor=abc",
+            "assignees": [personas["annotator"].id, personas["trainer"].id],
+        },
+    )
     q = ReviewQueue.objects.get()
     assert resp.status_code == 302 and resp["Location"] == reverse("annotations-queue", args=[q.id])
-    assert q.params == {"sort": "correct", "order": "desc", "step_min": "10"} and q.items.count() == 4
+    assert (
+        q.params == {"sort": "correct", "order": "desc", "step_min": "10"} and q.items.count() == 4
+    )
     assert ItemAssignment.objects.filter(item__queue=q).count() == 8
 
 
 def test_it_rejects_an_overlap_larger_than_the_assignees(client_as, run, rollouts, personas):
-    resp = client_as("trainer").post(reverse("annotations-queue-new"), {
-        "name": "x", "run": run.id, "source": "random", "limit": 4, "overlap": 3, "seed": 1,
-        "assignees": [personas["annotator"].id]})
-    assert resp.status_code == 400 and "overlap: cannot exceed the number of assignees (1)" in resp.content.decode()
+    resp = client_as("trainer").post(
+        reverse("annotations-queue-new"),
+        {
+            "name": "x",
+            "run": run.id,
+            "source": "random",
+            "limit": 4,
+            "overlap": 3,
+            "seed": 1,
+            "assignees": [personas["annotator"].id],
+        },
+    )
+    assert (
+        resp.status_code == 400
+        and "overlap: cannot exceed the number of assignees (1)" in resp.content.decode()
+    )
     assert not ReviewQueue.objects.exists()
 
 
 def test_it_lets_only_trainers_create_and_assign_queues(client_as, run, rollouts, personas):
     assert client_as("annotator").get(reverse("annotations-queue-new")).status_code == 403
     q = make_queue(run, personas)
-    resp = client_as("annotator").post(reverse("annotations-queue-assign", args=[q.id]),
-                                       {"assignees": [personas["annotator"].id], "overlap": 1})
+    resp = client_as("annotator").post(
+        reverse("annotations-queue-assign", args=[q.id]),
+        {"assignees": [personas["annotator"].id], "overlap": 1},
+    )
     assert resp.status_code == 403 and not q.assignees.exists()
 
 
@@ -306,13 +466,22 @@ def test_it_assigns_round_robin_with_overlap(run, rollouts, personas, make_user)
     got = {}
     for a in ItemAssignment.objects.filter(item__queue=q).select_related("item", "user"):
         got.setdefault(a.item.position, set()).add(a.user.username)
-    assert got == {0: {"annotator", "ann2"}, 1: {"ann3", "annotator"}, 2: {"ann2", "ann3"}, 3: {"annotator", "ann2"}}
+    assert got == {
+        0: {"annotator", "ann2"},
+        1: {"ann3", "annotator"},
+        2: {"ann2", "ann3"},
+        3: {"annotator", "ann2"},
+    }
     assert [p.assigned for p in services.progress(q)] == [3, 3, 2]
 
 
-def test_it_walks_my_items_in_order_skipping_what_i_did_and_skipped(run, rollouts, personas, make_user):
+def test_it_walks_my_items_in_order_skipping_what_i_did_and_skipped(
+    run, rollouts, personas, make_user
+):
     me, other = personas["annotator"], make_user("ann2", "annotator")
-    q = make_queue(run, personas, limit=6, overlap=1, assignees=[me, other])  # me: positions 0, 2, 4
+    q = make_queue(
+        run, personas, limit=6, overlap=1, assignees=[me, other]
+    )  # me: positions 0, 2, 4
     item = lambda pos: QueueItem.objects.get(queue=q, position=pos)  # noqa: E731
     assert services.next_item(q, me).position == 0
     annotate(item(0).rollout, me, "good")
@@ -342,7 +511,10 @@ def test_it_walks_the_queue_through_the_focus_views(client_as, run, rollouts, pe
     assert first["Location"] == reverse("annotations-focus", args=[q.id, 0])
     page = c.get(first["Location"])
     assert page.status_code == 200 and "item 1 of 3" in page.content.decode()
-    saved = c.post(reverse("annotations-focus-save", args=[q.id, 0]), {"label": "trivial-output", "note": "empty"})
+    saved = c.post(
+        reverse("annotations-focus-save", args=[q.id, 0]),
+        {"label": "trivial-output", "note": "empty"},
+    )
     assert saved["Location"] == reverse("annotations-focus-next", args=[q.id]) + "?after=0"
     assert c.get(saved["Location"])["Location"] == reverse("annotations-focus", args=[q.id, 1])
     skipped = c.post(reverse("annotations-focus-skip", args=[q.id, 1]))
@@ -353,7 +525,9 @@ def test_it_walks_the_queue_through_the_focus_views(client_as, run, rollouts, pe
 
 def test_it_shows_a_focus_form_error_without_saving(client_as, run, rollouts, personas):
     q = make_queue(run, personas, limit=2)
-    resp = client_as("annotator").post(reverse("annotations-focus-save", args=[q.id, 0]), {"note": "no label"})
+    resp = client_as("annotator").post(
+        reverse("annotations-focus-save", args=[q.id, 0]), {"note": "no label"}
+    )
     assert resp.status_code == 400 and "label: choose a label" in resp.content.decode()
     assert not Annotation.objects.exists()
 
@@ -362,15 +536,25 @@ def test_it_keeps_viewers_out_of_the_focus_view(client_as, run, rollouts, person
     q = make_queue(run, personas, limit=2)
     c = client_as("viewer")
     assert c.get(reverse("annotations-focus", args=[q.id, 0])).status_code == 403
-    assert c.post(reverse("annotations-focus-save", args=[q.id, 0]), {"label": "good"}).status_code == 403
+    assert (
+        c.post(reverse("annotations-focus-save", args=[q.id, 0]), {"label": "good"}).status_code
+        == 403
+    )
     assert c.get(reverse("annotations-queue", args=[q.id])).status_code == 200  # reading is fine
 
 
-def test_it_shows_progress_per_person_on_the_queue_page(client_as, run, rollouts, personas, make_user):
-    q = make_queue(run, personas, limit=4, assignees=[personas["annotator"], make_user("ann2", "annotator")])
+def test_it_shows_progress_per_person_on_the_queue_page(
+    client_as, run, rollouts, personas, make_user
+):
+    q = make_queue(
+        run, personas, limit=4, assignees=[personas["annotator"], make_user("ann2", "annotator")]
+    )
     annotate(q.items.get(position=0).rollout, personas["annotator"], "good")
     html = client_as("viewer").get(reverse("annotations-queue", args=[q.id])).content.decode()
-    assert "annotator</td><td>2</td><td>1</td><td>0</td>" in html and "ann2</td><td>2</td><td>0</td>" in html
+    assert (
+        "annotator</td><td>2</td><td>1</td><td>0</td>" in html
+        and "ann2</td><td>2</td><td>0</td>" in html
+    )
 
 
 # --- activity and hooks ----------------------------------------------------------------------------------------
@@ -388,7 +572,9 @@ def test_it_shows_activity_to_admins_only(client_as, rollouts, personas):
 def test_it_reports_bad_case_rollout_ids_for_diagnostics(run, rollouts, personas):
     annotate(rollouts[0], personas["annotator"], "reward-hacking")
     annotate(rollouts[0], personas["trainer"], "good")
-    annotate(rollouts[1], personas["annotator"], "false-negative-reward")  # good completion: not a bad case
+    annotate(
+        rollouts[1], personas["annotator"], "false-negative-reward"
+    )  # good completion: not a bad case
     annotate(rollouts[2], personas["trainer"], "loop-repetition")
     assert services.bad_case_rollout_ids(run) == {rollouts[0].id, rollouts[2].id}
     assert services.bad_case_rollout_ids(run.id) == {rollouts[0].id, rollouts[2].id}
@@ -400,7 +586,10 @@ def test_it_clears_a_skip_once_the_item_is_annotated(run, rollouts, personas):
     services.skip_item(item, personas["annotator"])
     assert services.progress(q)[0].skipped == 1
     annotate(item.rollout, personas["annotator"], "good")
-    assert ItemAssignment.objects.get(item=item).skipped_at is None and services.progress(q)[0].skipped == 0
+    assert (
+        ItemAssignment.objects.get(item=item).skipped_at is None
+        and services.progress(q)[0].skipped == 0
+    )
 
 
 # --- pages ---------------------------------------------------------------------------------------------------
@@ -410,15 +599,31 @@ def test_it_renders_every_annotation_page(client_as, run, rollouts, personas):
     from webapp.annotations import export
 
     q = make_queue(run, personas, limit=3, assignees=[personas["annotator"]])
-    annotate(q.items.get(position=0).rollout, personas["annotator"], "reward-hacking", corrected_completion="better")
-    ds = export.export_dataset(name="d", kind="sft", fmt="standard", source="queue", queue=q, user=personas["trainer"])
+    annotate(
+        q.items.get(position=0).rollout,
+        personas["annotator"],
+        "reward-hacking",
+        corrected_completion="better",
+    )
+    ds = export.export_dataset(
+        name="d", kind="sft", fmt="standard", source="queue", queue=q, user=personas["trainer"]
+    )
     c = client_as("admin")
-    for name, args in [("annotations-home", []), ("annotations-labels", []), ("annotations-label-new", []),
-                       ("annotations-label-edit", [label("good").id]), ("annotations-queue-new", []),
-                       ("annotations-queue", [q.id]), ("annotations-agreement", [q.id]),
-                       ("annotations-focus", [q.id, 0]), ("annotations-activity", []),
-                       ("annotations-datasets", []), ("annotations-dataset", [ds.id]),
-                       ("annotations-rollout", [rollouts[0].id]), ("annotations-slot", [rollouts[0].id])]:
+    for name, args in [
+        ("annotations-home", []),
+        ("annotations-labels", []),
+        ("annotations-label-new", []),
+        ("annotations-label-edit", [label("good").id]),
+        ("annotations-queue-new", []),
+        ("annotations-queue", [q.id]),
+        ("annotations-agreement", [q.id]),
+        ("annotations-focus", [q.id, 0]),
+        ("annotations-activity", []),
+        ("annotations-datasets", []),
+        ("annotations-dataset", [ds.id]),
+        ("annotations-rollout", [rollouts[0].id]),
+        ("annotations-slot", [rollouts[0].id]),
+    ]:
         resp = c.get(reverse(name, args=args))
         assert resp.status_code == 200, name
 
@@ -426,14 +631,18 @@ def test_it_renders_every_annotation_page(client_as, run, rollouts, personas):
 def test_it_shows_the_slot_on_the_transcript_and_group_pages(client_as, rollouts, personas):
     annotate(rollouts[0], personas["trainer"], "format-error", note="broken json")
     c = client_as("annotator")
-    for url in (reverse("rollouts-transcript", args=[rollouts[0].id]), reverse("rollouts-group",
-                                                                               args=[rollouts[0].group_id])):
+    for url in (
+        reverse("rollouts-transcript", args=[rollouts[0].id]),
+        reverse("rollouts-group", args=[rollouts[0].group_id]),
+    ):
         html = c.get(url).content.decode()
         assert f'id="ann-slot-{rollouts[0].id}"' in html and "broken json" in html, url
         assert "Annotate this rollout" in html and html.count("css/annotations.css") == 1
 
 
-def test_it_reassigns_a_queue_and_refuses_people_who_cannot_annotate(client_as, run, rollouts, personas, make_user):
+def test_it_reassigns_a_queue_and_refuses_people_who_cannot_annotate(
+    client_as, run, rollouts, personas, make_user
+):
     q = make_queue(run, personas, limit=4, assignees=[personas["annotator"]])
     c = client_as("trainer")
     url = reverse("annotations-queue-assign", args=[q.id])
@@ -446,10 +655,15 @@ def test_it_reassigns_a_queue_and_refuses_people_who_cannot_annotate(client_as, 
     assert q.overlap == 2 and ItemAssignment.objects.filter(item__queue=q).count() == 8
 
 
-def test_it_points_the_htmx_slots_links_back_to_the_page_not_the_post(client_as, rollouts, personas):
+def test_it_points_the_htmx_slots_links_back_to_the_page_not_the_post(
+    client_as, rollouts, personas
+):
     c = client_as("annotator")
-    resp = c.post(reverse("annotations-annotate", args=[rollouts[0].id]),
-                  {"label": "good", "next": "/rollouts/5/"}, HTTP_HX_REQUEST="true")
+    resp = c.post(
+        reverse("annotations-annotate", args=[rollouts[0].id]),
+        {"label": "good", "next": "/rollouts/5/"},
+        HTTP_HX_REQUEST="true",
+    )
     assert 'name="next" value="/rollouts/5/"' in resp.content.decode()
 
 

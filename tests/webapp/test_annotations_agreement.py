@@ -57,8 +57,13 @@ def _alpha_by_definition(units: list[list[str]]) -> float:
     units = [u for u in units if len(u) >= 2]
     pooled = [v for u in units for v in u]
     n = len(pooled)
-    d_o = sum(sum(u[i] != u[j] for i in range(len(u)) for j in range(len(u)) if i != j) / (len(u) - 1)
-              for u in units) / n
+    d_o = (
+        sum(
+            sum(u[i] != u[j] for i in range(len(u)) for j in range(len(u)) if i != j) / (len(u) - 1)
+            for u in units
+        )
+        / n
+    )
     d_e = sum(pooled[i] != pooled[j] for i in range(n) for j in range(n) if i != j) / (n * (n - 1))
     return 1 - d_o / d_e
 
@@ -85,19 +90,30 @@ def test_it_matches_the_definitions_on_random_data(seed):
 def test_it_computes_per_label_binary_agreement_by_hand():
     # hack vs not: (T,T) (F,T) (F,F) (F,F) -> o_TT 2, o_TF = o_FT 1, o_FF 4 -> alpha = 1 - 7*2/30 = 0.5333;
     # kappa: p_o 3/4, A says T 1/4, B 2/4 -> p_e = 1/4*2/4 + 3/4*2/4 = 0.5 -> 0.5.
-    r = {1: {"a": "hack", "b": "hack"}, 2: {"a": "good", "b": "hack"}, 3: {"a": "good", "b": "good"},
-         4: {"a": "loop", "b": "loop"}}
+    r = {
+        1: {"a": "hack", "b": "hack"},
+        2: {"a": "good", "b": "hack"},
+        3: {"a": "good", "b": "good"},
+        4: {"a": "loop", "b": "loop"},
+    }
     res = agreement.agreement(r, ["hack", "good", "loop"])
     assert res.per_label["hack"]["alpha"] == pytest.approx(1 - 14 / 30)
     assert res.per_label["hack"]["pairs"][0].kappa == pytest.approx(0.5)
     assert res.disagreements == [2] and res.items == 4
 
 
-def test_it_shows_the_queues_agreement_and_disagreements(client_as, run, rollouts, personas, make_user):  # noqa: F811
+def test_it_shows_the_queues_agreement_and_disagreements(
+    client_as, run, rollouts, personas, make_user
+):  # noqa: F811
     bob = make_user("bob", "annotator")
     q = make_queue(run, personas, limit=5, overlap=2, assignees=[personas["annotator"], bob])
     items = list(q.items.select_related("rollout").order_by("position"))
-    pairs = [("reward-hacking", "reward-hacking"), ("good", "reward-hacking"), ("good", "good"), ("good", "good")]
+    pairs = [
+        ("reward-hacking", "reward-hacking"),
+        ("good", "reward-hacking"),
+        ("good", "good"),
+        ("good", "good"),
+    ]
     for item, (x, y) in zip(items, pairs):
         annotate(item.rollout, personas["annotator"], x, note=f"ann says {x}")
         annotate(item.rollout, bob, y)

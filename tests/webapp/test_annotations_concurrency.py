@@ -66,10 +66,13 @@ def test_it_keeps_both_rows_when_two_annotators_save_at_once(rollout, personas):
         def fn() -> None:
             start.wait(10)
             services.save_annotation(rollout, user, label=label, note=user.username)
+
         return fn
 
     assert in_threads(save(personas["annotator"], hack), save(personas["trainer"], good)) == []
-    got = dict(Annotation.objects.filter(rollout=rollout).values_list("author__username", "label__slug"))
+    got = dict(
+        Annotation.objects.filter(rollout=rollout).values_list("author__username", "label__slug")
+    )
     assert got == {"annotator": "reward-hacking", "trainer": "good"}
 
 
@@ -87,6 +90,7 @@ def test_it_keeps_both_rows_when_both_transactions_are_open_together(rollout, pe
             with transaction.atomic():
                 services.save_annotation(rollout, user, label=hack, note=user.username)
                 both_inserted.wait(10)  # neither has committed yet
+
         return fn
 
     assert in_threads(save(personas["annotator"]), save(personas["trainer"])) == []
@@ -104,13 +108,17 @@ def test_it_turns_the_same_persons_racing_insert_into_an_update(rollout, persona
 
     def first() -> None:
         with transaction.atomic():
-            services.save_annotation(rollout, me, label=Label.objects.get(slug="good"), note="first")
+            services.save_annotation(
+                rollout, me, label=Label.objects.get(slug="good"), note="first"
+            )
             a_inserted.set()
             time.sleep(0.5)  # B is now blocked on our uncommitted unique key
 
     def second() -> None:
         a_inserted.wait(10)
-        services.save_annotation(rollout, me, label=Label.objects.get(slug="format-error"), note="second")
+        services.save_annotation(
+            rollout, me, label=Label.objects.get(slug="format-error"), note="second"
+        )
 
     assert in_threads(first, second) == []
     [row] = Annotation.objects.filter(rollout=rollout)

@@ -8,7 +8,10 @@ from django.core.management import call_command
 from tests.conftest import make_group
 from webapp.rollouts.models import Group, Rollout
 
-ENV = {"name": "api-env", "components": [{"name": "acc", "weight": 1.0}, {"name": "fmt", "weight": 0.5}]}
+ENV = {
+    "name": "api-env",
+    "components": [{"name": "acc", "weight": 1.0}, {"name": "fmt", "weight": 0.5}],
+}
 
 
 def _post(client, url, body, raw=False):
@@ -22,7 +25,11 @@ def test_it_refuses_anonymous_requests(client, db):
 
 def test_it_creates_a_run_and_ingests_groups(api, personas):
     c = api(personas["trainer"])
-    res = _post(c, "/api/v1/runs/", {"name": "r1", "kind": "grpo", "environment": ENV, "config": {"beta": 0.0}})
+    res = _post(
+        c,
+        "/api/v1/runs/",
+        {"name": "r1", "kind": "grpo", "environment": ENV, "config": {"beta": 0.0}},
+    )
     assert res.status_code == 201, res.json()
     run_id = res.json()["id"]
     body = {"groups": [make_group(0, "p", [{"acc": 1, "fmt": 1}, {"acc": 0, "fmt": 1}])]}
@@ -43,10 +50,16 @@ def test_it_forbids_a_viewer_to_ingest(api, personas, run):
     [
         ('{"groups": [', "body"),
         ('{"groups": [{"step": NaN}]}', "body"),
-        ('{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
-         '"rewards": {"nope": 1}}]}]}', "groups[0].rollouts[0].rewards.nope"),
-        ('{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
-         '"rewards": {"correct": "1"}}]}]}', "groups[0].rollouts[0].rewards.correct"),
+        (
+            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
+            '"rewards": {"nope": 1}}]}]}',
+            "groups[0].rollouts[0].rewards.nope",
+        ),
+        (
+            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
+            '"rewards": {"correct": "1"}}]}]}',
+            "groups[0].rollouts[0].rewards.correct",
+        ),
         ('{"groups": 3}', "groups"),
     ],
 )
@@ -69,7 +82,9 @@ def test_it_pages_rollouts_sorted_by_a_component_with_stable_ties(api, personas,
     from webapp.rollouts.ingest import ingest_groups
 
     vals = [0.0, 0.5, 0.5, 0.5, 1.0, None]
-    groups = [make_group(s, f"k{s}", [{"correct": v, "format": 1.0} for v in vals]) for s in range(3)]
+    groups = [
+        make_group(s, f"k{s}", [{"correct": v, "format": 1.0} for v in vals]) for s in range(3)
+    ]
     ingest_groups(run, {"groups": groups})
     c = api(personas["viewer"])
     for order in ("asc", "desc"):
@@ -90,8 +105,15 @@ def test_it_pages_rollouts_sorted_by_a_component_with_stable_ties(api, personas,
 def test_it_filters_rollouts_by_step_and_reports_group_std(api, personas, run):
     from webapp.rollouts.ingest import ingest_groups
 
-    ingest_groups(run, {"groups": [make_group(s, "k", [{"correct": 1.0}, {"correct": 0.0}]) for s in range(4)]})
-    data = api(personas["viewer"]).get(f"/api/v1/runs/{run.id}/rollouts/?sort=reward&step_min=1&step_max=2").json()
+    ingest_groups(
+        run,
+        {"groups": [make_group(s, "k", [{"correct": 1.0}, {"correct": 0.0}]) for s in range(4)]},
+    )
+    data = (
+        api(personas["viewer"])
+        .get(f"/api/v1/runs/{run.id}/rollouts/?sort=reward&step_min=1&step_max=2")
+        .json()
+    )
     assert {r["step"] for r in data["rollouts"]} == {1, 2}
     assert data["rollouts"][0]["group_std"] == pytest.approx(0.7071, abs=1e-3)
     bad = api(personas["viewer"]).get(f"/api/v1/runs/{run.id}/rollouts/?sort=bogus")
@@ -112,7 +134,10 @@ def test_it_returns_a_group_with_component_stats(api, personas, run):
 def test_it_records_metrics_and_keeps_the_latest_value(api, personas, run):
     c = api(personas["trainer"])
     url = f"/api/v1/runs/{run.id}/metrics/"
-    assert _post(c, url, {"metrics": [{"step": 1, "values": {"loss": 2.0, "kl": 0.1}}]}).status_code == 200
+    assert (
+        _post(c, url, {"metrics": [{"step": 1, "values": {"loss": 2.0, "kl": 0.1}}]}).status_code
+        == 200
+    )
     assert _post(c, url, {"metrics": [{"step": 1, "values": {"loss": 1.5}}]}).status_code == 200
     assert dict(run.metrics.values_list("name", "value")) == {"loss": 1.5, "kl": 0.1}
     bad = _post(c, url, {"metrics": [{"step": 1, "values": {"loss": "x"}}]})

@@ -13,14 +13,33 @@ from webapp.runs.queries import ComponentSeries, DashboardData, Series
 def _data() -> DashboardData:
     reward = Series(steps=[0, 1, 2], mean=[0.1, 0.5, None], std=[0.2, None, None])
     comps = [
-        ComponentSeries(name="correct", steps=[0, 1, 2], mean=[0.1, 0.4, 0.9], batch_std=[0.3, 0.4, 0.1],
-                        within_std=[0.2, 0.1, 0.0], zero_std_frac=[0.0, 0.5, 1.0]),
-        ComponentSeries(name="format", steps=[0, 1], mean=[1.0, 1.0], batch_std=[0.0, 0.0], within_std=[0.0, 0.0],
-                        zero_std_frac=[1.0, 1.0], batch_std_source="trainer"),
+        ComponentSeries(
+            name="correct",
+            steps=[0, 1, 2],
+            mean=[0.1, 0.4, 0.9],
+            batch_std=[0.3, 0.4, 0.1],
+            within_std=[0.2, 0.1, 0.0],
+            zero_std_frac=[0.0, 0.5, 1.0],
+        ),
+        ComponentSeries(
+            name="format",
+            steps=[0, 1],
+            mean=[1.0, 1.0],
+            batch_std=[0.0, 0.0],
+            within_std=[0.0, 0.0],
+            zero_std_frac=[1.0, 1.0],
+            batch_std_source="trainer",
+        ),
     ]
-    return DashboardData(reward=reward, zero_std_steps=[0, 1, 2], zero_std_frac=[0.0, 0.5, 1.0], components=comps,
-                         metrics={"kl": ([0, 1], [0.01, 0.02]), "loss": ([0, 1], [1.0, 0.9])},
-                         n_groups=6, n_rollouts=48)
+    return DashboardData(
+        reward=reward,
+        zero_std_steps=[0, 1, 2],
+        zero_std_frac=[0.0, 0.5, 1.0],
+        components=comps,
+        metrics={"kl": ([0, 1], [0.01, 0.02]), "loss": ([0, 1], [1.0, 0.9])},
+        n_groups=6,
+        n_rollouts=48,
+    )
 
 
 def test_it_draws_the_reward_mean_with_a_std_band_that_skips_missing_values():
@@ -36,7 +55,10 @@ def test_it_puts_within_group_and_batch_std_on_one_chart_with_distinct_labels():
     d = _data()
     sql = charts.component_std_figure(d.components[0], "#000")
     logged = charts.component_std_figure(d.components[1], "#000")
-    assert [t["name"] for t in sql["data"]] == ["within-group std (mean over groups)", "batch std (over the step)"]
+    assert [t["name"] for t in sql["data"]] == [
+        "within-group std (mean over groups)",
+        "batch std (over the step)",
+    ]
     assert logged["data"][1]["name"] == "batch std (trainer log)"
     assert sql["data"][0]["y"] == [0.2, 0.1, 0.0] and sql["data"][1]["y"] == [0.3, 0.4, 0.1]
     assert "within-group" in charts.BATCH_VS_GROUP and "rewards/<name>/std" in charts.BATCH_VS_GROUP
@@ -51,7 +73,16 @@ def test_it_charts_the_zero_std_fraction_overall_and_per_component_on_a_unit_axi
 
 def test_it_lays_out_every_dashboard_figure_under_a_unique_id():
     out = charts.dashboard_figures(_data())
-    assert set(out["all"]) == {"reward", "zero-std", "mean-0", "std-0", "mean-1", "std-1", "metric:kl", "metric:loss"}
+    assert set(out["all"]) == {
+        "reward",
+        "zero-std",
+        "mean-0",
+        "std-0",
+        "mean-1",
+        "std-1",
+        "metric:kl",
+        "metric:loss",
+    }
     assert [c["name"] for c in out["components"]] == ["correct", "format"]
     assert [m["name"] for m in out["metrics"]] == ["kl", "loss"]  # sorted by name
     assert out["all"]["metric:kl"]["data"][0]["y"] == [0.01, 0.02]
@@ -74,4 +105,8 @@ def test_it_scales_a_sparkline_into_its_box():
 
 def test_it_keeps_five_significant_digits_in_chart_values():
     trace = charts._line([0, 1, 2], [1 / 3, 2.5e-7 / 3, None], "x", "#000")
-    assert trace["y"] == [0.33333, 8.3333e-08, None]  # small values (a KL of 1e-7) keep their digits
+    assert trace["y"] == [
+        0.33333,
+        8.3333e-08,
+        None,
+    ]  # small values (a KL of 1e-7) keep their digits

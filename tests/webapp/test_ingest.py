@@ -13,13 +13,29 @@ from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollo
 
 
 def _counts():
-    return (Group.objects.count(), Rollout.objects.count(), RewardScore.objects.count(),
-            GroupComponentStat.objects.count())
+    return (
+        Group.objects.count(),
+        Rollout.objects.count(),
+        RewardScore.objects.count(),
+        GroupComponentStat.objects.count(),
+    )
 
 
 def test_it_stores_groups_rollouts_scores_and_stats(run):
-    body = {"groups": [make_group(0, "p1", [{"correct": 1, "format": 1}, {"correct": 0, "format": 1},
-                                            {"correct": 1, "format": 1}, {"correct": 0, "format": 1}])]}
+    body = {
+        "groups": [
+            make_group(
+                0,
+                "p1",
+                [
+                    {"correct": 1, "format": 1},
+                    {"correct": 0, "format": 1},
+                    {"correct": 1, "format": 1},
+                    {"correct": 0, "format": 1},
+                ],
+            )
+        ]
+    }
     res = ingest_groups(run, body)
     assert (res.groups, res.rollouts) == (1, 4)
     g = Group.objects.get()
@@ -32,14 +48,22 @@ def test_it_stores_groups_rollouts_scores_and_stats(run):
 
 
 def test_it_packs_each_groups_scores_in_the_documented_layout(run):
-    ingest_groups(run, {"groups": [make_group(3, "p", [{"correct": 1, "format": None}, {"penalty": -0.5}])]})
+    ingest_groups(
+        run, {"groups": [make_group(3, "p", [{"correct": 1, "format": None}, {"penalty": -0.5}])]}
+    )
     g = Group.objects.get()
     comps = {c.name: c.id for c in run.environment.components.all()}
     assert g.packed_components == f"{comps['correct']},{comps['format']},{comps['penalty']}"
-    rec = np.frombuffer(bytes(g.packed_scores), dtype=[("id", "<i8"), ("length", "<f8"), ("values", "<f8", (3,))])
-    assert rec["id"].tolist() == list(Rollout.objects.order_by("index").values_list("id", flat=True))
+    rec = np.frombuffer(
+        bytes(g.packed_scores), dtype=[("id", "<i8"), ("length", "<f8"), ("values", "<f8", (3,))]
+    )
+    assert rec["id"].tolist() == list(
+        Rollout.objects.order_by("index").values_list("id", flat=True)
+    )
     assert rec["length"].tolist() == [10.0, 11.0]
-    assert np.array_equal(rec["values"], [[1, np.nan, np.nan], [np.nan, np.nan, -0.5]], equal_nan=True)
+    assert np.array_equal(
+        rec["values"], [[1, np.nan, np.nan], [np.nan, np.nan, -0.5]], equal_nan=True
+    )
 
 
 def test_it_stores_no_blob_of_a_batch_that_fails(run, monkeypatch):
@@ -58,8 +82,9 @@ def test_it_computes_advantages_with_the_trl_formula_when_absent(run):
     vals = [{"correct": 1, "format": 0}, {"correct": 0, "format": 1}, {"correct": 1, "format": 1}]
     ingest_groups(run, {"groups": [make_group(0, "p", vals)]})
     got = list(Rollout.objects.order_by("index").values_list("advantage", "reward"))
-    expected = stats.compute_advantages([[1, 0, math.nan], [0, 1, math.nan], [1, 1, math.nan]], [1.0, 0.5, 0.2],
-                                        group_size=3)
+    expected = stats.compute_advantages(
+        [[1, 0, math.nan], [0, 1, math.nan], [1, 1, math.nan]], [1.0, 0.5, 0.2], group_size=3
+    )
     assert [a for a, _ in got] == pytest.approx(expected.advantages.tolist())
     assert [r for _, r in got] == pytest.approx([1.0, 0.5, 1.5])
 
@@ -72,8 +97,12 @@ def test_it_keeps_advantages_the_trainer_sent(run):
 
 
 def test_it_is_idempotent_on_step_and_key(run):
-    body = {"groups": [make_group(0, "a", [{"correct": 1}, {"correct": 0}]),
-                       make_group(1, "a", [{"correct": 1}, {"correct": 1}])]}
+    body = {
+        "groups": [
+            make_group(0, "a", [{"correct": 1}, {"correct": 0}]),
+            make_group(1, "a", [{"correct": 1}, {"correct": 1}]),
+        ]
+    }
     ingest_groups(run, body)
     before = _counts()
     res = ingest_groups(run, body)
@@ -84,25 +113,42 @@ def test_it_is_idempotent_on_step_and_key(run):
 @pytest.mark.parametrize(
     "mutate, field",
     [
-        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(unknown=1.0),
-         "groups[1].rollouts[0].rewards.unknown"),
-        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct="high"),
-         "groups[1].rollouts[0].rewards.correct"),
-        (lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct=float("inf")),
-         "groups[1].rollouts[0].rewards.correct"),
+        (
+            lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(unknown=1.0),
+            "groups[1].rollouts[0].rewards.unknown",
+        ),
+        (
+            lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct="high"),
+            "groups[1].rollouts[0].rewards.correct",
+        ),
+        (
+            lambda b: b["groups"][1]["rollouts"][0]["rewards"].update(correct=float("inf")),
+            "groups[1].rollouts[0].rewards.correct",
+        ),
         (lambda b: b["groups"][1]["rollouts"][1].update(index=0), "groups[1].rollouts[1].index"),
         (lambda b: b["groups"][1].update(step=-1), "groups[1].step"),
         (lambda b: b["groups"][1].update(split="test"), "groups[1].split"),
         (lambda b: b["groups"][1]["rollouts"][0].pop("completion"), "groups[1].rollouts[0]"),
-        (lambda b: b["groups"][1]["rollouts"][0].update(transcript=[{"role": "robot", "content": "x"}]),
-         "groups[1].rollouts[0]"),
-        (lambda b: b["groups"][1]["rollouts"].extend([b["groups"][1]["rollouts"][0]] * 1030), "groups[1].rollouts"),
+        (
+            lambda b: b["groups"][1]["rollouts"][0].update(
+                transcript=[{"role": "robot", "content": "x"}]
+            ),
+            "groups[1].rollouts[0]",
+        ),
+        (
+            lambda b: b["groups"][1]["rollouts"].extend([b["groups"][1]["rollouts"][0]] * 1030),
+            "groups[1].rollouts",
+        ),
         (lambda b: b["groups"].append(dict(b["groups"][0])), "groups[2].key"),
     ],
 )
 def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(run, mutate, field):
-    body = {"groups": [make_group(0, "good", [{"correct": 1}, {"correct": 0}]),
-                       make_group(0, "bad", [{"correct": 1}, {"correct": 0}])]}
+    body = {
+        "groups": [
+            make_group(0, "good", [{"correct": 1}, {"correct": 0}]),
+            make_group(0, "bad", [{"correct": 1}, {"correct": 0}]),
+        ]
+    }
     mutate(body)
     with pytest.raises(FieldError) as e:
         ingest_groups(run, body)
@@ -111,13 +157,29 @@ def test_it_rejects_bad_input_naming_the_field_and_stores_nothing(run, mutate, f
 
 
 def test_it_accepts_multi_turn_transcripts_and_null_scores(run):
-    transcript = [{"role": "user", "content": "hi"},
-                  {"role": "assistant", "content": None, "tool_calls": [{"name": "run", "arguments": {"x": 1}}]},
-                  {"role": "tool", "name": "run", "content": "ok"},
-                  {"role": "assistant", "content": "done"}]
-    g = {"step": 2, "key": "k", "prompt": [{"role": "user", "content": "hi"}],
-         "rollouts": [{"index": 0, "transcript": transcript, "rewards": {"correct": None}},
-                      {"index": 1, "transcript": transcript, "rewards": {"correct": {"value": 1.0, "reason": "ok"}}}]}
+    transcript = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"name": "run", "arguments": {"x": 1}}],
+        },
+        {"role": "tool", "name": "run", "content": "ok"},
+        {"role": "assistant", "content": "done"},
+    ]
+    g = {
+        "step": 2,
+        "key": "k",
+        "prompt": [{"role": "user", "content": "hi"}],
+        "rollouts": [
+            {"index": 0, "transcript": transcript, "rewards": {"correct": None}},
+            {
+                "index": 1,
+                "transcript": transcript,
+                "rewards": {"correct": {"value": 1.0, "reason": "ok"}},
+            },
+        ],
+    }
     ingest_groups(run, {"groups": [g]})
     r0, r1 = Rollout.objects.order_by("index")
     assert r0.completion == "done" and r0.reward is None and r0.advantage == 0.0
@@ -135,8 +197,13 @@ def test_it_keeps_per_step_sufficient_statistics_across_batches_and_recompute(ru
     rng = np.random.default_rng(3)
     values = rng.integers(0, 3, size=(6, 4)) / 2.0
     values[0] = 1.0  # one zero-std group
-    groups = [make_group(step, f"k{g}", [{"correct": float(v), "format": 1.0} for v in values[step * 3 + g]])
-              for step in range(2) for g in range(3)]
+    groups = [
+        make_group(
+            step, f"k{g}", [{"correct": float(v), "format": 1.0} for v in values[step * 3 + g]]
+        )
+        for step in range(2)
+        for g in range(3)
+    ]
     ingest_groups(run, {"groups": groups[:2]})  # two batches touch step 0: the sums must add up
     ingest_groups(run, {"groups": groups[2:]})
 
@@ -144,10 +211,10 @@ def test_it_keeps_per_step_sufficient_statistics_across_batches_and_recompute(ru
         data = dashboard_data(run)
         correct = next(c for c in data.components if c.name == "correct")
         for step in (0, 1):
-            v = values[step * 3:(step + 1) * 3].ravel()
+            v = values[step * 3 : (step + 1) * 3].ravel()
             assert correct.mean[step] == pytest.approx(v.mean())
             assert correct.batch_std[step] == pytest.approx(v.std(ddof=1))
-            stds = values[step * 3:(step + 1) * 3].std(axis=1, ddof=1)
+            stds = values[step * 3 : (step + 1) * 3].std(axis=1, ddof=1)
             assert correct.within_std[step] == pytest.approx(stds.mean())
             assert correct.zero_std_frac[step] == pytest.approx((stds == 0).mean())
         fmt = next(c for c in data.components if c.name == "format")
@@ -170,9 +237,13 @@ def test_it_stores_absurdly_large_rewards_without_breaking_the_step_statistics(r
 
     big = [{"correct": 1e308, "format": 1.0}, {"correct": -1e308, "format": 0.0}]
     ingest_groups(run, {"groups": [make_group(0, "a", big)]})
-    ingest_groups(run, {"groups": [make_group(0, "b", big)]})  # adding two huge sums must not overflow
+    ingest_groups(
+        run, {"groups": [make_group(0, "b", big)]}
+    )  # adding two huge sums must not overflow
     data = dashboard_data(run)
     correct = next(c for c in data.components if c.name == "correct")
-    assert correct.mean == [None] and correct.batch_std == [None]  # meaningless at this size: missing
+    assert correct.mean == [None] and correct.batch_std == [
+        None
+    ]  # meaningless at this size: missing
     fmt = next(c for c in data.components if c.name == "format")
     assert fmt.mean == [0.5]

@@ -19,7 +19,14 @@ STRICT_GROUP = [fx.FULL, fx.MISSING_EDGE, fx.MISSING_NODE, fx.EXTRA_NODE, fx.PRO
 @pytest.fixture
 def drun(personas):
     run = fx.diagram_run(personas["trainer"])
-    fx.ingest(run, [fx.group_record(step, f"g{step}-{k}", STRICT_GROUP) for step in range(3) for k in range(2)])
+    fx.ingest(
+        run,
+        [
+            fx.group_record(step, f"g{step}-{k}", STRICT_GROUP)
+            for step in range(3)
+            for k in range(2)
+        ],
+    )
     return run
 
 
@@ -27,7 +34,9 @@ def _replay(run, versions=STRICT, selection=None, **kw):
     from webapp.replays import services
     from webapp.replays.models import Replay
 
-    replay = services.create_replay(run, {"versions": versions, "selection": selection or {"mode": "all"}, **kw})
+    replay = services.create_replay(
+        run, {"versions": versions, "selection": selection or {"mode": "all"}, **kw}
+    )
     services.work(replay.id, "test-worker")
     return Replay.objects.get(id=replay.id)
 
@@ -35,8 +44,12 @@ def _replay(run, versions=STRICT, selection=None, **kw):
 def _values(replay, component="semantic_coverage"):
     from webapp.replays.models import ReplayScore
 
-    return {s.rollout.index: s for s in ReplayScore.objects.filter(replay=replay, component__name=component)
-            .select_related("rollout")}
+    return {
+        s.rollout.index: s
+        for s in ReplayScore.objects.filter(
+            replay=replay, component__name=component
+        ).select_related("rollout")
+    }
 
 
 def test_it_changes_exactly_the_rollouts_below_the_stricter_threshold(drun):
@@ -53,7 +66,12 @@ def test_it_changes_exactly_the_rollouts_below_the_stricter_threshold(drun):
     assert changed == {1, 2}  # MISSING_EDGE 0.75 and MISSING_NODE 0.58; EDGE_SPAM's 0.83 stays
     assert replay.stats["n_changed"] == 12 and "12 changed" in replay.summary
     # The originals are untouched: new values live beside them.
-    assert RewardScore.objects.filter(run=drun, component__name="semantic_coverage", value=0.75).count() == 6
+    assert (
+        RewardScore.objects.filter(
+            run=drun, component__name="semantic_coverage", value=0.75
+        ).count()
+        == 6
+    )
 
 
 def test_it_recomputes_advantages_with_the_runs_settings(drun):
@@ -65,9 +83,13 @@ def test_it_recomputes_advantages_with_the_runs_settings(drun):
     weights = np.array([0.2, 0.2, 1.0, 0.3])
     expected = stats.compute_advantages(a["new"], weights, a["group_ids"], batch_ids=a["steps"])
     assert np.allclose(a["new_adv"], expected.advantages)
-    assert np.allclose(a["new_reward"][a["ids"] == a["ids"][1]], 0.2 + 0.2 + 0.0 + 0.3)  # MISSING_EDGE after
+    assert np.allclose(
+        a["new_reward"][a["ids"] == a["ids"][1]], 0.2 + 0.2 + 0.0 + 0.3
+    )  # MISSING_EDGE after
     stored = dict(drun.rollouts.values_list("id", "advantage"))
-    assert np.allclose(a["old_adv"], [stored[i] for i in a["ids"]])  # the original, recomputed, matches ingest
+    assert np.allclose(
+        a["old_adv"], [stored[i] for i in a["ids"]]
+    )  # the original, recomputed, matches ingest
 
 
 def test_it_replays_a_step_window_and_a_sample(drun):
@@ -77,18 +99,29 @@ def test_it_replays_a_step_window_and_a_sample(drun):
     assert sample.total == 12 and sample.stats["n_groups"] == 2
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"versions": [{"version": "os:system"}]}, "versions[0].version"),
-    ({"versions": []}, "versions"),
-    ({"versions": STRICT * 2}, "versions[1].version"),
-    ({"versions": [{"version": "semantic_coverage", "params": {"min_coverage": "high"}}]},
-     "versions[0].params.min_coverage"),
-    ({"versions": [{"version": "semantic_coverage", "params": {"rm_rf": 1}}]}, "versions[0].params.rm_rf"),
-    ({"versions": STRICT, "selection": {"mode": "steps", "step_min": 5, "step_max": 1}}, "selection.step_max"),
-    ({"versions": STRICT, "selection": {"mode": "steps", "step_min": 50}}, "selection"),
-    ({"versions": STRICT, "selection": {"mode": "sample"}}, "selection.groups"),
-    ({"versions": STRICT, "code": "import os"}, "code"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"versions": [{"version": "os:system"}]}, "versions[0].version"),
+        ({"versions": []}, "versions"),
+        ({"versions": STRICT * 2}, "versions[1].version"),
+        (
+            {"versions": [{"version": "semantic_coverage", "params": {"min_coverage": "high"}}]},
+            "versions[0].params.min_coverage",
+        ),
+        (
+            {"versions": [{"version": "semantic_coverage", "params": {"rm_rf": 1}}]},
+            "versions[0].params.rm_rf",
+        ),
+        (
+            {"versions": STRICT, "selection": {"mode": "steps", "step_min": 5, "step_max": 1}},
+            "selection.step_max",
+        ),
+        ({"versions": STRICT, "selection": {"mode": "steps", "step_min": 50}}, "selection"),
+        ({"versions": STRICT, "selection": {"mode": "sample"}}, "selection.groups"),
+        ({"versions": STRICT, "code": "import os"}, "code"),
+    ],
+)
 def test_it_refuses_bad_requests_naming_the_field_and_stores_nothing(drun, body, field):
     from webapp.replays import services
     from webapp.replays.models import Replay, ReplayChunk
@@ -113,7 +146,9 @@ def flaky_layout(prompt, completion, *, mode="mixed"):
 
 @pytest.fixture
 def flaky_version():
-    rv.register("diagram", "layout_quality", f"{__name__}:flaky_layout", name="layout_quality@flaky")
+    rv.register(
+        "diagram", "layout_quality", f"{__name__}:flaky_layout", name="layout_quality@flaky"
+    )
     yield
     rv._REGISTRY.pop(("diagram", "layout_quality@flaky"), None)
 
@@ -121,7 +156,9 @@ def flaky_version():
 def test_it_records_failing_rollouts_with_their_reason_and_never_nan(drun, flaky_version):
     replay = _replay(drun, [{"version": "layout_quality@flaky"}])
     values = _values(replay, "layout_quality")
-    assert replay.status == "succeeded" and replay.failed == 18  # per group: EXTRA_NODE, PROSE, MISSING_NODE
+    assert (
+        replay.status == "succeeded" and replay.failed == 18
+    )  # per group: EXTRA_NODE, PROSE, MISSING_NODE
     assert "raised KeyError" in values[3].reason and "returned nan" in values[4].reason
     assert "returned str, not a number" in values[2].reason
     assert all(v.value == 0.0 and not v.ok for i, v in values.items() if i in (2, 3, 4))
@@ -136,10 +173,16 @@ def test_it_stores_nothing_for_a_chunk_whose_code_changed_on_the_worker(drun, se
 
     settings.REPLAY_CHUNK_ROLLOUTS = 12
     replay = services.create_replay(drun, {"versions": STRICT})
-    Replay.objects.filter(id=replay.id).update(versions=[{**replay.versions[0], "source_hash": "0" * 16}])
+    Replay.objects.filter(id=replay.id).update(
+        versions=[{**replay.versions[0], "source_hash": "0" * 16}]
+    )
     services.work(replay.id, "w")
     replay.refresh_from_db()
-    assert replay.status == "failed" and replay.n_chunks == 3 and "changed since the replay was created" in replay.error
+    assert (
+        replay.status == "failed"
+        and replay.n_chunks == 3
+        and "changed since the replay was created" in replay.error
+    )
     assert not replay.scores.exists() and replay.done == 0 and "replayed 0 of 36" in replay.summary
 
 
@@ -185,20 +228,43 @@ def test_it_counts_regressions_of_annotated_hacks(personas):
     from webapp.replays import analysis
 
     run = fx.diagram_run(personas["trainer"])
-    fx.ingest(run, [fx.group_record(0, "spam", [fx.EDGE_SPAM, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE]),
-                    fx.group_record(0, "stack", [fx.STACKED, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE])])
+    fx.ingest(
+        run,
+        [
+            fx.group_record(0, "spam", [fx.EDGE_SPAM, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE]),
+            fx.group_record(0, "stack", [fx.STACKED, fx.MISSING_EDGE, fx.MISSING_NODE, fx.PROSE]),
+        ],
+    )
     spam = run.rollouts.get(group__key="spam", index=0)
     stacked = run.rollouts.get(group__key="stack", index=0)
     fx.annotate(spam.id, "reward-hacking", personas["annotator"])
     fx.annotate(stacked.id, "reward-hacking", personas["annotator"])
-    fx.annotate(run.rollouts.get(group__key="spam", index=1).id, "false-negative-reward", personas["annotator"])
+    fx.annotate(
+        run.rollouts.get(group__key="spam", index=1).id,
+        "false-negative-reward",
+        personas["annotator"],
+    )
     replay = _replay(run, [{"version": "semantic_coverage@no_extras"}])
-    rows = {r["rollout_id"]: r for r in analysis.compare(
-        _arrays(replay), ["json_valid", "schema_valid", "semantic_coverage", "layout_quality"],
-        replay.components(), np.array([0.2, 0.2, 1.0, 0.3]), analysis.regression_labels(run.id))["regression"]}
-    assert (rows[spam.id]["rank_before"], rows[spam.id]["rank_after"], rows[spam.id]["regression"]) == (1, 3, False)
-    assert (rows[stacked.id]["rank_before"], rows[stacked.id]["rank_after"], rows[stacked.id]["regression"]) == (
-        2, 2, True)
+    rows = {
+        r["rollout_id"]: r
+        for r in analysis.compare(
+            _arrays(replay),
+            ["json_valid", "schema_valid", "semantic_coverage", "layout_quality"],
+            replay.components(),
+            np.array([0.2, 0.2, 1.0, 0.3]),
+            analysis.regression_labels(run.id),
+        )["regression"]
+    }
+    assert (
+        rows[spam.id]["rank_before"],
+        rows[spam.id]["rank_after"],
+        rows[spam.id]["regression"],
+    ) == (1, 3, False)
+    assert (
+        rows[stacked.id]["rank_before"],
+        rows[stacked.id]["rank_after"],
+        rows[stacked.id]["regression"],
+    ) == (2, 2, True)
     assert replay.stats["hacks"] == 2 and replay.stats["hacks_above_median"] == 1
     assert "reward hacks still ranked best in their group: 0 of 2" in replay.summary
     assert len(rows) == 3
@@ -233,7 +299,9 @@ def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
     again = services.claim_chunk(replay.id, "w2")
     assert again.id == dead.id and again.worker == "w2"
     services.process_chunk(replay, again, None)
-    services.process_chunk(replay, dead, None)  # the first worker comes back late: nothing is stored twice
+    services.process_chunk(
+        replay, dead, None
+    )  # the first worker comes back late: nothing is stored twice
     replay.refresh_from_db()
     assert replay.done == 36 and replay.scores.count() == 36
 
@@ -252,7 +320,9 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
     replay = services.create_replay(drun, {"versions": STRICT})
 
     def killed(replay):
-        raise SystemExit("worker killed mid-summary")  # not an Exception: finish() cannot record a failure
+        raise SystemExit(
+            "worker killed mid-summary"
+        )  # not an Exception: finish() cannot record a failure
 
     monkeypatch.setattr(services, "summarise", killed)
     with pytest.raises(SystemExit):
@@ -260,7 +330,9 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
     monkeypatch.undo()
     replay.refresh_from_db()
     assert replay.status == "summarising" and replay.results is None and replay.done == replay.total
-    assert not services.finish(replay.id) and not services.stalled(replay)  # a live summariser is left alone
+    assert not services.finish(replay.id) and not services.stalled(
+        replay
+    )  # a live summariser is left alone
     page = reverse("replays-detail", args=[replay.id])
     assert 'id="replay-resume"' not in client_as("trainer").get(page).content.decode()
 
@@ -274,10 +346,14 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
     monkeypatch.setattr(services, "enqueue", queued.append)
     assert client_as("trainer").post(reverse("replays-resume", args=[replay.id])).status_code == 302
     assert [r.id for r in queued] == [replay.id]
-    assert services.resume_stalled() == 0 and len(queued) == 1  # re-queued once per stale limit, not per beat
+    assert (
+        services.resume_stalled() == 0 and len(queued) == 1
+    )  # re-queued once per stale limit, not per beat
     services.work(replay.id, "next-worker")  # what the queued task runs
     replay.refresh_from_db()
-    assert replay.status == "succeeded" and replay.results is not None and "rollouts" in replay.summary
+    assert (
+        replay.status == "succeeded" and replay.results is not None and "rollouts" in replay.summary
+    )
 
 
 def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settings):
@@ -294,12 +370,18 @@ def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settin
     Replay.objects.filter(id=replay.id).update(status="running", started_at=hour_ago)
     chunk = services.claim_chunk(replay.id, "worker-that-dies")
     replay.refresh_from_db()
-    assert not services.stalled(replay) and not services.resume(replay)  # its worker is still within the limit
+    assert not services.stalled(replay) and not services.resume(
+        replay
+    )  # its worker is still within the limit
     ReplayChunk.objects.filter(id=chunk.id).update(claimed_at=hour_ago)
     assert services.stalled(replay)
     services.work(replay.id, "w2")
     replay.refresh_from_db()
-    assert replay.status == "succeeded" and replay.done == replay.total and not services.stalled(replay)
+    assert (
+        replay.status == "succeeded"
+        and replay.done == replay.total
+        and not services.stalled(replay)
+    )
 
 
 def test_it_requeues_each_stalled_replay_once_from_the_worker_heartbeat(drun, monkeypatch):

@@ -5,8 +5,14 @@ from webapp.replays import charts
 
 def _row(name, replayed=True, weight=1.0):
     side = {"mean": 0.5, "within_std": 0.1, "zero_std_frac": 0.2, "share": 0.5}
-    return {"name": name, "replayed": replayed, "weight": weight, "old": side, "new": side,
-            "hist": {"edges": [0.0, 0.5, 1.0], "old": [1, 2], "new": [2, 1]}}
+    return {
+        "name": name,
+        "replayed": replayed,
+        "weight": weight,
+        "old": side,
+        "new": side,
+        "hist": {"edges": [0.0, 0.5, 1.0], "old": [1, 2], "new": [2, 1]},
+    }
 
 
 def test_it_escapes_component_names_everywhere_in_the_figures():

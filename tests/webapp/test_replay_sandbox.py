@@ -15,13 +15,28 @@ def test_it_reruns_submitted_code_in_the_sandbox(personas):
     env = atc.AskToCodeEnv()
     records = atc.generate_groups(env, steps=1, groups_per_step=1, G=3, seed=1)
     prompt = atc.stored_prompt(records[0]["key"], records[0]["prompt"])
-    spin = [*prompt.messages, {"role": "assistant", "content": "```python\ndef f(*a):\n    while True:\n"
-                                                                  "        pass\n```"}]
+    spin = [
+        *prompt.messages,
+        {
+            "role": "assistant",
+            "content": "```python\ndef f(*a):\n    while True:\n        pass\n```",
+        },
+    ]
     scores = env.score(prompt, spin)
-    records[0]["rollouts"].append({"index": 3, "transcript": spin,
-                                   "rewards": {k: {"value": s.value, "reason": s.reason} for k, s in scores.items()}})
-    run = create_run(name="atc", kind="grpo", environment=environment_from_training(env), config={},
-                     status="succeeded")
+    records[0]["rollouts"].append(
+        {
+            "index": 3,
+            "transcript": spin,
+            "rewards": {k: {"value": s.value, "reason": s.reason} for k, s in scores.items()},
+        }
+    )
+    run = create_run(
+        name="atc",
+        kind="grpo",
+        environment=environment_from_training(env),
+        config={},
+        status="succeeded",
+    )
     ingest_groups(run, {"groups": records})
     atc.clear_cache()  # the replay must run the tests again, not read the scoring process's cache
     calls = []

@@ -19,9 +19,12 @@ def test_it_replays_in_a_real_worker(worker_process, personas, settings):
     settings.REPLAY_CHUNK_ROLLOUTS = 12  # two chunks, so the worker claims more than one
     replay = services.create_replay(run, {"versions": STRICT})
     services.enqueue(replay)
-    done = wait_for(lambda: Replay.objects.filter(id=replay.id, status__in=Replay.FINISHED).first(), timeout=120)
+    done = wait_for(
+        lambda: Replay.objects.filter(id=replay.id, status__in=Replay.FINISHED).first(), timeout=120
+    )
     assert done.status == "succeeded", done.error
     assert done.done == 24 and done.stats["n_changed"] == 8 and done.scores.count() == 24
     assert set(ReplayChunk.objects.filter(replay=done).values_list("status", flat=True)) == {"done"}
-    assert "replayed 24 of 24 rollouts" in wait_for(lambda: "replayed 24" in worker_process.read_text()
-                                                    and worker_process.read_text())
+    assert "replayed 24 of 24 rollouts" in wait_for(
+        lambda: "replayed 24" in worker_process.read_text() and worker_process.read_text()
+    )

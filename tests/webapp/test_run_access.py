@@ -19,7 +19,9 @@ def request_as(user):
 
 def test_it_checks_the_role_before_looking_the_run_up(run, personas):
     with pytest.raises(PermissionDenied, match="needs the trainer role"):
-        get_run_for(request_as(personas["viewer"]), 10**9, "trainer")  # not a 404: nothing is revealed
+        get_run_for(
+            request_as(personas["viewer"]), 10**9, "trainer"
+        )  # not a 404: nothing is revealed
     with pytest.raises(Http404):
         get_run_for(request_as(personas["trainer"]), 10**9, "trainer")
     assert get_run_for(request_as(personas["viewer"]), run.id) == run

@@ -29,10 +29,13 @@ def orm_read(run, component_ids: list[int], step_min: int | None = None) -> dict
     for rid, cid, value in scores:
         if rid in at and cid in col and value is not None:
             matrix[at[rid], col[cid]] = value
-    return {"ids": ids, "group_ids": np.array([r[1] for r in rows], dtype=np.int64),
-            "steps": np.array([r[2] for r in rows], dtype=np.int64),
-            "lengths": np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64),
-            "matrix": matrix}
+    return {
+        "ids": ids,
+        "group_ids": np.array([r[1] for r in rows], dtype=np.int64),
+        "steps": np.array([r[2] for r in rows], dtype=np.int64),
+        "lengths": np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64),
+        "matrix": matrix,
+    }
 
 
 def _by_id(a: dict) -> dict:
@@ -49,8 +52,18 @@ def assert_same_arrays(got: dict, want: dict) -> None:
 
 
 def seed(run, steps: int = 6) -> None:
-    groups = [make_group(s, f"p{k}", [{"correct": (i + k + s) % 2, "format": 1, "penalty": -0.1 * ((i * 7 + k) % 4)}
-                                      for i in range(4)]) for s in range(steps) for k in range(3)]
+    groups = [
+        make_group(
+            s,
+            f"p{k}",
+            [
+                {"correct": (i + k + s) % 2, "format": 1, "penalty": -0.1 * ((i * 7 + k) % 4)}
+                for i in range(4)
+            ],
+        )
+        for s in range(steps)
+        for k in range(3)
+    ]
     ingest_groups(run, {"groups": groups})
 
 
@@ -60,12 +73,24 @@ def mixed_run(run) -> list[int]:
     from webapp.rollouts.services import ensure_environment
 
     seed(run, steps=4)
-    ingest_groups(run, {"groups": [make_group(4, "partial", [{"correct": 1}, {"correct": None, "format": 0}])]})
+    ingest_groups(
+        run,
+        {"groups": [make_group(4, "partial", [{"correct": 1}, {"correct": None, "format": 0}])]},
+    )
     ensure_environment("toy", [{"name": "late", "weight": 0.3}])  # existing groups never scored it
     no_length = make_group(6, "nolength", [{"correct": 0, "late": 1.0}, {"penalty": -0.5}])
     no_length["rollouts"][1]["length"] = None
-    ingest_groups(run, {"groups": [make_group(5, "late", [{"correct": 1, "late": 0.25}, {"late": None}, {"format": 1}]),
-                                   no_length]})
+    ingest_groups(
+        run,
+        {
+            "groups": [
+                make_group(
+                    5, "late", [{"correct": 1, "late": 0.25}, {"late": None}, {"format": 1}]
+                ),
+                no_length,
+            ]
+        },
+    )
     return [c.id for c in run.components()]
 
 
@@ -76,9 +101,16 @@ def test_it_reads_the_same_arrays_as_the_orm_reader(run):
     assert_same_arrays(got, orm_read(run, ids))
     got = _by_id(got)
     late = got["matrix"][:, 3]
-    assert np.isnan(late[got["steps"] < 5]).all() and np.nanmax(late) == 1.0  # added later: NaN before
-    assert np.isfinite(got["lengths"]).all()  # a rollout sent without a length is measured at ingest
-    reordered = [ids[3], ids[0]]  # columns follow the requested order, whatever each group's header says
+    assert (
+        np.isnan(late[got["steps"] < 5]).all() and np.nanmax(late) == 1.0
+    )  # added later: NaN before
+    assert np.isfinite(
+        got["lengths"]
+    ).all()  # a rollout sent without a length is measured at ingest
+    reordered = [
+        ids[3],
+        ids[0],
+    ]  # columns follow the requested order, whatever each group's header says
     assert_same_arrays(arrays.read(run.id, reordered), orm_read(run, reordered))
 
 
@@ -102,7 +134,9 @@ def test_it_reads_a_window_as_the_orm_reads_it(run, step_min):
 def test_it_reads_every_chunk_of_a_large_run(run, monkeypatch):
     ids = mixed_run(run)
     want = orm_read(run, ids)
-    monkeypatch.setattr(arrays, "CHUNK_ROLLOUTS", 5)  # many chunks of a few groups (Postgres's 1 GB cap)
+    monkeypatch.setattr(
+        arrays, "CHUNK_ROLLOUTS", 5
+    )  # many chunks of a few groups (Postgres's 1 GB cap)
     assert_same_arrays(arrays.read(run.id, ids, expected=want["ids"].size), want)
 
 
@@ -139,11 +173,15 @@ def _migrate_rollouts(target: str | None = None) -> None:
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
-    target = target or max(name for app, name in executor.loader.graph.leaf_nodes() if app == "rollouts")
+    target = target or max(
+        name for app, name in executor.loader.graph.leaf_nodes() if app == "rollouts"
+    )
     executor.migrate([("rollouts", target)])
 
 
-@pytest.mark.django_db(transaction=True)  # migrations alter tables: SQLite cannot inside a transaction
+@pytest.mark.django_db(
+    transaction=True
+)  # migrations alter tables: SQLite cannot inside a transaction
 def test_it_backfills_the_same_blobs_ingestion_writes(run):
     from django.db.models import Q
 
@@ -153,17 +191,25 @@ def test_it_backfills_the_same_blobs_ingestion_writes(run):
     late = Group.objects.get(run=run, key="late")
     written = (bytes(late.packed_scores), late.packed_components)
     assert written[1] == ",".join(map(str, ids))
-    assert Group.objects.get(run=run, key="partial").packed_components == ",".join(map(str, ids[:3]))
-    _migrate_rollouts("0008_search_index_by_run")  # the column is nullable again: groups stored before 0006
+    assert Group.objects.get(run=run, key="partial").packed_components == ",".join(
+        map(str, ids[:3])
+    )
+    _migrate_rollouts(
+        "0008_search_index_by_run"
+    )  # the column is nullable again: groups stored before 0006
     try:
-        Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(packed_scores=None, packed_components="")
+        Group.objects.filter(Q(step__lt=3) | Q(key="late")).update(
+            packed_scores=None, packed_components=""
+        )
     finally:
         _migrate_rollouts()  # 0009: backfills them, then NOT NULL
     assert not Group.objects.filter(packed_scores=None).exists()
     late.refresh_from_db()
     assert (bytes(late.packed_scores), late.packed_components) == written  # byte for byte
     # The backfill heads every group with the environment's current components.
-    assert set(Group.objects.filter(step__lt=3).values_list("packed_components", flat=True)) == {written[1]}
+    assert set(Group.objects.filter(step__lt=3).values_list("packed_components", flat=True)) == {
+        written[1]
+    }
     assert_same_arrays(arrays.read(run.id, ids), orm_read(run, ids))
 
 

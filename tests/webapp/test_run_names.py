@@ -15,9 +15,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_it_converges_three_callers_naming_one_new_run_on_one_run(env3):
     for trial in range(8):
         name = f"sqlite-{trial}"
-        results, errors = at_once(*[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3)
+        results, errors = at_once(
+            *[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3
+        )
         assert errors == []
-        assert len({run.id for run, _ in results}) == 1 and Run.objects.filter(name=name).count() == 1
+        assert (
+            len({run.id for run, _ in results}) == 1 and Run.objects.filter(name=name).count() == 1
+        )
 
 
 def test_it_returns_an_existing_run_of_any_kind_as_it_is(env3):
@@ -35,8 +39,18 @@ def test_it_refuses_a_name_that_several_runs_share(env3):
 
 
 def test_it_creates_the_run_as_described(env3, personas):
-    run, created = get_or_create_run(name="new", kind="import", environment=env3, config={"a": 1},
-                                     owner=personas["trainer"], base_model="m")
-    assert created and (run.kind, run.status, run.owner, run.base_model) == ("import", "running",
-                                                                             personas["trainer"], "m")
+    run, created = get_or_create_run(
+        name="new",
+        kind="import",
+        environment=env3,
+        config={"a": 1},
+        owner=personas["trainer"],
+        base_model="m",
+    )
+    assert created and (run.kind, run.status, run.owner, run.base_model) == (
+        "import",
+        "running",
+        personas["trainer"],
+        "m",
+    )
     assert run.config["a"] == 1

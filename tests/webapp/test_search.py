@@ -31,17 +31,49 @@ def agent_transcript(i: int, marks: dict[str, str] | None = None) -> list[dict]:
     return [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": TASK},
-        {"role": "assistant", "content": f"Let me look at the file first {m.get('assistant', '')}",
-         "tool_calls": [{"id": f"c{i}a", "type": "function",
-                         "function": {"name": "read_file",
-                                      "arguments": json.dumps({"path": f"src/parser.py {m.get('args', '')}"})}}]},
-        {"role": "tool", "tool_call_id": f"c{i}a", "name": "read_file",
-         "content": FILLER[:40_000] + f"Traceback: KeyError 'x' {m.get('result', '')} " + FILLER[:40_000]},
-        {"role": "assistant", "content": "Running the tests now.",
-         "tool_calls": [{"id": f"c{i}b", "type": "function",
-                         "function": {"name": "run_tests", "arguments": "{\"k\": \"parser\"}"}}]},
-        {"role": "tool", "tool_call_id": f"c{i}b", "name": "run_tests", "content": "3 passed, 0 failed"},
-        {"role": "assistant", "content": f"Fixed: the parser now handles empty input. {m.get('final', '')}"},
+        {
+            "role": "assistant",
+            "content": f"Let me look at the file first {m.get('assistant', '')}",
+            "tool_calls": [
+                {
+                    "id": f"c{i}a",
+                    "type": "function",
+                    "function": {
+                        "name": "read_file",
+                        "arguments": json.dumps({"path": f"src/parser.py {m.get('args', '')}"}),
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": f"c{i}a",
+            "name": "read_file",
+            "content": FILLER[:40_000]
+            + f"Traceback: KeyError 'x' {m.get('result', '')} "
+            + FILLER[:40_000],
+        },
+        {
+            "role": "assistant",
+            "content": "Running the tests now.",
+            "tool_calls": [
+                {
+                    "id": f"c{i}b",
+                    "type": "function",
+                    "function": {"name": "run_tests", "arguments": '{"k": "parser"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": f"c{i}b",
+            "name": "run_tests",
+            "content": "3 passed, 0 failed",
+        },
+        {
+            "role": "assistant",
+            "content": f"Fixed: the parser now handles empty input. {m.get('final', '')}",
+        },
     ]
 
 
@@ -50,10 +82,19 @@ def group(step: int, key: str, marks_per_rollout: list[dict[str, str]]) -> dict:
     rollouts = []
     for i, marks in enumerate(marks_per_rollout):
         reason = f"tests pass {marks.get('reason', '')}"
-        rollouts.append({"index": i, "transcript": agent_transcript(i, marks), "length": 100 + i,
-                         "rewards": {"correct": {"value": i % 2, "reason": reason}, "format": 1.0,
-                                     "penalty": -0.1 * i},
-                         "state": {"files_changed": i}})
+        rollouts.append(
+            {
+                "index": i,
+                "transcript": agent_transcript(i, marks),
+                "length": 100 + i,
+                "rewards": {
+                    "correct": {"value": i % 2, "reason": reason},
+                    "format": 1.0,
+                    "penalty": -0.1 * i,
+                },
+                "state": {"files_changed": i},
+            }
+        )
     return {"step": step, "key": key, "prompt": prompt, "rollouts": rollouts}
 
 
@@ -73,8 +114,10 @@ PARTS = ["assistant", "args", "result", "final", "reason"]
 @pytest.fixture
 def searched(run, env3, personas):
     """`run` with one rollout per part holding a marker word there, plus a twin run holding every marker."""
-    ingest_groups(run, {"groups": [group(0, "g0", [{p: f"{p}needle"} for p in PARTS]),
-                                   group(1, "g1", [{}, {}])]})
+    ingest_groups(
+        run,
+        {"groups": [group(0, "g0", [{p: f"{p}needle"} for p in PARTS]), group(1, "g1", [{}, {}])]},
+    )
     other = create_run(name="other", kind="grpo", environment=env3, config={}, status="running")
     ingest_groups(other, {"groups": [group(0, "g0", [{p: f"{p}needle" for p in PARTS}] * 2)]})
     return run, other
@@ -95,29 +138,70 @@ def test_it_finds_every_part_of_a_transcript_and_nothing_from_another_run(search
 def test_it_matches_phrases_across_line_breaks_exclusions_and_literal_wildcards(searched):
     run, _ = searched
     step0 = set(Rollout.objects.filter(run=run, step=0).values_list("id", flat=True))
-    assert set(ids(run, '"nobody reads line of build"')) == set(Rollout.objects.filter(run=run).values_list(
-        "id", flat=True))  # the phrase spans a newline of the tool result
+    assert set(ids(run, '"nobody reads line of build"')) == set(
+        Rollout.objects.filter(run=run).values_list("id", flat=True)
+    )  # the phrase spans a newline of the tool result
     assert set(ids(run, "needle -resultneedle")) == step0 - set(ids(run, "resultneedle"))
     assert ids(run, "needle%") == [] and ids(run, "need_e") == []  # % and _ are plain characters
     assert ids(run, "'x'") != []  # quotes inside a word are plain characters too
 
 
 def test_it_combines_search_with_sorts_filters_and_keyset_paging(run):
-    ingest_groups(run, {"groups": [group(s, f"g{k}", [{"result": "pagedword" if (s + k + i) % 3 else ""}
-                                                      for i in range(4)]) for s in range(3) for k in range(3)]})
-    wanted = set(Rollout.objects.filter(run=run, search_text__icontains="pagedword").values_list("id", flat=True))
+    ingest_groups(
+        run,
+        {
+            "groups": [
+                group(
+                    s,
+                    f"g{k}",
+                    [{"result": "pagedword" if (s + k + i) % 3 else ""} for i in range(4)],
+                )
+                for s in range(3)
+                for k in range(3)
+            ]
+        },
+    )
+    wanted = set(
+        Rollout.objects.filter(run=run, search_text__icontains="pagedword").values_list(
+            "id", flat=True
+        )
+    )
     assert 10 < len(wanted) < 36
     for sort in ("correct", "penalty", "reward", "length"):
         for order in ("asc", "desc"):
             full = [i for i in ids(run, "", sort=sort, order=order) if i in wanted]
             assert ids(run, "pagedword", sort=sort, order=order, limit=5) == full, (sort, order)
     stepped = ids(run, "pagedword", step_min=1, step_max=1, limit=3)
-    assert stepped and set(stepped) == set(Rollout.objects.filter(id__in=wanted, step=1).values_list("id", flat=True))
+    assert stepped and set(stepped) == set(
+        Rollout.objects.filter(id__in=wanted, step=1).values_list("id", flat=True)
+    )
 
 
-HOSTILE = ['"', '""', "'", "a' OR '1'='1", "foo & bar | !baz", "needle:*", "<-> <2>", "%%%", "___", "\\", "\\%",
-           "ünïcödé 漢字 🚀🚀🚀", "-", "--", "- -x", "x" * 10_000, "needle " * 200, "needle\x00",
-           "((((needle", "needle)))", "$1 %s %(x)s {0}", "abc\r\ndef\tghi", "a b c d e f g h i j k l m n o"]
+HOSTILE = [
+    '"',
+    '""',
+    "'",
+    "a' OR '1'='1",
+    "foo & bar | !baz",
+    "needle:*",
+    "<-> <2>",
+    "%%%",
+    "___",
+    "\\",
+    "\\%",
+    "ünïcödé 漢字 🚀🚀🚀",
+    "-",
+    "--",
+    "- -x",
+    "x" * 10_000,
+    "needle " * 200,
+    "needle\x00",
+    "((((needle",
+    "needle)))",
+    "$1 %s %(x)s {0}",
+    "abc\r\ndef\tghi",
+    "a b c d e f g h i j k l m n o",
+]
 
 
 @pytest.mark.parametrize("query", HOSTILE)
@@ -148,50 +232,97 @@ def test_it_refuses_a_query_no_index_can_serve(run):
 
 
 def test_it_highlights_the_match_escaped(client_as, run):
-    hostile = '<script>window.__pwned=1</script><img src=x onerror=alert(1)> hostileneedle </mark><b>'
+    hostile = (
+        "<script>window.__pwned=1</script><img src=x onerror=alert(1)> hostileneedle </mark><b>"
+    )
     ingest_groups(run, {"groups": [group(0, "g", [{"result": hostile}])]})
-    body = client_as("viewer").get(reverse("rollouts-explorer", args=[run.id]), {"q": "HostileNeedle"}).content.decode()
-    snippet = body[body.index('class="snippet'):].split("</div>")[0]
+    body = (
+        client_as("viewer")
+        .get(reverse("rollouts-explorer", args=[run.id]), {"q": "HostileNeedle"})
+        .content.decode()
+    )
+    snippet = body[body.index('class="snippet') :].split("</div>")[0]
     assert "<mark>hostileneedle</mark>" in snippet
-    assert "&lt;/mark&gt;&lt;b&gt;" in snippet and "<script>" not in body and "<img src=x" not in body
+    assert (
+        "&lt;/mark&gt;&lt;b&gt;" in snippet and "<script>" not in body and "<img src=x" not in body
+    )
 
 
 def test_it_stores_a_preview_at_ingest(run):
-    ingest_groups(run, {"groups": [group(0, "g", [{"final": "the very end"}]),
-                                   {"step": 0, "key": "short", "prompt": "p",
-                                    "rollouts": [{"index": 0, "completion": "one line", "rewards": {}}]}]})
+    ingest_groups(
+        run,
+        {
+            "groups": [
+                group(0, "g", [{"final": "the very end"}]),
+                {
+                    "step": 0,
+                    "key": "short",
+                    "prompt": "p",
+                    "rollouts": [{"index": 0, "completion": "one line", "rewards": {}}],
+                },
+            ]
+        },
+    )
     long = Rollout.objects.get(run=run, group__key="g")
     assert long.preview_head.startswith("Let me look at the file first read_file(")
     assert long.preview_tail.endswith("the very end") and len(long.preview_tail) == 300
     assert (long.n_turns, long.n_tool_calls) == (3, 2) and long.text_chars > 80_000
-    assert "\n" not in long.preview_head and SYSTEM not in long.preview_head  # agent text only, one line
+    assert (
+        "\n" not in long.preview_head and SYSTEM not in long.preview_head
+    )  # agent text only, one line
     short = Rollout.objects.get(run=run, group__key="short")
-    assert (short.preview_head, short.preview_tail, short.n_turns, short.n_tool_calls) == ("one line", "", 1, 0)
+    assert (short.preview_head, short.preview_tail, short.n_turns, short.n_tool_calls) == (
+        "one line",
+        "",
+        1,
+        0,
+    )
 
 
 def test_it_never_reads_transcripts_or_state_on_list_pages(client_as, searched):
     run, _ = searched
     r = Rollout.objects.filter(run=run).first()
     c = client_as("viewer")
-    urls = [reverse("rollouts-explorer", args=[run.id]), reverse("rollouts-explorer", args=[run.id]) + "?q=needle",
-            reverse("rollouts-explorer", args=[run.id]) + "?sort=correct", reverse("rollouts-group", args=[r.group_id]),
-            reverse("rollouts-no-signal", args=[run.id]), f"/api/v1/runs/{run.id}/rollouts/?q=needle"]
+    urls = [
+        reverse("rollouts-explorer", args=[run.id]),
+        reverse("rollouts-explorer", args=[run.id]) + "?q=needle",
+        reverse("rollouts-explorer", args=[run.id]) + "?sort=correct",
+        reverse("rollouts-group", args=[r.group_id]),
+        reverse("rollouts-no-signal", args=[run.id]),
+        f"/api/v1/runs/{run.id}/rollouts/?q=needle",
+    ]
     for url in urls:
         with CaptureQueriesContext(connection) as ctx:
             assert c.get(url).status_code == 200, url
         sql = "\n".join(q["sql"] for q in ctx.captured_queries)
-        assert '"rollouts_rollout"."transcript"' not in sql and '"rollouts_rollout"."state"' not in sql, url
-        assert '"rollouts_rollout"."search_text" FROM' not in sql, url  # only a snippet of it, cut in SQL
+        assert (
+            '"rollouts_rollout"."transcript"' not in sql and '"rollouts_rollout"."state"' not in sql
+        ), url
+        assert '"rollouts_rollout"."search_text" FROM' not in sql, (
+            url
+        )  # only a snippet of it, cut in SQL
 
 
 def test_it_never_reads_transcripts_on_the_review_queue_page(client_as, searched, personas):
     from webapp.annotations.services import create_queue
 
     run, _ = searched
-    queue = create_queue(name="q", run=run, source="explorer", params={"sort": "reward"}, limit=5, seed=None,
-                         overlap=1, created_by=personas["trainer"], assignees=[personas["annotator"]])
+    queue = create_queue(
+        name="q",
+        run=run,
+        source="explorer",
+        params={"sort": "reward"},
+        limit=5,
+        seed=None,
+        overlap=1,
+        created_by=personas["trainer"],
+        assignees=[personas["annotator"]],
+    )
     with CaptureQueriesContext(connection) as ctx:
-        assert client_as("trainer").get(reverse("annotations-queue", args=[queue.id])).status_code == 200
+        assert (
+            client_as("trainer").get(reverse("annotations-queue", args=[queue.id])).status_code
+            == 200
+        )
     sql = "\n".join(q["sql"] for q in ctx.captured_queries)
     assert "rollouts_rollout" in sql and '"rollouts_rollout"."transcript"' not in sql
     assert '"rollouts_rollout"."state"' not in sql and '"rollouts_rollout"."search_text"' not in sql
@@ -201,8 +332,10 @@ def test_it_folds_long_tool_results_on_the_transcript_page(client_as, run):
     ingest_groups(run, {"groups": [group(0, "g", [{"result": "<b>deepmarker</b>"}])]})
     r = Rollout.objects.get(run=run)
     body = client_as("viewer").get(reverse("rollouts-transcript", args=[r.id])).content.decode()
-    assert body.count('<details class="fold">') == 1  # the 80 KB tool result; short messages stay open
-    fold = body[body.index('<details class="fold">'):].split("</details>")[0]
+    assert (
+        body.count('<details class="fold">') == 1
+    )  # the 80 KB tool result; short messages stay open
+    fold = body[body.index('<details class="fold">') :].split("</details>")[0]
     assert "&lt;b&gt;deepmarker&lt;/b&gt;" in fold and "<b>deepmarker" not in body
 
 
@@ -212,14 +345,33 @@ def test_it_backfills_previews_and_search_text_of_existing_rows(run):
     from django.apps import apps
 
     ingest_groups(run, {"groups": [group(0, "g", [{"args": "backfillword"}, {}])]})
-    expected = list(Rollout.objects.filter(run=run).order_by("id").values(
-        "preview_head", "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text"))
-    Rollout.objects.filter(run=run).update(preview_head="", preview_tail="", n_turns=0, n_tool_calls=0,
-                                            text_chars=0, search_text="")
+    expected = list(
+        Rollout.objects.filter(run=run)
+        .order_by("id")
+        .values(
+            "preview_head", "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text"
+        )
+    )
+    Rollout.objects.filter(run=run).update(
+        preview_head="", preview_tail="", n_turns=0, n_tool_calls=0, text_chars=0, search_text=""
+    )
     migration = importlib.import_module("webapp.rollouts.migrations.0007_rollout_preview_search")
     migration.backfill(apps, None)
-    assert list(Rollout.objects.filter(run=run).order_by("id").values(
-        "preview_head", "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text")) == expected
+    assert (
+        list(
+            Rollout.objects.filter(run=run)
+            .order_by("id")
+            .values(
+                "preview_head",
+                "preview_tail",
+                "n_turns",
+                "n_tool_calls",
+                "text_chars",
+                "search_text",
+            )
+        )
+        == expected
+    )
 
 
 @pytest.mark.postgres
@@ -234,7 +386,9 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
         # On a table this small the planner rightly prefers any run_id btree and a filter; at scale the
         # rows are long and it does not. Without them (rolled back with the test) the plan shows whether
         # the trigram index can serve the run condition too.
-        cur.execute("DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length")
+        cur.execute(
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+        )
     with CaptureQueriesContext(connection) as ctx:
         assert len(_probe(run, parse_query("resultneedle"))) == 1
     sql = next(q["sql"] for q in ctx.captured_queries if "LIKE" in q["sql"])

@@ -19,7 +19,9 @@ from webapp.rollouts.models import Group, RewardScore
 from webapp.runs.management.commands import seed_demo
 from webapp.runs.models import Run
 
-pytestmark = pytest.mark.slow  # one seeding for the module: ~15 s on a loaded 2-core box (sandboxed episodes)
+pytestmark = (
+    pytest.mark.slow
+)  # one seeding for the module: ~15 s on a loaded 2-core box (sandboxed episodes)
 
 
 @pytest.fixture(scope="module")
@@ -45,55 +47,94 @@ def db_access(seeded, db):
 
 
 def finding(doc: dict, code: str, component: str | None = None) -> dict | None:
-    return next((f for f in doc["findings"]
-                 if f["code"] == code and (component is None or f["component"] == component)), None)
+    return next(
+        (
+            f
+            for f in doc["findings"]
+            if f["code"] == code and (component is None or f["component"] == component)
+        ),
+        None,
+    )
 
 
 def test_it_flags_the_broken_verifier_run_on_first_open(db_access):
     broken = Run.objects.get(name=seed_demo.BROKEN_RUN)
     doc = run_report(broken, None)
     dead = finding(doc, "dead_component", "correctness")
-    assert doc["status"] == "critical" and dead["severity"] == "critical" and dead["onset_step"] == 0
+    assert (
+        doc["status"] == "critical" and dead["severity"] == "critical" and dead["onset_step"] == 0
+    )
     assert "verifier actually runs" in dead["fix"]
     sat = finding(doc, "saturation", "asked_before_coding")
     assert sat["onset_step"] == seed_demo.STORY["saturate_at"] and "stays flat" in sat["title"]
-    reasons = set(RewardScore.objects.filter(run=broken, component__name="correctness").values_list("reason",
-                                                                                                   flat=True))
+    reasons = set(
+        RewardScore.objects.filter(run=broken, component__name="correctness").values_list(
+            "reason", flat=True
+        )
+    )
     assert reasons == {BROKEN_REASON}
 
 
 def test_it_flags_only_the_saturation_on_the_fixed_twin(db_access):
     fixed = Run.objects.get(name=seed_demo.FIXED_RUN)
     doc = run_report(fixed, None)
-    assert doc["status"] == "warning" and not [f for f in doc["findings"] if f["severity"] == "critical"]
+    assert doc["status"] == "warning" and not [
+        f for f in doc["findings"] if f["severity"] == "critical"
+    ]
     sat = finding(doc, "saturation", "asked_before_coding")
     assert sat["onset_step"] == seed_demo.STORY["saturate_at"] and "still varies" in sat["title"]
     assert fixed.parent.name == seed_demo.BROKEN_RUN
 
 
-def test_it_shows_no_change_when_dropping_the_dead_component_and_a_large_one_when_it_works(db_access):
-    broken = Ablation.objects.get(run__name=seed_demo.BROKEN_RUN, name=seed_demo.ABLATION_NAME).results
-    fixed = Ablation.objects.get(run__name=seed_demo.FIXED_RUN, name=seed_demo.ABLATION_NAME).results
+def test_it_shows_no_change_when_dropping_the_dead_component_and_a_large_one_when_it_works(
+    db_access,
+):
+    broken = Ablation.objects.get(
+        run__name=seed_demo.BROKEN_RUN, name=seed_demo.ABLATION_NAME
+    ).results
+    fixed = Ablation.objects.get(
+        run__name=seed_demo.FIXED_RUN, name=seed_demo.ABLATION_NAME
+    ).results
     assert broken["mean_abs_delta"] < 1e-9 and broken["sign_flip_frac"] == 0
-    assert broken["verdict"]["level"] == "no_signal" and "changes (almost) nothing" in broken["verdict"]["text"]
-    assert fixed["verdict"]["level"] == "strong" and fixed["best_changed_frac"] > 0.2, fixed["verdict"]
+    assert (
+        broken["verdict"]["level"] == "no_signal"
+        and "changes (almost) nothing" in broken["verdict"]["text"]
+    )
+    assert fixed["verdict"]["level"] == "strong" and fixed["best_changed_frac"] > 0.2, fixed[
+        "verdict"
+    ]
 
 
 def test_it_seeds_an_annotator_a_queue_both_annotated_and_a_dpo_dataset(db_access):
     queue = ReviewQueue.objects.get(name=seed_demo.QUEUE_NAME)
-    authors = set(Annotation.objects.filter(rollout__queue_items__queue=queue).values_list("author__username",
-                                                                                          flat=True))
+    authors = set(
+        Annotation.objects.filter(rollout__queue_items__queue=queue).values_list(
+            "author__username", flat=True
+        )
+    )
     assert authors == {seed_demo.DEMO_USER, seed_demo.ANNOTATOR}
     result = queue_agreement(queue)["result"]
-    assert result.items == queue.items.count() and result.disagreements and len(result.disagreements) < result.items
+    assert (
+        result.items == queue.items.count()
+        and result.disagreements
+        and len(result.disagreements) < result.items
+    )
     assert result.alpha is not None and 0 < result.alpha < 1
     dataset = Dataset.objects.get(name=seed_demo.DATASET_NAME)
     assert dataset.kind == "dpo" and dataset.records.count() > 0
 
 
 def test_it_neither_fails_nor_duplicates_when_run_again(db_access):
-    counts = lambda: (Run.objects.count(), Group.objects.count(), Annotation.objects.count(),  # noqa: E731
-                      Ablation.objects.count(), Dataset.objects.count(), ReviewQueue.objects.count())
+    def counts():
+        return (
+            Run.objects.count(),
+            Group.objects.count(),
+            Annotation.objects.count(),  # noqa: E731
+            Ablation.objects.count(),
+            Dataset.objects.count(),
+            ReviewQueue.objects.count(),
+        )
+
     before = counts()
     t0 = time.perf_counter()
     call_command("seed_demo", steps=2, groups_per_step=2, G=4, stdout=io.StringIO())

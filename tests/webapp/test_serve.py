@@ -27,12 +27,23 @@ def _free_port() -> int:
 
 
 def _serve(port: int, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    env = dict(os.environ, DATABASE_URL=database_url_for_children(), DEBUG="0", SECURE_SSL_REDIRECT="0",
-               SECRET_KEY="test-serve-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url_for_children(),
+        DEBUG="0",
+        SECURE_SSL_REDIRECT="0",
+        SECRET_KEY="test-serve-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz",
+    )
     log = tmp_path / "serve.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(["make", "serve", f"BIND=127.0.0.1:{port}", "WORKERS=2"], cwd=ROOT, env=env,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["make", "serve", f"BIND=127.0.0.1:{port}", "WORKERS=2"],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return proc, log
 
 
@@ -60,7 +71,9 @@ def test_it_serves_the_login_page_from_make_serve(tmp_path):
         status, body = got
         assert status == 200 and 'name="password"' in body
         assert "gunicorn" in log.read_text().lower()  # the production server, not runserver
-        static = _get(f"http://127.0.0.1:{port}/static/css/app.css")  # collected and served by whitenoise
+        static = _get(
+            f"http://127.0.0.1:{port}/static/css/app.css"
+        )  # collected and served by whitenoise
         assert static is not None and static[0] == 200
     finally:
         if proc.poll() is None:

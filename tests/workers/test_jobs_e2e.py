@@ -75,8 +75,11 @@ def test_it_runs_a_grpo_job_and_stores_trls_own_advantages(worker_process, clien
     assert Group.objects.filter(run=run).count() == 4
     rollouts = list(Rollout.objects.filter(run=run).prefetch_related("scores__component"))
     assert len(rollouts) == 16
-    assert all({s.component.name for s in r.scores.all()} ==
-               {"json_valid", "schema_valid", "semantic_coverage", "layout_quality"} for r in rollouts)
+    assert all(
+        {s.component.name for s in r.scores.all()}
+        == {"json_valid", "schema_valid", "semantic_coverage", "layout_quality"}
+        for r in rollouts
+    )
 
     files = sorted((Path(run.output_dir) / "completions").glob("completions_*.parquet"))
     assert files, "TRL wrote no completions parquet"
@@ -125,8 +128,9 @@ def test_it_fails_a_killed_job_and_keeps_its_rollouts(worker_process, client_as)
 def test_it_refuses_an_invalid_config_naming_the_field(client_as, db):
     from webapp.runs.models import Run
 
-    res = client_as("trainer").post("/jobs/launch/grpo/", launch_data("grpo", **dict(TINY_GRPO,
-                                                                                      cfg_per_device_batch_size=6)))
+    res = client_as("trainer").post(
+        "/jobs/launch/grpo/", launch_data("grpo", **dict(TINY_GRPO, cfg_per_device_batch_size=6))
+    )
     assert res.status_code == 200
     assert b"multiple of num_generations" in res.content
     assert not Run.objects.exists()

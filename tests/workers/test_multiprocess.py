@@ -30,16 +30,43 @@ def test_a_two_process_grpo_job_records_both_processes_rollouts_once(transaction
 
     tiny = ensure_tiny_model("diagram", tmp_path / "tiny-cache")
     env = environment_from_training(get_environment("diagram"))
-    config = {"max_steps": 2, "num_prompts": 4, "num_generations": 4,
-              "per_device_batch_size": 4,  # one prompt's group per process per step: 2 groups a step in all
-              "max_completion_length": 16, "logging_steps": 1, "num_gpus": 2}
-    run = create_run(name="two processes", kind="grpo", environment=env, config=config, base_model=str(tiny))
+    config = {
+        "max_steps": 2,
+        "num_prompts": 4,
+        "num_generations": 4,
+        "per_device_batch_size": 4,  # one prompt's group per process per step: 2 groups a step in all
+        "max_completion_length": 16,
+        "logging_steps": 1,
+        "num_gpus": 2,
+    }
+    run = create_run(
+        name="two processes", kind="grpo", environment=env, config=config, base_model=str(tiny)
+    )
     Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
-    child = dict(child_env(), DATABASE_URL=database_url_for_children(), RD_RUNS_DIR=str(tmp_path / "runs"),
-                 OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "workers.job", str(run.id)], cwd=ROOT, env=child, capture_output=True, text=True,
-                          timeout=600)
+    child = dict(
+        child_env(),
+        DATABASE_URL=database_url_for_children(),
+        RD_RUNS_DIR=str(tmp_path / "runs"),
+        OMP_NUM_THREADS="1",
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "workers.job",
+            str(run.id),
+        ],
+        cwd=ROOT,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     run.refresh_from_db()
@@ -52,4 +79,7 @@ def test_a_two_process_grpo_job_records_both_processes_rollouts_once(transaction
         assert len(advantages) == 4 and abs(sum(advantages)) < 1e-4  # TRL's group-normalised values
     assert run.log_tail.count("starting grpo job") == 1 and run.log_tail.count("finished:") == 1
     assert run.summary["global_step"] == 2 and run.config["resolved"]["per_device_batch_size"] == 4
-    assert set(StepMetric.objects.filter(run=run, name="loss").values_list("step", flat=True)) == {1, 2}
+    assert set(StepMetric.objects.filter(run=run, name="loss").values_list("step", flat=True)) == {
+        1,
+        2,
+    }

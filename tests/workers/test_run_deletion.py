@@ -51,10 +51,17 @@ def start_task(run_id: int) -> tuple[threading.Thread, list[object]]:
     return thread, out
 
 
-def test_it_stops_the_job_and_exits_cleanly_when_its_run_is_deleted(transactional_db, env3, fast_worker):
+def test_it_stops_the_job_and_exits_cleanly_when_its_run_is_deleted(
+    transactional_db, env3, fast_worker
+):
     run = create_run(name="doomed", kind="grpo", environment=env3, config={})
-    child = create_run(name="after doomed", kind="eval", environment=env3, config={"start_after_parent": True},
-                       parent=run)
+    child = create_run(
+        name="after doomed",
+        kind="eval",
+        environment=env3,
+        config={"start_after_parent": True},
+        parent=run,
+    )
     thread, out = start_task(run.id)
     running = wait_for(lambda: Run.objects.filter(id=run.id, pid__isnull=False).first(), timeout=30)
     folder = Path(running.output_dir)
@@ -70,8 +77,9 @@ def test_it_stops_the_job_and_exits_cleanly_when_its_run_is_deleted(transactiona
     assert child.status == "failed" and f"parent run {run.id} (doomed) was deleted" in child.error
 
 
-def test_it_removes_a_finished_runs_output_folder_when_the_run_is_deleted(db, env3, settings, tmp_path,
-                                                                           django_capture_on_commit_callbacks):
+def test_it_removes_a_finished_runs_output_folder_when_the_run_is_deleted(
+    db, env3, settings, tmp_path, django_capture_on_commit_callbacks
+):
     settings.RUNS_DIR = tmp_path / "runs"
     run = create_run(name="done", kind="sft", environment=env3, config={}, status="succeeded")
     folder = tmp_path / "runs" / str(run.id)
@@ -82,8 +90,9 @@ def test_it_removes_a_finished_runs_output_folder_when_the_run_is_deleted(db, en
     assert not folder.exists()
 
 
-def test_it_never_removes_a_folder_outside_the_runs_folder(db, env3, settings, tmp_path,
-                                                           django_capture_on_commit_callbacks):
+def test_it_never_removes_a_folder_outside_the_runs_folder(
+    db, env3, settings, tmp_path, django_capture_on_commit_callbacks
+):
     settings.RUNS_DIR = tmp_path / "runs"
     elsewhere = tmp_path / "precious"
     elsewhere.mkdir()
@@ -96,8 +105,14 @@ def test_it_never_removes_a_folder_outside_the_runs_folder(db, env3, settings, t
 
 def test_it_exits_the_job_process_cleanly_when_its_run_no_longer_exists(db):
     env = dict(os.environ, DATABASE_URL=database_url_for_children())
-    out = subprocess.run([sys.executable, "-m", "workers.job", "987654"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.job", "987654"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "run 987654 no longer exists" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -120,11 +135,17 @@ def test_it_answers_false_not_does_not_exist_when_a_held_run_is_gone(db, env3):
     run = create_run(name="gone", kind="grpo", environment=env3, config={})
     Run.objects.filter(id=run.id).delete()
     assert run.claim("w") is False
-    assert run.mark_failed("late") is False and run.mark_succeeded() is False and run.mark_cancelled() is False
+    assert (
+        run.mark_failed("late") is False
+        and run.mark_succeeded() is False
+        and run.mark_cancelled() is False
+    )
     run.request_cancel()  # a cancel of a run deleted meanwhile is a no-op
 
 
-def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(transactional_db, tmp_path, monkeypatch):
+def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(
+    transactional_db, tmp_path, monkeypatch
+):
     """The run goes between two batches: the import stops with a CommandError naming it, not a traceback."""
     import io
     import json
@@ -135,7 +156,9 @@ def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(transactio
     from webapp.rollouts.management.commands import import_rollouts
 
     dump = tmp_path / "d.jsonl"
-    dump.write_text("".join(json.dumps(make_group(0, f"k{i}", [{"c": 1}])) + "\n" for i in range(6)))
+    dump.write_text(
+        "".join(json.dumps(make_group(0, f"k{i}", [{"c": 1}])) + "\n" for i in range(6))
+    )
     real = import_rollouts.ingest_groups
     calls = []
 
@@ -147,6 +170,17 @@ def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(transactio
 
     monkeypatch.setattr(import_rollouts, "ingest_groups", ingest_then_delete)
     with pytest.raises(CommandError, match="was deleted"):
-        call_command("import_rollouts", str(dump), "--run", "vanishing", "--format", "jsonl", "--no-progress",
-                     "--batch-groups", "2", stdout=io.StringIO(), stderr=io.StringIO())
+        call_command(
+            "import_rollouts",
+            str(dump),
+            "--run",
+            "vanishing",
+            "--format",
+            "jsonl",
+            "--no-progress",
+            "--batch-groups",
+            "2",
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
     assert not Run.objects.filter(name="vanishing").exists()

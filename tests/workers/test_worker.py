@@ -17,5 +17,6 @@ def test_it_recomputes_run_stats_in_a_real_worker(worker_process, run):
     recompute_run_stats.delay(run.id)
     stat = wait_for(lambda: GroupComponentStat.objects.filter(run=run).first(), timeout=60)
     assert stat.component.name == "correct" and stat.std == pytest.approx(0.7071, abs=1e-3)
-    assert "recomputed 1 groups" in wait_for(lambda: "recomputed" in worker_process.read_text()
-                                             and worker_process.read_text())
+    assert "recomputed 1 groups" in wait_for(
+        lambda: "recomputed" in worker_process.read_text() and worker_process.read_text()
+    )

@@ -45,7 +45,9 @@ from training.sandbox import SandboxResult, run_tests
 MAX_TURNS = 4  # agent turns per episode; a question on the last turn ends it without code
 LOOP_SIMILARITY = 0.8  # difflib ratio above which the last two agent turns count as a loop
 TEST_TIMEOUT_S = 2.0
-CACHE_SIZE = 4096  # (task, code) -> SandboxResult; a GRPO step re-scores the same codes per component
+CACHE_SIZE = (
+    4096  # (task, code) -> SandboxResult; a GRPO step re-scores the same codes per component
+)
 
 SYSTEM_PROMPT = (
     "You are a careful Python developer working with a user. The task below may leave out a detail "
@@ -93,7 +95,14 @@ def agent_turns(transcript: Any) -> list[str]:
     for m in transcript or []:
         if isinstance(m, dict) and m.get("role") == "assistant":
             calls = m.get("tool_calls") or []
-            code = next((c.get("arguments", {}).get("code") for c in calls if c.get("name") == "submit_code"), None)
+            code = next(
+                (
+                    c.get("arguments", {}).get("code")
+                    for c in calls
+                    if c.get("name") == "submit_code"
+                ),
+                None,
+            )
             # A submit_code call without a fence in the content still counts as code.
             text = _content(m)
             out.append(text if code is None or extract_code(text) else f"```python\n{code}\n```")
@@ -133,7 +142,9 @@ def hidden_test_result(task: Task, code: str) -> SandboxResult:
             return _cache[key]
     result = run_tests(code, task.func_name, task.tests, timeout_s=TEST_TIMEOUT_S)
     if result.error and result.error.startswith(INFRASTRUCTURE_ERRORS):
-        return result  # maybe our infrastructure failed, not the code: scored 0 now, retried next time
+        return (
+            result  # maybe our infrastructure failed, not the code: scored 0 now, retried next time
+        )
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_SIZE:
@@ -202,7 +213,9 @@ def guessing_penalty(prompt: Prompt, transcript: Any) -> Score:
     code_at = _first_code_turn(turns)
     if code_at == 0:
         return Score(-1.0, "code submitted without asking anything")
-    return Score(0.0, "no code yet" if code_at is None else f"{code_at} question(s) before the code")
+    return Score(
+        0.0, "no code yet" if code_at is None else f"{code_at} question(s) before the code"
+    )
 
 
 def loop_penalty(prompt: Prompt, transcript: Any) -> Score:
@@ -217,14 +230,42 @@ def loop_penalty(prompt: Prompt, transcript: Any) -> Score:
 
 
 COMPONENTS: list[Component] = [
-    Component("correctness", 1.0, correctness, "outcome", 0.0, 1.0,
-              "Fraction of the hidden unit tests the submitted function passes (sandboxed)."),
-    Component("asked_before_coding", 0.6, asked_before_coding, "behavioural", 0.0, 1.0,
-              "A relevant clarifying question before the code: 1 in the first turn, 0.5 second, 0.25 third."),
-    Component("guessing_penalty", 0.4, guessing_penalty, "penalty", -1.0, 0.0,
-              "-1 when code is submitted without any question first."),
-    Component("loop_penalty", 0.2, loop_penalty, "penalty", -1.0, 0.0,
-              "-1 when the last two agent turns are more than 80% similar."),
+    Component(
+        "correctness",
+        1.0,
+        correctness,
+        "outcome",
+        0.0,
+        1.0,
+        "Fraction of the hidden unit tests the submitted function passes (sandboxed).",
+    ),
+    Component(
+        "asked_before_coding",
+        0.6,
+        asked_before_coding,
+        "behavioural",
+        0.0,
+        1.0,
+        "A relevant clarifying question before the code: 1 in the first turn, 0.5 second, 0.25 third.",
+    ),
+    Component(
+        "guessing_penalty",
+        0.4,
+        guessing_penalty,
+        "penalty",
+        -1.0,
+        0.0,
+        "-1 when code is submitted without any question first.",
+    ),
+    Component(
+        "loop_penalty",
+        0.2,
+        loop_penalty,
+        "penalty",
+        -1.0,
+        0.0,
+        "-1 when the last two agent turns are more than 80% similar.",
+    ),
 ]
 
 
@@ -249,7 +290,9 @@ class Episode:
         self.prompt = prompt
         self.task = task
         self.max_turns = max_turns
-        self.transcript: list[dict[str, Any]] = [dict(m) for m in (prompt.messages or _messages(task))]
+        self.transcript: list[dict[str, Any]] = [
+            dict(m) for m in (prompt.messages or _messages(task))
+        ]
         self.turns = 0
         self.done = False
         self.result: SandboxResult | None = None
@@ -260,10 +303,13 @@ class Episode:
         self.turns += 1
         code = extract_code(agent_message)
         if code is not None:
-            self.transcript.append({
-                "role": "assistant", "content": agent_message,
-                "tool_calls": [{"name": "submit_code", "arguments": {"code": code}}],
-            })
+            self.transcript.append(
+                {
+                    "role": "assistant",
+                    "content": agent_message,
+                    "tool_calls": [{"name": "submit_code", "arguments": {"code": code}}],
+                }
+            )
             self.result = hidden_test_result(self.task, code)
             reply = summarise(self.result)
             self.transcript.append({"role": "tool", "name": "unit_tests", "content": reply})
@@ -288,14 +334,22 @@ def _statement(task: Task) -> str:
 
 
 def _messages(task: Task) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _statement(task)}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": _statement(task)},
+    ]
 
 
 def task_prompt(task: Task, key: str | None = None) -> Prompt:
     split: Split = "holdout" if task.family in HOLDOUT_FAMILIES else "train"
     spec = {"task": task.key, "family": task.family, "func_name": task.func_name}
-    return Prompt(key=key or f"ask_to_code-{task.key}", text=_statement(task), split=split, spec=spec,
-                  messages=_messages(task))
+    return Prompt(
+        key=key or f"ask_to_code-{task.key}",
+        text=_statement(task),
+        split=split,
+        spec=spec,
+        messages=_messages(task),
+    )
 
 
 def stored_prompt(key: str, prompt: Any) -> Prompt | None:
@@ -308,8 +362,10 @@ def stored_prompt(key: str, prompt: Any) -> Prompt | None:
 
 class AskToCodeEnv:
     name = "ask_to_code"
-    description = ("Multi-turn coding with a simulated user: the task omits one detail; ask about it, "
-                   "then submit a ```python block that hidden unit tests grade in a sandbox.")
+    description = (
+        "Multi-turn coding with a simulated user: the task omits one detail; ask about it, "
+        "then submit a ```python block that hidden unit tests grade in a sandbox."
+    )
 
     def __init__(self, max_turns: int = MAX_TURNS) -> None:
         self.components: list[Component] = list(COMPONENTS)
@@ -337,7 +393,9 @@ class AskToCodeEnv:
         turns = agent_turns(completion)
         code_at = _first_code_turn(turns)
         state: dict[str, Any] = {
-            "task": prompt.spec.get("task"), "family": prompt.spec.get("family"), "agent_turns": len(turns),
+            "task": prompt.spec.get("task"),
+            "family": prompt.spec.get("family"),
+            "agent_turns": len(turns),
             "submitted": code_at is not None,
             "detail_revealed": bool(task) and any(is_relevant(task, t) for t in turns[:code_at]),
         }
@@ -384,7 +442,9 @@ class ScriptedAskPolicy:
         task = _task(prompt)
         assert task is not None, prompt.key
         turn = len(agent_turns(list(transcript)))  # 0-based index of the turn to produce
-        rng = random.Random(f"{self.seed}:{prompt.key}:{self.style}")  # str seed: stable across runs
+        rng = random.Random(
+            f"{self.seed}:{prompt.key}:{self.style}"
+        )  # str seed: stable across runs
         revealed = any(m.get("role") == "user" and task.detail in _content(m) for m in transcript)
         code = task.solution if revealed else task.naive
         off_topic = rng.choice(IRRELEVANT_QUESTIONS)
@@ -401,7 +461,9 @@ class ScriptedAskPolicy:
         if self.style == "ask_late":
             late = 1 + rng.randrange(2)  # the relevant question comes in turn 2 or 3
             if turn < late:
-                return IRRELEVANT_QUESTIONS[(IRRELEVANT_QUESTIONS.index(off_topic) + turn) % len(IRRELEVANT_QUESTIONS)]
+                return IRRELEVANT_QUESTIONS[
+                    (IRRELEVANT_QUESTIONS.index(off_topic) + turn) % len(IRRELEVANT_QUESTIONS)
+                ]
             return task.question if turn == late else _code_message(code)
         # irrelevant
         return off_topic if turn == 0 else _code_message(code)
@@ -423,7 +485,9 @@ def _record_score(score: Score) -> dict[str, Any]:
     return {"value": value, "reason": score.reason}
 
 
-def rollout_record(env: AskToCodeEnv, prompt: Prompt, index: int, policy: ScriptedAskPolicy) -> dict[str, Any]:
+def rollout_record(
+    env: AskToCodeEnv, prompt: Prompt, index: int, policy: ScriptedAskPolicy
+) -> dict[str, Any]:
     transcript = run_episode(env, prompt, policy)
     scores = env.score(prompt, transcript)
     return {
@@ -459,7 +523,7 @@ def generate_groups(
     bad = [s for s in styles if s not in GOOD_STYLES] or list(styles)
     records: list[dict[str, Any]] = []
     for step in range(steps):
-        chosen = train[step * groups_per_step:(step + 1) * groups_per_step]
+        chosen = train[step * groups_per_step : (step + 1) * groups_per_step]
         for prompt in chosen + holdout:
             rollouts = []
             for i in range(G):
@@ -470,6 +534,13 @@ def generate_groups(
                     style = styles[(i + rng.randrange(len(styles))) % len(styles)]
                 policy = ScriptedAskPolicy(style, seed=rng.randrange(2**31))
                 rollouts.append(rollout_record(env, prompt, i, policy))
-            records.append({"step": step, "key": prompt.key, "prompt": prompt.text, "split": prompt.split,
-                            "rollouts": rollouts})
+            records.append(
+                {
+                    "step": step,
+                    "key": prompt.key,
+                    "prompt": prompt.text,
+                    "split": prompt.split,
+                    "rollouts": rollouts,
+                }
+            )
     return records

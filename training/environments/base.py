@@ -33,7 +33,9 @@ class Prompt:
     text: str
     split: Split
     spec: dict[str, Any] = field(default_factory=dict)
-    messages: list[dict[str, Any]] | None = None  # chat form of the prompt, when the env is multi-turn
+    messages: list[dict[str, Any]] | None = (
+        None  # chat form of the prompt, when the env is multi-turn
+    )
 
 
 ScoreFn = Callable[[Prompt, Any], Score]  # (prompt, completion or transcript) -> Score

@@ -156,7 +156,9 @@ class Shape:
         )
 
     def inside(self, width: int, height: int) -> bool:
-        return self.x >= 0 and self.y >= 0 and self.x + self.w <= width and self.y + self.h <= height
+        return (
+            self.x >= 0 and self.y >= 0 and self.x + self.w <= width and self.y + self.h <= height
+        )
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,13 @@ class Canvas:
             return False
         if action["action"] == "create_shape":
             self.shapes[action["id"]] = Shape(
-                action["id"], action["label"], action["shape"],
-                action["x"], action["y"], action["w"], action["h"],
+                action["id"],
+                action["label"],
+                action["shape"],
+                action["x"],
+                action["y"],
+                action["w"],
+                action["h"],
             )
         else:
             self.edges.append(Edge(action["from"], action["to"], action.get("label", "")))
@@ -270,10 +277,14 @@ class Canvas:
     def to_svg(self) -> str:
         """SVG from validated ints and escaped text only: model output never reaches markup."""
         parts = [
-            (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
-             f'viewBox="0 0 {self.width} {self.height}" font-family="sans-serif" font-size="14">'),
-            ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
-             'markerHeight="8" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#444"/></marker></defs>'),
+            (
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
+                f'viewBox="0 0 {self.width} {self.height}" font-family="sans-serif" font-size="14">'
+            ),
+            (
+                '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
+                'markerHeight="8" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#444"/></marker></defs>'
+            ),
             f'<rect x="0" y="0" width="{self.width}" height="{self.height}" fill="#fff" stroke="#ccc"/>',
         ]
         for edge in self.edges:
@@ -310,7 +321,9 @@ def _shape_svg(s: Shape) -> str:
     cx, cy = s.center
     style = 'fill="#eef4ff" stroke="#246" stroke-width="1.5"'
     if s.shape == "ellipse":
-        body = f'<ellipse cx="{cx:.1f}" cy="{cy:.1f}" rx="{s.w / 2:.1f}" ry="{s.h / 2:.1f}" {style}/>'
+        body = (
+            f'<ellipse cx="{cx:.1f}" cy="{cy:.1f}" rx="{s.w / 2:.1f}" ry="{s.h / 2:.1f}" {style}/>'
+        )
     elif s.shape == "diamond":
         points = f"{cx:.1f},{s.y} {s.x + s.w},{cy:.1f} {cx:.1f},{s.y + s.h} {s.x},{cy:.1f}"
         body = f'<polygon points="{points}" {style}/>'
@@ -361,8 +374,9 @@ def schema_valid(prompt: Prompt, completion: Any) -> Score:
     return Score(canvas.n_applied / canvas.n_actions, reason)
 
 
-def semantic_coverage(prompt: Prompt, completion: Any, *, extra_penalty: float = 0.5,
-                      min_coverage: float = 0.0) -> Score:
+def semantic_coverage(
+    prompt: Prompt, completion: Any, *, extra_penalty: float = 0.5, min_coverage: float = 0.0
+) -> Score:
     """Node and edge recall minus `extra_penalty` times the share of extras; a value below
     `min_coverage` scores 0 (a stricter rule a reward replay can try without new code)."""
     nodes: list[str] = list(prompt.spec.get("nodes", []))
@@ -388,10 +402,14 @@ def semantic_coverage(prompt: Prompt, completion: Any, *, extra_penalty: float =
     extra_edges = len(canvas.edges) - edge_hits
     # Extras cost a bounded, mild share (one stray among five ~0.08) so that spamming shapes, or
     # drawing every possible edge to harvest recall, scores below the honest answer.
-    node_score = max(0.0, len(node_of) / len(wanted) - extra_penalty * extra / (extra + len(wanted)))
+    node_score = max(
+        0.0, len(node_of) / len(wanted) - extra_penalty * extra / (extra + len(wanted))
+    )
     value = node_score
     if edges:
-        edge_score = edge_hits / len(edges) - extra_penalty * extra_edges / (extra_edges + len(edges))
+        edge_score = edge_hits / len(edges) - extra_penalty * extra_edges / (
+            extra_edges + len(edges)
+        )
         value = (node_score + max(0.0, edge_score)) / 2
     reason = f"{len(node_of)}/{len(wanted)} nodes, {edge_hits}/{len(edges)} edges"
     if extra:
@@ -410,7 +428,9 @@ def layout_quality(prompt: Prompt, completion: Any) -> Score:
     overlapping, outside = canvas.layout_faults()
     n = len(canvas.shapes)
     clear = n - len(overlapping | outside)
-    reason = f"{clear}/{n} shapes clear; {len(overlapping)} overlapping, {len(outside)} out of bounds"
+    reason = (
+        f"{clear}/{n} shapes clear; {len(overlapping)} overlapping, {len(outside)} out of bounds"
+    )
     return Score(clear / n, reason)
 
 
@@ -421,24 +441,39 @@ REWARD_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 COMPONENTS: list[Component] = [
-    Component("json_valid", 0.2, json_valid, "behavioural", description="completion is a JSON list"),
-    Component("schema_valid", 0.2, schema_valid, "behavioural", description="actions pass the schema"),
-    Component("semantic_coverage", 1.0, semantic_coverage, "outcome",
-              description="requested nodes and directed edges are drawn"),
-    Component("layout_quality", 0.3, layout_quality, "process",
-              description="shapes inside the canvas and not overlapping"),
+    Component(
+        "json_valid", 0.2, json_valid, "behavioural", description="completion is a JSON list"
+    ),
+    Component(
+        "schema_valid", 0.2, schema_valid, "behavioural", description="actions pass the schema"
+    ),
+    Component(
+        "semantic_coverage",
+        1.0,
+        semantic_coverage,
+        "outcome",
+        description="requested nodes and directed edges are drawn",
+    ),
+    Component(
+        "layout_quality",
+        0.3,
+        layout_quality,
+        "process",
+        description="shapes inside the canvas and not overlapping",
+    ),
 ]
 
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: hand-written seeds plus template-generated synthetic requests
 
+
 def _chain(nodes: list[str]) -> list[list[str]]:
     return [[a, b] for a, b in itertools.pairwise(nodes)]
 
 
 def parse_graph(text: str) -> tuple[list[str], list[list[str]]]:
-    """"A > B > C; A > D" -> nodes in order of first appearance, and the directed edges."""
+    """ "A > B > C; A > D" -> nodes in order of first appearance, and the directed edges."""
     nodes: list[str] = []
     edges: list[list[str]] = []
     for chain in text.split(";"):
@@ -454,35 +489,86 @@ SEED_REQUESTS: list[tuple[str, str, str, str]] = [
     ("data-pipeline", "pipeline", "a data pipeline", "Ingest > Validate > Transform > Load"),
     ("ml-pipeline", "pipeline", "an ML pipeline", "Collect data > Train > Evaluate > Serve"),
     ("startup-org", "org_chart", "a startup org chart", "CEO > CTO > Engineer; CEO > CFO"),
-    ("school-org", "org_chart", "a school org chart",
-     "Principal > Vice principal > Teacher; Principal > Secretary"),
-    ("hospital-org", "org_chart", "a hospital org chart",
-     "Director > Head nurse > Nurse; Director > Chief surgeon"),
-    ("traffic-light", "state_machine", "a traffic light state machine", "Red > Green > Yellow > Red"),
-    ("order-lifecycle", "state_machine", "an order lifecycle",
-     "Created > Paid > Shipped > Delivered; Created > Cancelled"),
-    ("door-states", "state_machine", "door states", "Open > Closed > Open; Closed > Locked > Closed"),
-    ("web-app", "architecture", "a web app architecture",
-     "Browser > Load balancer > Web server > Database; Web server > Cache"),
-    ("event-system", "architecture", "an event-driven system", "Producer > Queue > Consumer > Database"),
-    ("microservices", "architecture", "a microservice architecture",
-     "Client > API gateway > User service; API gateway > Order service > Payment service"),
-    ("login-flow", "flowchart", "a login flowchart",
-     "Start > Enter password > Password correct? > Show dashboard; Password correct? > Enter password"),
-    ("coffee-flow", "flowchart", "a coffee-making flowchart",
-     "Start > Water hot? > Brew coffee > End; Water hot? > Heat water > Brew coffee"),
-    ("bug-triage", "flowchart", "a bug triage flowchart",
-     "Bug report > Reproducible? > Fix bug > Close ticket; Reproducible? > Ask for details"),
+    (
+        "school-org",
+        "org_chart",
+        "a school org chart",
+        "Principal > Vice principal > Teacher; Principal > Secretary",
+    ),
+    (
+        "hospital-org",
+        "org_chart",
+        "a hospital org chart",
+        "Director > Head nurse > Nurse; Director > Chief surgeon",
+    ),
+    (
+        "traffic-light",
+        "state_machine",
+        "a traffic light state machine",
+        "Red > Green > Yellow > Red",
+    ),
+    (
+        "order-lifecycle",
+        "state_machine",
+        "an order lifecycle",
+        "Created > Paid > Shipped > Delivered; Created > Cancelled",
+    ),
+    (
+        "door-states",
+        "state_machine",
+        "door states",
+        "Open > Closed > Open; Closed > Locked > Closed",
+    ),
+    (
+        "web-app",
+        "architecture",
+        "a web app architecture",
+        "Browser > Load balancer > Web server > Database; Web server > Cache",
+    ),
+    (
+        "event-system",
+        "architecture",
+        "an event-driven system",
+        "Producer > Queue > Consumer > Database",
+    ),
+    (
+        "microservices",
+        "architecture",
+        "a microservice architecture",
+        "Client > API gateway > User service; API gateway > Order service > Payment service",
+    ),
+    (
+        "login-flow",
+        "flowchart",
+        "a login flowchart",
+        "Start > Enter password > Password correct? > Show dashboard; Password correct? > Enter password",
+    ),
+    (
+        "coffee-flow",
+        "flowchart",
+        "a coffee-making flowchart",
+        "Start > Water hot? > Brew coffee > End; Water hot? > Heat water > Brew coffee",
+    ),
+    (
+        "bug-triage",
+        "flowchart",
+        "a bug triage flowchart",
+        "Bug report > Reproducible? > Fix bug > Close ticket; Reproducible? > Ask for details",
+    ),
 ]
 
 FAMILIES = ("pipeline", "org_chart", "state_machine", "architecture", "flowchart")
 
 _PIPELINES = {  # stages in pipeline order; a prompt keeps an ordered subset
-    "a CI pipeline": "Checkout,Build,Lint,Unit tests,Package,Deploy staging,Smoke test,Release".split(","),
+    "a CI pipeline": "Checkout,Build,Lint,Unit tests,Package,Deploy staging,Smoke test,Release".split(
+        ","
+    ),
     "a data pipeline": "Extract,Validate,Clean,Transform,Join,Aggregate,Load,Report".split(","),
     "an ML pipeline": "Collect data,Label,Split,Train,Evaluate,Register,Serve,Monitor".split(","),
     "a publishing workflow": "Draft,Edit,Review,Approve,Schedule,Publish,Promote".split(","),
-    "a hiring process": "Apply,Screen,Phone call,Interview,Reference check,Offer,Onboard".split(","),
+    "a hiring process": "Apply,Screen,Phone call,Interview,Reference check,Offer,Onboard".split(
+        ","
+    ),
 }
 _ORG_ROOTS = ["CEO", "Founder", "Director", "Principal", "Mayor", "Head chef"]
 _ORG_MIDS = "CTO,CFO,COO,VP Sales,VP Engineering,Head of Design,Head of HR,Deputy".split(",")
@@ -560,8 +646,11 @@ def _synth_flowchart(rng: random.Random) -> tuple[str, list[str], list[list[str]
 
 
 _SYNTH = {
-    "pipeline": _synth_pipeline, "org_chart": _synth_org_chart, "state_machine": _synth_state_machine,
-    "architecture": _synth_architecture, "flowchart": _synth_flowchart,
+    "pipeline": _synth_pipeline,
+    "org_chart": _synth_org_chart,
+    "state_machine": _synth_state_machine,
+    "architecture": _synth_architecture,
+    "flowchart": _synth_flowchart,
 }
 
 
@@ -576,10 +665,14 @@ def split_of(request: str) -> Split:
     return "holdout" if bucket < HOLDOUT_PERCENT else "train"
 
 
-def make_prompt(key: str, family: str, title: str, nodes: list[str], edges: list[list[str]]) -> Prompt:
+def make_prompt(
+    key: str, family: str, title: str, nodes: list[str], edges: list[list[str]]
+) -> Prompt:
     request = request_text(title, nodes, edges)
     spec = {"family": family, "nodes": list(nodes), "edges": [list(e) for e in edges]}
-    return Prompt(key=key, text=f"{INSTRUCTION}\nRequest: {request}", split=split_of(request), spec=spec)
+    return Prompt(
+        key=key, text=f"{INSTRUCTION}\nRequest: {request}", split=split_of(request), spec=spec
+    )
 
 
 def seed_prompts() -> list[Prompt]:
@@ -589,9 +682,13 @@ def seed_prompts() -> list[Prompt]:
 def synthetic_prompt(index: int) -> Prompt:
     """The index-th synthetic prompt; a pure function of `index`, so its key is stable."""
     family = FAMILIES[index % len(FAMILIES)]
-    rng = random.Random(f"diagram-syn-{index}")  # str seeds are hashed with sha512: stable across runs
+    rng = random.Random(
+        f"diagram-syn-{index}"
+    )  # str seeds are hashed with sha512: stable across runs
     title, nodes, edges = _SYNTH[family](rng)
-    return make_prompt(f"diagram-{family.replace('_', '-')}-{index:06d}", family, title, nodes, edges)
+    return make_prompt(
+        f"diagram-{family.replace('_', '-')}-{index:06d}", family, title, nodes, edges
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,19 +708,35 @@ def solve_actions(prompt: Prompt) -> list[dict[str, Any]]:
     uses. Shapes form one column (x, w, h constant, y stepping by 80) when they fit, else a grid."""
     nodes: list[str] = prompt.spec["nodes"]
     if len(nodes) <= COLUMN_MAX:
-        boxes = [(COLUMN_X, COLUMN_TOP + i * COLUMN_STEP, COLUMN_W, COLUMN_H) for i in range(len(nodes))]
+        boxes = [
+            (COLUMN_X, COLUMN_TOP + i * COLUMN_STEP, COLUMN_W, COLUMN_H) for i in range(len(nodes))
+        ]
     else:
         cols = math.ceil(math.sqrt(len(nodes)))
         rows = math.ceil(len(nodes) / cols)
         cell_w, cell_h = CANVAS_W // cols, CANVAS_H // rows
         w, h = min(160, cell_w - 20), min(70, cell_h - 20)
-        boxes = [(col * cell_w + (cell_w - w) // 2, row * cell_h + (cell_h - h) // 2, w, h)
-                 for row, col in (divmod(i, cols) for i in range(len(nodes)))]
+        boxes = [
+            (col * cell_w + (cell_w - w) // 2, row * cell_h + (cell_h - h) // 2, w, h)
+            for row, col in (divmod(i, cols) for i in range(len(nodes)))
+        ]
     actions: list[dict[str, Any]] = []
     for node, (x, y, w, h) in zip(nodes, boxes, strict=True):
-        shape = "diamond" if node.endswith("?") else "ellipse" if node in ("Start", "End") else "rect"
-        actions.append({"action": "create_shape", "id": node, "label": node, "shape": shape,
-                        "x": x, "y": y, "w": w, "h": h})
+        shape = (
+            "diamond" if node.endswith("?") else "ellipse" if node in ("Start", "End") else "rect"
+        )
+        actions.append(
+            {
+                "action": "create_shape",
+                "id": node,
+                "label": node,
+                "shape": shape,
+                "x": x,
+                "y": y,
+                "w": w,
+                "h": h,
+            }
+        )
     for a, b in prompt.spec["edges"]:
         actions.append({"action": "connect", "from": a, "to": b})
     return actions
@@ -646,7 +759,9 @@ class DiagramEnvironment:
         self.components: list[Component] = list(COMPONENTS)
         self._seeds = seed_prompts()
 
-    def prompts(self, split: Split, n: int, seed: int = 0, max_nodes: int | None = None) -> list[Prompt]:
+    def prompts(
+        self, split: Split, n: int, seed: int = 0, max_nodes: int | None = None
+    ) -> list[Prompt]:
         """n prompts of `split`: the seed set (shuffled by `seed`) then synthetic ones.
 
         `max_nodes` keeps only requests with at most that many nodes (small diagrams: shorter answers,
@@ -663,8 +778,12 @@ class DiagramEnvironment:
         seen = {p.text for p in self._seeds}
         start = index = seed * 100_000  # different seeds read different stretches of the stream
         while len(out) < n:
-            if index - start > 100 * n + 10_000:  # the templates hold a few thousand distinct prompts
-                raise ValueError(f"only {len(out)} distinct {split} prompts available, asked for {n}")
+            if (
+                index - start > 100 * n + 10_000
+            ):  # the templates hold a few thousand distinct prompts
+                raise ValueError(
+                    f"only {len(out)} distinct {split} prompts available, asked for {n}"
+                )
             p = synthetic_prompt(index)
             index += 1
             if p.split == split and p.text not in seen and fits(p):
@@ -677,7 +796,11 @@ class DiagramEnvironment:
 
     def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
         canvas = analyse(completion_text(completion)).canvas or Canvas()
-        return {"svg": canvas.to_svg(), "errors": canvas.errors[:20], "n_shapes": len(canvas.shapes)}
+        return {
+            "svg": canvas.to_svg(),
+            "errors": canvas.errors[:20],
+            "n_shapes": len(canvas.shapes),
+        }
 
     def solve(self, prompt: Prompt) -> str:
         return render_actions(solve_actions(prompt))
@@ -696,15 +819,24 @@ class ScriptedDiagramPolicy:
 
     # fault -> rate at skill 0
     RATES: ClassVar[dict[str, float]] = {
-        "prose": 0.12, "break_json": 0.2, "drop_node": 0.35, "drop_edge": 0.4, "extra_node": 0.15,
-        "duplicate": 0.15, "bad_field": 0.2, "overlap": 0.35, "out_of_bounds": 0.25,
+        "prose": 0.12,
+        "break_json": 0.2,
+        "drop_node": 0.35,
+        "drop_edge": 0.4,
+        "extra_node": 0.15,
+        "duplicate": 0.15,
+        "bad_field": 0.2,
+        "overlap": 0.35,
+        "out_of_bounds": 0.25,
     }
     # Faults that only happen at a rate given in `faults` (never scaled by skill). omit_edges: a lazy
     # teacher that draws the shapes and forgets every connection; the answer stays valid JSON and
     # schema-correct, so a format filter keeps it and SFT learns the habit.
     HABITS: ClassVar[tuple[str, ...]] = ("omit_edges",)
 
-    def __init__(self, seed: int = 0, skill: float = 0.5, faults: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, skill: float = 0.5, faults: dict[str, float] | None = None
+    ) -> None:
         self.rng = random.Random(seed)
         self.skill = skill
         self.faults = self.check_faults(faults or {})
@@ -717,7 +849,11 @@ class ScriptedDiagramPolicy:
         for name, rate in faults.items():
             if name not in known:
                 raise ValueError(f"{field}: unknown fault {name!r} (known: {', '.join(known)})")
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, (int, float))
+                or not 0.0 <= rate <= 1.0
+            ):
                 raise ValueError(f"{field}: {name} must be a probability in [0, 1], got {rate!r}")
             out[name] = float(rate)
         return out
@@ -739,15 +875,28 @@ class ScriptedDiagramPolicy:
             actions.remove(victim)
             if rng.random() < 0.5:  # also drop its edges; otherwise they dangle (schema errors)
                 actions = [a for a in actions if victim["id"] not in (a.get("from"), a.get("to"))]
-        if self.faults.get("omit_edges") and self._hit(rng, "omit_edges"):  # no draw unless asked for
+        if self.faults.get("omit_edges") and self._hit(
+            rng, "omit_edges"
+        ):  # no draw unless asked for
             actions = [a for a in actions if a["action"] != "connect"]
         edges = [a for a in actions if a["action"] == "connect"]
         if self._hit(rng, "drop_edge") and edges:
             actions.remove(rng.choice(edges))
         shapes = [a for a in actions if a["action"] == "create_shape"]
         if self._hit(rng, "extra_node"):
-            actions.insert(len(shapes), {"action": "create_shape", "id": "note", "label": "Note",
-                                         "shape": "rect", "x": 10, "y": 10, "w": 60, "h": 30})
+            actions.insert(
+                len(shapes),
+                {
+                    "action": "create_shape",
+                    "id": "note",
+                    "label": "Note",
+                    "shape": "rect",
+                    "x": 10,
+                    "y": 10,
+                    "w": 60,
+                    "h": 30,
+                },
+            )
         if self._hit(rng, "duplicate") and shapes:
             copy = dict(rng.choice(shapes))
             if rng.random() < 0.5:  # same id: a schema error; fresh id: an extra, overlapping node
@@ -782,22 +931,39 @@ class ScriptedDiagramPolicy:
         return text
 
 
-_REQUEST_RE = re.compile(r"Request: Draw (?P<title>.*?)\. Nodes: (?P<nodes>.*?)\. Edges: (?P<edges>.*)\.\s*$",
-                         re.DOTALL)
+_REQUEST_RE = re.compile(
+    r"Request: Draw (?P<title>.*?)\. Nodes: (?P<nodes>.*?)\. Edges: (?P<edges>.*)\.\s*$", re.DOTALL
+)
 
 
 def stored_prompt(key: str, prompt: Any) -> Prompt | None:
     """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line the policy saw;
     None when the text is not a request of this environment (a replay then fails those rollouts)."""
-    text = prompt if isinstance(prompt, str) else completion_text(
-        [dict(m, role="assistant") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        if isinstance(prompt, list) else None)
+    text = (
+        prompt
+        if isinstance(prompt, str)
+        else completion_text(
+            [
+                dict(m, role="assistant")
+                for m in prompt
+                if isinstance(m, dict) and m.get("role") == "user"
+            ]
+            if isinstance(prompt, list)
+            else None
+        )
+    )
     match = _REQUEST_RE.search(text or "")
     if match is None:
         return None
     nodes = [n for n in match["nodes"].split(", ") if n]
     edges = [e.split("->", 1) for e in match["edges"].split(", ") if "->" in e]
     seeds = {f"diagram-seed-{slug}": fam for slug, fam, _, _ in SEED_REQUESTS}
-    family = seeds.get(key) or next((f for f in FAMILIES if key.startswith(f"diagram-{f.replace('_', '-')}-")), "")
-    return Prompt(key=key, text=text, split=split_of(match.group(0)[len("Request: "):].strip()),
-                  spec={"family": family, "nodes": nodes, "edges": edges})
+    family = seeds.get(key) or next(
+        (f for f in FAMILIES if key.startswith(f"diagram-{f.replace('_', '-')}-")), ""
+    )
+    return Prompt(
+        key=key,
+        text=text,
+        split=split_of(match.group(0)[len("Request: ") :].strip()),
+        spec={"family": family, "nodes": nodes, "edges": edges},
+    )

@@ -33,14 +33,35 @@ READERS: dict[str, type[Reader]] = {
 }
 
 
-def open_reader(fmt: str, path: str | Path, *, components: list[str] | None = None,
-                group_size: int | None = None, weights: dict[str, float] | None = None,
-                scale_rewards: str | None = None) -> Reader:
+def open_reader(
+    fmt: str,
+    path: str | Path,
+    *,
+    components: list[str] | None = None,
+    group_size: int | None = None,
+    weights: dict[str, float] | None = None,
+    scale_rewards: str | None = None,
+) -> Reader:
     if fmt not in READERS:
         raise ReaderError(f"format: must be one of {', '.join(READERS)}, got {fmt!r}")
-    return READERS[fmt](Path(path), components=components, group_size=group_size, weights=weights,
-                        scale_rewards=scale_rewards)
+    return READERS[fmt](
+        Path(path),
+        components=components,
+        group_size=group_size,
+        weights=weights,
+        scale_rewards=scale_rewards,
+    )
 
 
-__all__ = ["READERS", "BadRecord", "GroupItem", "Item", "MetricsItem", "Reader", "ReaderError", "RecordError",
-           "SettingsItem", "open_reader"]
+__all__ = [
+    "READERS",
+    "BadRecord",
+    "GroupItem",
+    "Item",
+    "MetricsItem",
+    "Reader",
+    "ReaderError",
+    "RecordError",
+    "SettingsItem",
+    "open_reader",
+]

@@ -53,10 +53,14 @@ class RecordError(ValueError):
 
 @dataclass
 class GroupItem:
-    record: dict[str, Any]  # ingestion format: {"step", "key", "prompt", "split"?, "rollouts": [...]}
+    record: dict[
+        str, Any
+    ]  # ingestion format: {"step", "key", "prompt", "split"?, "rollouts": [...]}
     file: str
     line: int  # 1-based line (JSONL) or row (parquet) of the group's first record
-    rollout_lines: list[int] | None = None  # line/row of each rollout, when each came from its own record
+    rollout_lines: list[int] | None = (
+        None  # line/row of each rollout, when each came from its own record
+    )
 
     @property
     def records(self) -> int:
@@ -111,10 +115,16 @@ class Reader(ABC):
     path: Path
     components: list[str] | None = None
     group_size: int | None = None  # when given, groups of another size are bad records
-    weights: dict[str, float] | None = None  # the trainer's reward weights by component, when the user gives them
-    scale_rewards: str | None = None  # the trainer's advantage scaling (group / batch / none), when the user gives it
+    weights: dict[str, float] | None = (
+        None  # the trainer's reward weights by component, when the user gives them
+    )
+    scale_rewards: str | None = (
+        None  # the trainer's advantage scaling (group / batch / none), when the user gives it
+    )
     format: str = field(default="", init=False)
-    grouping: str = field(default="", init=False)  # how the grouping was inferred, stored on the run
+    grouping: str = field(
+        default="", init=False
+    )  # how the grouping was inferred, stored on the run
     advantage: str = field(default="", init=False)  # where the advantages come from
 
     def __post_init__(self) -> None:
@@ -176,7 +186,9 @@ def component_name(raw: Any) -> str:
 
 
 def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_)
+    )
 
 
 def finite_or_none(v: Any) -> float | None:
@@ -210,7 +222,11 @@ def int_field(obj: dict[str, Any], name: str, default: int | None = None) -> int
 def stable_hash(obj: Any, n: int = 16) -> str:
     """Short content hash used in group keys: the same prompt always gives the same key, so a
     re-import of the same file is recognised by ingestion's (step, key) idempotency."""
-    text = obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+    text = (
+        obj
+        if isinstance(obj, str)
+        else json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+    )
     # surrogatepass: a hostile lone surrogate must still hash (the record is refused later, by field).
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
@@ -233,8 +249,13 @@ def messages(value: Any, name: str) -> list[dict[str, Any]]:
             raise RecordError(f"{name}[{i}]: must be an object with role and content")
         role = m.get("role")
         if role not in ROLES:
-            raise RecordError(f"{name}[{i}].role: must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-        msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"), f"{name}[{i}].content")}
+            raise RecordError(
+                f"{name}[{i}].role: must be one of {', '.join(sorted(ROLES))}, got {role!r}"
+            )
+        msg: dict[str, Any] = {
+            "role": role,
+            "content": _content_text(m.get("content"), f"{name}[{i}].content"),
+        }
         for k, v in m.items():
             if k in ("role", "content") or v is None:
                 continue
@@ -270,7 +291,9 @@ def completion_fields(value: Any, name: str = "completion") -> dict[str, Any]:
     return {"transcript": messages(value, name)}
 
 
-def split_numbers(values: dict[str, Any], components: list[str] | None) -> tuple[dict[str, float | None], dict]:
+def split_numbers(
+    values: dict[str, Any], components: list[str] | None
+) -> tuple[dict[str, float | None], dict]:
     """Split extra fields into reward components (numeric, and in `components` when that is given)
     and everything else (kept verbatim in the rollout's state)."""
     rewards: dict[str, float | None] = {}
@@ -288,7 +311,9 @@ def split_numbers(values: dict[str, Any], components: list[str] | None) -> tuple
     return rewards, rest
 
 
-def fill_advantages(rollouts: list[dict[str, Any]], *, eps: float = stats.EPS, scale: bool = True) -> str:
+def fill_advantages(
+    rollouts: list[dict[str, Any]], *, eps: float = stats.EPS, scale: bool = True
+) -> str:
     """Give every rollout an advantage when the source has none: the GRPO advantage of the aggregate
     reward inside the group, (r - mean) / (std + eps), through training/stats (TRL's formula; verl's
     with eps 1e-6, and no division when `scale` is False). Returns "given" or "computed". Raises
@@ -297,10 +322,19 @@ def fill_advantages(rollouts: list[dict[str, Any]], *, eps: float = stats.EPS, s
     if given == len(rollouts):
         return "given"
     if given:
-        raise RecordError(f"advantage: given for {given} of the group's {len(rollouts)} rollouts; give all or none")
-    rewards = np.array([np.nan if r.get("reward") is None else r["reward"] for r in rollouts], dtype=np.float64)
-    result = stats.compute_advantages(rewards[:, None], [1.0], np.zeros(len(rollouts), dtype=np.int64),
-                                      scale_rewards="group" if scale else "none", eps=eps)
+        raise RecordError(
+            f"advantage: given for {given} of the group's {len(rollouts)} rollouts; give all or none"
+        )
+    rewards = np.array(
+        [np.nan if r.get("reward") is None else r["reward"] for r in rollouts], dtype=np.float64
+    )
+    result = stats.compute_advantages(
+        rewards[:, None],
+        [1.0],
+        np.zeros(len(rollouts), dtype=np.int64),
+        scale_rewards="group" if scale else "none",
+        eps=eps,
+    )
     for r, a in zip(rollouts, result.advantages.tolist()):
         r["advantage"] = a
     return "computed"
@@ -318,7 +352,9 @@ def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
     if group_size is None or len(rows) == group_size:
         return [rows]
     if len(rows) % group_size:
-        raise RecordError(f"group has {len(rows)} rollouts, not a multiple of the group size {group_size}")
+        raise RecordError(
+            f"group has {len(rows)} rollouts, not a multiple of the group size {group_size}"
+        )
     return [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
 
 
@@ -412,7 +448,11 @@ class GroupingJsonlReader(Reader):
         for path in self.files():
             for _, _, raw in jsonl_lines(path):
                 try:
-                    names.update(dict.fromkeys(self.parse_row(parse_json_object(raw)).rollout.get("rewards", {})))
+                    names.update(
+                        dict.fromkeys(
+                            self.parse_row(parse_json_object(raw)).rollout.get("rewards", {})
+                        )
+                    )
                 except RecordError:
                     pass  # reported with its line number when the import reads it
                 seen += 1
@@ -441,8 +481,13 @@ class GroupingJsonlReader(Reader):
         with open(path, "rb") as f:
             for gk, entries in index.items():
                 if gk in poisoned:
-                    yield BadRecord(name, entries[0][1], f"dropped with the bad record at line {poisoned[gk]} "
-                                    f"(same group: step {gk[0]}, key {gk[1]!r})", records=len(entries))
+                    yield BadRecord(
+                        name,
+                        entries[0][1],
+                        f"dropped with the bad record at line {poisoned[gk]} "
+                        f"(same group: step {gk[0]}, key {gk[1]!r})",
+                        records=len(entries),
+                    )
                     continue
                 rows: list[tuple[int, RolloutRow]] = []
                 for offset, lineno in entries:
@@ -450,18 +495,24 @@ class GroupingJsonlReader(Reader):
                     rows.append((lineno, self.parse_row(parse_json_object(f.readline()))))
                 yield from self._groups(name, gk, rows)
 
-    def _groups(self, name: str, gk: tuple[int, str], rows: list[tuple[int, RolloutRow]]) -> Iterator[Item]:
+    def _groups(
+        self, name: str, gk: tuple[int, str], rows: list[tuple[int, RolloutRow]]
+    ) -> Iterator[Item]:
         try:
             chunks = chunk_group(rows, self.group_size)
         except RecordError as e:
-            yield BadRecord(name, rows[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(rows))
+            yield BadRecord(
+                name, rows[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(rows)
+            )
             return
         for ci, chunk in enumerate(chunks):
             rollouts = [{"index": i, **row.rollout} for i, (_, row) in enumerate(chunk)]
             try:
                 self._fill(rollouts)
             except RecordError as e:
-                yield BadRecord(name, chunk[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(chunk))
+                yield BadRecord(
+                    name, chunk[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(chunk)
+                )
                 continue
             key = gk[1] if len(chunks) == 1 else f"{gk[1]}#{ci}"
             record = {"step": gk[0], "key": key, "prompt": chunk[0][1].prompt, "rollouts": rollouts}

@@ -41,8 +41,18 @@ from training.importers.base import (
     stable_hash,
 )
 
-KNOWN = ("episode_id", "group_id", "step", "prompt", "turns", "aggregate_reward_score", "sub_metrics", "id",
-         "messages", "metrics_list")
+KNOWN = (
+    "episode_id",
+    "group_id",
+    "step",
+    "prompt",
+    "turns",
+    "aggregate_reward_score",
+    "sub_metrics",
+    "id",
+    "messages",
+    "metrics_list",
+)
 
 
 @dataclass
@@ -50,7 +60,9 @@ class ByooReader(GroupingJsonlReader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "byoo"
-        self.grouping = "grouped by group_id within step; episodes without one by identical prompt within step"
+        self.grouping = (
+            "grouped by group_id within step; episodes without one by identical prompt within step"
+        )
         self.advantage = "computed: GRPO advantage of aggregate_reward_score within the group"
 
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
@@ -59,11 +71,16 @@ class ByooReader(GroupingJsonlReader):
         if gid is not None and (isinstance(gid, (dict, list, bool)) or gid == ""):
             raise RecordError("group_id: must be a non-empty string or integer")
         if gid is not None:
-            self._known_group = (step, group_key("g-", gid))  # before the turns: a bad turn drops its group
+            self._known_group = (
+                step,
+                group_key("g-", gid),
+            )  # before the turns: a bad turn drops its group
         field_name = "turns" if "turns" in obj or "messages" not in obj else "messages"
         if field_name not in obj:
-            raise RecordError("messages: is required (the sample's messages, or turns); a reward service's output "
-                              "alone has no transcript: join it with its input samples by id")
+            raise RecordError(
+                "messages: is required (the sample's messages, or turns); a reward service's output "
+                "alone has no transcript: join it with its input samples by id"
+            )
         turns = messages(obj.get(field_name), field_name)
         if obj.get("prompt") is not None:
             prompt = prompt_value(obj["prompt"], "prompt")
@@ -76,7 +93,9 @@ class ByooReader(GroupingJsonlReader):
         key = group_key("g-", gid) if gid is not None else f"p-{stable_hash(prompt)}"
         self._known_group = (step, key)
         if "aggregate_reward_score" not in obj:
-            raise RecordError("aggregate_reward_score: is required (a number, or null when unscored)")
+            raise RecordError(
+                "aggregate_reward_score: is required (a number, or null when unscored)"
+            )
         reward = number_field(obj, "aggregate_reward_score", required=False)
         subs = obj.get("sub_metrics") or {}
         if not isinstance(subs, dict):

@@ -39,7 +39,9 @@ class JsonlReader(Reader):
         super().__post_init__()
         self.format = "jsonl"
         self.grouping = "one group per line, as given (step and key from the record)"
-        self.advantage = "as given in the records; missing ones computed at ingestion from the components"
+        self.advantage = (
+            "as given in the records; missing ones computed at ingestion from the components"
+        )
 
     def files(self) -> list[Path]:
         return jsonl_files(self.path)
@@ -56,7 +58,9 @@ class JsonlReader(Reader):
                 if item is not None:
                     yield item
 
-    def _item(self, obj: dict[str, Any], name: str, lineno: int) -> GroupItem | MetricsItem | SettingsItem | None:
+    def _item(
+        self, obj: dict[str, Any], name: str, lineno: int
+    ) -> GroupItem | MetricsItem | SettingsItem | None:
         kind = obj.pop("type", "group")
         if kind == "group":
             return GroupItem(obj, name, lineno)
@@ -66,7 +70,9 @@ class JsonlReader(Reader):
             return SettingsItem(obj, name, lineno)
         if kind in IGNORED_TYPES:
             return None
-        raise RecordError(f"type: must be group, metrics or settings (or log/progress, ignored), got {kind!r}")
+        raise RecordError(
+            f"type: must be group, metrics or settings (or log/progress, ignored), got {kind!r}"
+        )
 
     def sample_components(self, limit: int = 200) -> list[str]:
         names: dict[str, None] = {}
@@ -83,4 +89,3 @@ class JsonlReader(Reader):
                 if seen >= limit:
                     break
         return list(names)
-

@@ -58,8 +58,17 @@ from training.importers.base import (
     stable_hash,
 )
 
-LEGACY_KNOWN = ("step", "problem_id", "example_id", "prompt", "completion", "reward", "advantage", "rewards",
-                "task_rewards")
+LEGACY_KNOWN = (
+    "step",
+    "problem_id",
+    "example_id",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "rewards",
+    "task_rewards",
+)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 SUBSETS = ("effective", "all")  # preferred first
 
@@ -70,11 +79,15 @@ class PrimeRLReader(GroupingJsonlReader):
         super().__post_init__()
         self.format = "prime-rl"
         self.grouping = "grouped by the episode's group.id within step (PRIME-RL traces.jsonl)"
-        self.advantage = ("the record's token advantages when present, else PRIME-RL's GRPO credit: reward minus "
-                          "the group mean")
+        self.advantage = (
+            "the record's token advantages when present, else PRIME-RL's GRPO credit: reward minus "
+            "the group mean"
+        )
         self.duplicates: list[str] = []
         self._weights: dict[str, float] = {}
-        self._scale = True  # legacy records: TRL's scaled advantage; episodes: PRIME-RL's unscaled credit
+        self._scale = (
+            True  # legacy records: TRL's scaled advantage; episodes: PRIME-RL's unscaled credit
+        )
 
     def files(self) -> list[Path]:
         if self.path.is_file():
@@ -138,16 +151,24 @@ class PrimeRLReader(GroupingJsonlReader):
         work = run.get("work") if isinstance(run.get("work"), dict) else {}
         step = int_field(work, "step") if "step" in work else getattr(self, "_default_step", 0)
         group = obj.get("group")
-        if group is not None and not (isinstance(group, dict) and isinstance(group.get("id"), (str, int))):
+        if group is not None and not (
+            isinstance(group, dict) and isinstance(group.get("id"), (str, int))
+        ):
             raise RecordError("group.id: must be a string or integer")
         task = obj.get("task") if isinstance(obj.get("task"), dict) else {}
-        gid = group["id"] if group else task.get("key") or task.get("hash") or stable_hash(task.get("data"))
+        gid = (
+            group["id"]
+            if group
+            else task.get("key") or task.get("hash") or stable_hash(task.get("data"))
+        )
         key = group_key("g-" if group else "t-", gid)
         self._known_group = (step, key)
         trace = _first_trace(obj)
         if trace is None:
-            raise RecordError(f"traces: the episode has no trace to store (ok={obj.get('ok')!r}, errors: "
-                              f"{_error_text(obj.get('errors'))})")
+            raise RecordError(
+                f"traces: the episode has no trace to store (ok={obj.get('ok')!r}, errors: "
+                f"{_error_text(obj.get('errors'))})"
+            )
         prompt, transcript = _conversation(trace)
         rollout: dict[str, Any] = {"transcript": transcript}
         rewards, total = {}, None
@@ -169,8 +190,11 @@ class PrimeRLReader(GroupingJsonlReader):
         if advantage is not None:
             rollout["advantage"] = advantage
         rollout["state"] = _episode_state(obj, trace)
-        split = "holdout" if work.get("type") == "eval" or run.get("type") == "eval" else getattr(
-            self, "_split", "train")
+        split = (
+            "holdout"
+            if work.get("type") == "eval" or run.get("type") == "eval"
+            else getattr(self, "_split", "train")
+        )
         return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout, split=split)
 
     # ---- the flat records of earlier versions
@@ -238,8 +262,13 @@ def _conversation(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
 
 def _advantage(trace: dict[str, Any]) -> float | None:
     """PRIME-RL's scalar for a trace: the mean of its non-zero token advantages, 0 when all are zero."""
-    values = [v for n in trace.get("nodes") or [] if isinstance(n, dict) for v in n.get("advantages") or []
-              if is_number(v)]
+    values = [
+        v
+        for n in trace.get("nodes") or []
+        if isinstance(n, dict)
+        for v in n.get("advantages") or []
+        if is_number(v)
+    ]
     if not values:
         return None
     nonzero = [float(v) for v in values if v != 0]
@@ -248,17 +277,25 @@ def _advantage(trace: dict[str, Any]) -> float | None:
 
 def _episode_state(obj: dict[str, Any], trace: dict[str, Any]) -> dict[str, Any]:
     agent = trace.get("agent") if isinstance(trace.get("agent"), dict) else {}
-    state = {"episode_id": obj.get("id"), "env": obj.get("env"), "agent": agent.get("name"),
-             "ok": trace.get("ok"), "stop_condition": trace.get("stop_condition"),
-             "metrics": trace.get("metrics") or None, "errors": _error_text(trace.get("errors")) or None,
-             "traces": len(obj.get("traces") or []) if len(obj.get("traces") or []) > 1 else None}
+    state = {
+        "episode_id": obj.get("id"),
+        "env": obj.get("env"),
+        "agent": agent.get("name"),
+        "ok": trace.get("ok"),
+        "stop_condition": trace.get("stop_condition"),
+        "metrics": trace.get("metrics") or None,
+        "errors": _error_text(trace.get("errors")) or None,
+        "traces": len(obj.get("traces") or []) if len(obj.get("traces") or []) > 1 else None,
+    }
     return {k: v for k, v in state.items() if v is not None}
 
 
 def _error_text(errors: Any) -> str:
     if not isinstance(errors, list):
         return ""
-    return "; ".join(f"{e.get('type')}: {e.get('message')}" for e in errors if isinstance(e, dict))[:2000]
+    return "; ".join(f"{e.get('type')}: {e.get('message')}" for e in errors if isinstance(e, dict))[
+        :2000
+    ]
 
 
 def _folder_facts(path: Path) -> tuple[int, str]:

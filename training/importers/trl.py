@@ -65,7 +65,10 @@ from training.importers.base import (
 from training.sinks import SETTINGS_FILE, storable
 
 KNOWN = ("step", "prompt", "completion", "advantage")
-RECORDER_EXTRA = ("recorder/", "reason/")  # the RolloutRecorder's log_extra columns: never reward functions
+RECORDER_EXTRA = (
+    "recorder/",
+    "reason/",
+)  # the RolloutRecorder's log_extra columns: never reward functions
 ROWS_PER_BATCH = 1024  # parquet rows decoded at a time: memory stays flat whatever the file size
 _STEP_IN_NAME = re.compile(r"completions_(\d+)\.parquet$")
 
@@ -75,15 +78,25 @@ class TRLReader(Reader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "trl"
-        self.grouping = ("grouped by identical prompt within step, consecutive rows "
-                         "(TRL log_completions parquet has no group id)")
+        self.grouping = (
+            "grouped by identical prompt within step, consecutive rows "
+            "(TRL log_completions parquet has no group id)"
+        )
         self.advantage = "given: TRL's advantage column"
-        self.duplicates: list[str] = []  # files skipped as a repeat of the previous generation batch
+        self.duplicates: list[
+            str
+        ] = []  # files skipped as a repeat of the previous generation batch
         self.settings_file, self._settings = _find_settings(self.path)
         found = self._settings or {}
         if self.weights is None and isinstance(found.get("weights"), dict):
-            self.weights = {component_name(k): float(v) for k, v in found["weights"].items() if is_number(v)}
-        if self.group_size is None and isinstance(found.get("group_size"), int) and found["group_size"] > 0:
+            self.weights = {
+                component_name(k): float(v) for k, v in found["weights"].items() if is_number(v)
+            }
+        if (
+            self.group_size is None
+            and isinstance(found.get("group_size"), int)
+            and found["group_size"] > 0
+        ):
             self.group_size = found["group_size"]
 
     def settings(self) -> dict[str, Any] | None:
@@ -98,26 +111,37 @@ class TRLReader(Reader):
         folder = self.path / "completions" if (self.path / "completions").is_dir() else self.path
         found = sorted(folder.glob("completions_*.parquet"), key=_file_step)
         if not found:
-            raise ReaderError(f"{self.path}: no completions_<step>.parquet files (GRPOConfig(log_completions=True) "
-                              "writes them under <output_dir>/completions/)")
+            raise ReaderError(
+                f"{self.path}: no completions_<step>.parquet files (GRPOConfig(log_completions=True) "
+                "writes them under <output_dir>/completions/)"
+            )
         return found
 
     def component_columns(self, schema: pa.Schema) -> list[str]:
         named = self.components if self.components is not None else list(self.weights or {}) or None
         if named is not None:  # the reward functions are known: nothing else is a component
             return [c for c in schema.names if c not in KNOWN and component_name(c) in set(named)]
-        return [f.name for f in schema
-                if f.name not in KNOWN and _is_numeric(f.type) and not f.name.startswith(RECORDER_EXTRA)]
+        return [
+            f.name
+            for f in schema
+            if f.name not in KNOWN and _is_numeric(f.type) and not f.name.startswith(RECORDER_EXTRA)
+        ]
 
     def sample_components(self, limit: int = 200) -> list[str]:
         names: dict[str, None] = {}
         for path in self.files()[:limit]:
-            names.update(dict.fromkeys(component_name(c) for c in self.component_columns(pq.read_schema(path))))
+            names.update(
+                dict.fromkeys(
+                    component_name(c) for c in self.component_columns(pq.read_schema(path))
+                )
+            )
         return list(names)
 
     def read(self, progress: Progress | None = None) -> Iterator[Item]:
         previous: str | None = None
-        self._seen: dict[tuple[int, str], int] = {}  # groups so far per (step, prompt): keys "#n" repeats
+        self._seen: dict[
+            tuple[int, str], int
+        ] = {}  # groups so far per (step, prompt): keys "#n" repeats
         self.duplicates = []
         for path in self.files():
             digest = _content_digest(path)
@@ -134,8 +158,12 @@ class TRLReader(Reader):
         pf = pq.ParquetFile(path)
         missing = [c for c in ("prompt", "completion") if c not in pf.schema_arrow.names]
         if missing:
-            yield BadRecord(name, None, f"not a TRL completions file: no {', '.join(missing)} column",
-                            records=pf.metadata.num_rows)
+            yield BadRecord(
+                name,
+                None,
+                f"not a TRL completions file: no {', '.join(missing)} column",
+                records=pf.metadata.num_rows,
+            )
             return
         comps = self.component_columns(pf.schema_arrow)
         extras = [c for c in pf.schema_arrow.names if c not in KNOWN and c not in comps]
@@ -173,17 +201,30 @@ class TRLReader(Reader):
                 progress(int(size * batch.num_rows / total))
         yield from self._flush(name, run, run_key, poisoned)
 
-    def _drop(self, name: str, run: list[tuple[int, dict[str, Any]]], bad_row: int) -> Iterator[Item]:
+    def _drop(
+        self, name: str, run: list[tuple[int, dict[str, Any]]], bad_row: int
+    ) -> Iterator[Item]:
         if run:
-            yield BadRecord(name, run[0][0], f"dropped with the bad row {bad_row} (it may belong to this group)",
-                            records=len(run))
+            yield BadRecord(
+                name,
+                run[0][0],
+                f"dropped with the bad row {bad_row} (it may belong to this group)",
+                records=len(run),
+            )
 
-    def _flush(self, name: str, run: list[tuple[int, dict[str, Any]]], run_key: tuple[int, str] | None,
-               poisoned: bool) -> Iterator[Item]:
+    def _flush(
+        self,
+        name: str,
+        run: list[tuple[int, dict[str, Any]]],
+        run_key: tuple[int, str] | None,
+        poisoned: bool,
+    ) -> Iterator[Item]:
         if not run or run_key is None:
             return
         if poisoned:
-            yield BadRecord(name, run[0][0], "dropped with a bad row of the same group", records=len(run))
+            yield BadRecord(
+                name, run[0][0], "dropped with a bad row of the same group", records=len(run)
+            )
             return
         try:
             chunks = chunk_group(run, self.group_size)
@@ -198,7 +239,9 @@ class TRLReader(Reader):
             self._seen[run_key] = n + 1
             key = f"p-{phash}" if n == 0 else f"p-{phash}#{n}"
             rollouts = [{"index": i, **row["rollout"]} for i, (_, row) in enumerate(chunk)]
-            record = storable({"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts})
+            record = storable(
+                {"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts}
+            )
             yield GroupItem(record, name, chunk[0][0], [r for r, _ in chunk])
 
     def _rollout(self, rec: dict[str, Any], comps: list[str], extras: list[str]) -> dict[str, Any]:
@@ -221,7 +264,9 @@ class TRLReader(Reader):
             rollout["advantage"] = finite_or_none(adv)
         extra = {c: rec.get(c) for c in extras if rec.get(c) is not None}
         if extra:
-            rollout["state"] = {"extra": json.loads(json.dumps(extra, default=str))}  # JSON-safe (dates, bytes)
+            rollout["state"] = {
+                "extra": json.loads(json.dumps(extra, default=str))
+            }  # JSON-safe (dates, bytes)
         return rollout
 
 

@@ -46,23 +46,33 @@ class VerlReader(GroupingJsonlReader):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "verl"
-        self.grouping = ("grouped by uid within step when the rows carry it, else by identical input within step "
-                         "(verl reorders the batch; rows of a group need not be consecutive)")
-        self.advantage = ("computed: verl's GRPO advantage of score within the group, (r - mean) / (std + 1e-6)"
-                          + (" without the std (norm_adv_by_std_in_grpo=False)" if self._no_std else ""))
+        self.grouping = (
+            "grouped by uid within step when the rows carry it, else by identical input within step "
+            "(verl reorders the batch; rows of a group need not be consecutive)"
+        )
+        self.advantage = (
+            "computed: verl's GRPO advantage of score within the group, (r - mean) / (std + 1e-6)"
+            + (" without the std (norm_adv_by_std_in_grpo=False)" if self._no_std else "")
+        )
 
     @property
     def _no_std(self) -> bool:
         return self.scale_rewards == "none"
 
     def settings(self) -> dict[str, Any] | None:
-        return {"advantage_epsilon": VERL_EPS, "scale_rewards": "group", **(super().settings() or {})}
+        return {
+            "advantage_epsilon": VERL_EPS,
+            "scale_rewards": "group",
+            **(super().settings() or {}),
+        }
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
         if len(rollouts) == 1 and rollouts[0].get("advantage") is None:
             # verl gives a lone sample mean 0 and std 1 (TRL's formula would give it 0)
             r = rollouts[0].get("reward")
-            rollouts[0]["advantage"] = 0.0 if r is None else r / (1.0 + VERL_EPS) if not self._no_std else r
+            rollouts[0]["advantage"] = (
+                0.0 if r is None else r / (1.0 + VERL_EPS) if not self._no_std else r
+            )
             return
         fill_advantages(rollouts, eps=VERL_EPS, scale=not self._no_std)
 
@@ -82,7 +92,9 @@ class VerlReader(GroupingJsonlReader):
         if "score" not in obj:
             raise RecordError("score: is required (the aggregate reward)")
         reward = number_field(obj, "score", required=False)
-        extra = {k: float(v) if isinstance(v, bool) else v for k, v in obj.items() if k not in KNOWN}
+        extra = {
+            k: float(v) if isinstance(v, bool) else v for k, v in obj.items() if k not in KNOWN
+        }
         rewards, rest = split_numbers(extra, self.components)
         state: dict[str, Any] = {"gts": obj["gts"]} if obj.get("gts") is not None else {}
         if uid is not None:

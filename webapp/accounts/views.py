@@ -29,7 +29,9 @@ def normalise_username(raw: str) -> str:
 
 def failure_key(request: HttpRequest) -> str:
     username = normalise_username(request.POST.get("username") or "")
-    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # any text, safe key
+    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[
+        :32
+    ]  # any text, safe key
     return f"login-fail:{request.META.get('REMOTE_ADDR', '')}:{digest}"
 
 
@@ -42,7 +44,11 @@ class LoginView(auth_views.LoginView):
     def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if cache.get(failure_key(request), 0) >= MAX_FAILURES:
             response = self.render_to_response(
-                {"form": self.get_form(), "rate_limited": True, "next": request.POST.get("next", "")}
+                {
+                    "form": self.get_form(),
+                    "rate_limited": True,
+                    "next": request.POST.get("next", ""),
+                }
             )
             response.status_code = 429
             return response

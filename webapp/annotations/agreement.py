@@ -41,7 +41,9 @@ def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable]) -> float | None:
     True
     """
     if len(a) != len(b):
-        raise ValueError(f"cohen_kappa: the two coders rated {len(a)} and {len(b)} items; they must match")
+        raise ValueError(
+            f"cohen_kappa: the two coders rated {len(a)} and {len(b)} items; they must match"
+        )
     n = len(a)
     if n == 0:
         return None
@@ -122,8 +124,12 @@ class Agreement:
     items: int  # items with at least two ratings
     alpha: float | None
     pairs: list[PairKappa]
-    per_label: dict[Hashable, dict[str, Any]] = field(default_factory=dict)  # label -> {"alpha", "pairs"}
-    disagreements: list[Any] = field(default_factory=list)  # item keys whose coders gave different values
+    per_label: dict[Hashable, dict[str, Any]] = field(
+        default_factory=dict
+    )  # label -> {"alpha", "pairs"}
+    disagreements: list[Any] = field(
+        default_factory=list
+    )  # item keys whose coders gave different values
 
 
 def _pairs(ratings: Ratings, value: Any) -> list[PairKappa]:
@@ -132,8 +138,13 @@ def _pairs(ratings: Ratings, value: Any) -> list[PairKappa]:
     for x, y in combinations(coders, 2):
         common = [r for r in ratings.values() if x in r and y in r]
         if common:
-            out.append(PairKappa((x, y), len(common), cohen_kappa([value(r[x]) for r in common],
-                                                                  [value(r[y]) for r in common])))
+            out.append(
+                PairKappa(
+                    (x, y),
+                    len(common),
+                    cohen_kappa([value(r[x]) for r in common], [value(r[y]) for r in common]),
+                )
+            )
     return out
 
 
@@ -149,8 +160,11 @@ def agreement(ratings: Ratings, labels: Iterable[Hashable] | None = None) -> Agr
     (0.5333, True)
     """
     multi = {item: r for item, r in ratings.items() if len(r) >= 2}
-    label_set = list(labels) if labels is not None else sorted({v for r in multi.values() for v in r.values()},
-                                                               key=str)
+    label_set = (
+        list(labels)
+        if labels is not None
+        else sorted({v for r in multi.values() for v in r.values()}, key=str)
+    )
     result = Agreement(
         items=len(multi),
         alpha=krippendorff_alpha_nominal([list(r.values()) for r in multi.values()]),
@@ -159,7 +173,9 @@ def agreement(ratings: Ratings, labels: Iterable[Hashable] | None = None) -> Agr
     )
     for label in label_set:
         result.per_label[label] = {
-            "alpha": krippendorff_alpha_nominal([[v == label for v in r.values()] for r in multi.values()]),
+            "alpha": krippendorff_alpha_nominal(
+                [[v == label for v in r.values()] for r in multi.values()]
+            ),
             "pairs": _pairs(multi, lambda v, label=label: v == label),
         }
     return result

@@ -44,7 +44,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils.text import slugify
 
-from webapp.annotations.models import ActivityEvent, Annotation, Dataset, DatasetRecord, Label, ReviewQueue
+from webapp.annotations.models import (
+    ActivityEvent,
+    Annotation,
+    Dataset,
+    DatasetRecord,
+    Label,
+    ReviewQueue,
+)
 from webapp.annotations.services import select_rollouts
 from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
@@ -52,7 +59,9 @@ from webapp.runs import launch
 from webapp.runs.models import Run
 
 EXPORT_MAX_ROLLOUTS = 20_000  # an explorer-filter export pages through at most this many rollouts
-DEFAULT_MIN_MARGIN = 0.1  # a fallback "chosen" sibling must out-reward the rejected case by this much
+DEFAULT_MIN_MARGIN = (
+    0.1  # a fallback "chosen" sibling must out-reward the rejected case by this much
+)
 
 
 @dataclass
@@ -80,8 +89,13 @@ def _message(m: Any) -> dict[str, str]:
     if not isinstance(content, str):
         content = json.dumps(content, ensure_ascii=False)
     if m.get("tool_calls"):
-        content = (content + "\n" if content else "") + json.dumps(m["tool_calls"], ensure_ascii=False)
-    return {"role": "user" if role == "environment" else role, "content": normalize_newlines(content)}
+        content = (content + "\n" if content else "") + json.dumps(
+            m["tool_calls"], ensure_ascii=False
+        )
+    return {
+        "role": "user" if role == "environment" else role,
+        "content": normalize_newlines(content),
+    }
 
 
 def _prompt_messages(rollout: Rollout) -> list[dict[str, str]]:
@@ -109,10 +123,15 @@ class PromptRenderer:
     def __call__(self, rollout: Rollout, prefix: list[dict[str, str]]) -> str:
         messages = _prompt_messages(rollout)
         if self.tokenizer is not None:
-            return self.tokenizer.apply_chat_template(messages + prefix, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(
+                messages + prefix, tokenize=False, add_generation_prompt=True
+            )
         if len(messages) > 1:
-            raise FieldError("model", "these prompts have several chat messages: name a model whose chat "
-                                      "template renders them, or export the conversational format")
+            raise FieldError(
+                "model",
+                "these prompts have several chat messages: name a model whose chat "
+                "template renders them, or export the conversational format",
+            )
         return messages[0]["content"] + ("\n" + _text(prefix) if prefix else "")
 
     def describe(self) -> str:
@@ -127,13 +146,19 @@ def _load_tokenizer(model: str) -> Any:
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
     except Exception as e:  # no such run / folder, or a hub id not on this machine: never download
-        raise FieldError("model", f"no tokenizer for {model!r} on this machine ({type(e).__name__})") from e
+        raise FieldError(
+            "model", f"no tokenizer for {model!r} on this machine ({type(e).__name__})"
+        ) from e
     if not getattr(tokenizer, "chat_template", None):
-        raise FieldError("model", f"{model!r} has no chat template: export the conversational format")
+        raise FieldError(
+            "model", f"{model!r} has no chat template: export the conversational format"
+        )
     return tokenizer
 
 
-def _split(rollout: Rollout, first_wrong_turn: int | None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def _split(
+    rollout: Rollout, first_wrong_turn: int | None
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     turns = [_message(m) for m in (rollout.transcript or [])]
     k = first_wrong_turn or 0
     return turns[:k], turns[k:]
@@ -156,30 +181,54 @@ class Options:
     min_margin: float | None = DEFAULT_MIN_MARGIN
 
 
-def sft_record(rollout: Rollout, completion_turns: list[dict[str, str]], prefix: list[dict[str, str]],
-               opts: Options) -> dict[str, Any]:
+def sft_record(
+    rollout: Rollout,
+    completion_turns: list[dict[str, str]],
+    prefix: list[dict[str, str]],
+    opts: Options,
+) -> dict[str, Any]:
     if opts.fmt == Dataset.Format.CONVERSATIONAL:
         return {"messages": _prompt_messages(rollout) + prefix + completion_turns}
     return {"prompt": opts.render(rollout, prefix), "completion": _text(completion_turns)}
 
 
-def dpo_record(rollout: Rollout, chosen: list[dict[str, str]], rejected: list[dict[str, str]],
-               prefix: list[dict[str, str]], opts: Options) -> dict[str, Any]:
+def dpo_record(
+    rollout: Rollout,
+    chosen: list[dict[str, str]],
+    rejected: list[dict[str, str]],
+    prefix: list[dict[str, str]],
+    opts: Options,
+) -> dict[str, Any]:
     if opts.fmt == Dataset.Format.CONVERSATIONAL:
-        return {"prompt": _prompt_messages(rollout) + prefix, "chosen": chosen, "rejected": rejected}
-    return {"prompt": opts.render(rollout, prefix), "chosen": _text(chosen), "rejected": _text(rejected)}
+        return {
+            "prompt": _prompt_messages(rollout) + prefix,
+            "chosen": chosen,
+            "rejected": rejected,
+        }
+    return {
+        "prompt": opts.render(rollout, prefix),
+        "chosen": _text(chosen),
+        "rejected": _text(rejected),
+    }
 
 
 def _same_text(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
-    return [(m["role"], m["content"].strip()) for m in a] == [(m["role"], m["content"].strip()) for m in b]
+    return [(m["role"], m["content"].strip()) for m in a] == [
+        (m["role"], m["content"].strip()) for m in b
+    ]
 
 
 def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN) -> Rollout | None:
     """The highest-reward completion of the same group that nobody marked bad, that parsed and finished,
     whose text differs from the bad case and whose reward beats it by `min_margin` (None: any reward)."""
     marked_bad = Exists(Annotation.objects.filter(rollout_id=OuterRef("id"), label__is_bad=True))
-    siblings = (Rollout.objects.filter(group_id=rollout.group_id, reward__isnull=False, truncated=False,
-                                       parse_error="").exclude(id=rollout.id).filter(~marked_bad))
+    siblings = (
+        Rollout.objects.filter(
+            group_id=rollout.group_id, reward__isnull=False, truncated=False, parse_error=""
+        )
+        .exclude(id=rollout.id)
+        .filter(~marked_bad)
+    )
     if min_margin is not None:
         if rollout.reward is None:
             return None  # no reward to be better than: no pair can be called clearly better
@@ -191,12 +240,17 @@ def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN
     return None
 
 
-def build_records(rollout_ids: list[int], kind: str, opts: Options) -> tuple[list[Built], dict[str, int]]:
+def build_records(
+    rollout_ids: list[int], kind: str, opts: Options
+) -> tuple[list[Built], dict[str, int]]:
     """The records for these rollouts, in their order, and the counts of what was skipped and why."""
     skipped: Counter[str] = Counter()
     anns: dict[int, list[Annotation]] = {}
-    for a in (Annotation.objects.filter(rollout_id__in=rollout_ids).select_related("label", "author")
-              .order_by("created_at", "id")):
+    for a in (
+        Annotation.objects.filter(rollout_id__in=rollout_ids)
+        .select_related("label", "author")
+        .order_by("created_at", "id")
+    ):
         anns.setdefault(a.rollout_id, []).append(a)
     rollouts = Rollout.objects.select_related("group").in_bulk(rollout_ids)
     out: list[Built] = []
@@ -215,7 +269,9 @@ def _correction(a: Annotation) -> list[dict[str, str]]:
     return _assistant(normalize_newlines(a.corrected_completion))
 
 
-def _sft_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]) -> list[Built]:
+def _sft_for(
+    rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]
+) -> list[Built]:
     corrections = [a for a in anns if a.has_correction]
     out = []
     for a in corrections:
@@ -233,7 +289,9 @@ def _sft_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: C
     return out
 
 
-def _dpo_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]) -> list[Built]:
+def _dpo_for(
+    rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]
+) -> list[Built]:
     bad = [a for a in anns if a.label.is_bad]
     if not bad:
         skipped["not marked bad"] += 1
@@ -245,7 +303,9 @@ def _dpo_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: C
             skipped["correction identical to the rejected completion"] += 1
             continue
         label = a.label if a.label.is_bad else bad[0].label
-        out.append(Built(dpo_record(rollout, _correction(a), rejected, prefix, opts), rollout, a, label))
+        out.append(
+            Built(dpo_record(rollout, _correction(a), rejected, prefix, opts), rollout, a, label)
+        )
     if out or any(a.has_correction for a in anns):
         return out
     sibling = best_sibling(rollout, opts.min_margin)
@@ -254,28 +314,54 @@ def _dpo_for(rollout: Rollout, anns: list[Annotation], opts: Options, skipped: C
         return []
     _, chosen = _split(sibling, None)
     _, rejected = _split(rollout, None)
-    return [Built(dpo_record(rollout, chosen, rejected, [], opts), rollout, bad[0], bad[0].label, sibling)]
+    return [
+        Built(
+            dpo_record(rollout, chosen, rejected, [], opts), rollout, bad[0], bad[0].label, sibling
+        )
+    ]
 
 
 # --- sources, datasets, files -----------------------------------------------------------------------------
 
 
-def source_rollout_ids(source: str, run: Run | None, queue: ReviewQueue | None, label: Label | None,
-                       params: dict[str, str]) -> list[int]:
+def source_rollout_ids(
+    source: str,
+    run: Run | None,
+    queue: ReviewQueue | None,
+    label: Label | None,
+    params: dict[str, str],
+) -> list[int]:
     if source == "queue" and queue is not None:
         return list(queue.items.order_by("position").values_list("rollout_id", flat=True))
     if source == "label" and label is not None and run is not None:
-        return list(Annotation.objects.filter(label=label, rollout__run=run).order_by("rollout_id")
-                    .values_list("rollout_id", flat=True).distinct())
+        return list(
+            Annotation.objects.filter(label=label, rollout__run=run)
+            .order_by("rollout_id")
+            .values_list("rollout_id", flat=True)
+            .distinct()
+        )
     if source == "explorer" and run is not None:
         return select_rollouts(run, ReviewQueue.Source.EXPLORER, params, EXPORT_MAX_ROLLOUTS, None)
-    raise FieldError("source", "must be queue (with a queue), label (with a label and a run) or explorer")
+    raise FieldError(
+        "source", "must be queue (with a queue), label (with a label and a run) or explorer"
+    )
 
 
-def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: AbstractBaseUser, run: Run | None = None,
-                   queue: ReviewQueue | None = None, label: Label | None = None,
-                   params: dict[str, str] | None = None, include_good: bool = False, model: str = "",
-                   min_margin: float | None = DEFAULT_MIN_MARGIN) -> Dataset:
+def export_dataset(
+    *,
+    name: str,
+    kind: str,
+    fmt: str,
+    source: str,
+    user: AbstractBaseUser,
+    run: Run | None = None,
+    queue: ReviewQueue | None = None,
+    label: Label | None = None,
+    params: dict[str, str] | None = None,
+    include_good: bool = False,
+    model: str = "",
+    min_margin: float | None = DEFAULT_MIN_MARGIN,
+) -> Dataset:
     """Build the records and store them as the next version of `name`. Nothing is stored when no record
     results (FieldError naming `source`, with the skip counts)."""
     params = params or {}
@@ -287,12 +373,21 @@ def export_dataset(*, name: str, kind: str, fmt: str, source: str, user: Abstrac
     if not built:
         why = "; ".join(f"{n} {reason}" for reason, n in skipped.items()) or "no rollouts selected"
         raise FieldError("source", f"nothing to export ({why})")
-    description = {"type": source, "run_id": run.id if run else None, "queue_id": queue.id if queue else None,
-                   "label": label.slug if label else None, "params": params, "include_good": include_good,
-                   "rollouts": len(ids), "records": len(built), "skipped": skipped,
-                   "prompt_format": "chat messages (the trainer applies its chat template)"
-                   if fmt == Dataset.Format.CONVERSATIONAL else render.describe(),
-                   "chosen_rule": chosen_rule(kind, min_margin)}
+    description = {
+        "type": source,
+        "run_id": run.id if run else None,
+        "queue_id": queue.id if queue else None,
+        "label": label.slug if label else None,
+        "params": params,
+        "include_good": include_good,
+        "rollouts": len(ids),
+        "records": len(built),
+        "skipped": skipped,
+        "prompt_format": "chat messages (the trainer applies its chat template)"
+        if fmt == Dataset.Format.CONVERSATIONAL
+        else render.describe(),
+        "chosen_rule": chosen_rule(kind, min_margin),
+    }
     for attempt in range(3):
         try:
             return _store(name, kind, fmt, user, description, built)
@@ -307,23 +402,49 @@ def chosen_rule(kind: str, min_margin: float | None) -> str | None:
     """How DPO's `chosen` was picked, in words, stored with the dataset and shown on its page."""
     if kind != Dataset.Kind.DPO:
         return None
-    margin = f"a reward at least {min_margin:g} above the rejected one" if min_margin is not None else "any reward"
-    return ("the annotator's correction; else the best sibling in the group that nobody marked bad, parsed, "
-            f"finished, differs in text and has {margin}. Pairs with chosen == rejected are skipped.")
+    margin = (
+        f"a reward at least {min_margin:g} above the rejected one"
+        if min_margin is not None
+        else "any reward"
+    )
+    return (
+        "the annotator's correction; else the best sibling in the group that nobody marked bad, parsed, "
+        f"finished, differs in text and has {margin}. Pairs with chosen == rejected are skipped."
+    )
 
 
 @transaction.atomic
-def _store(name: str, kind: str, fmt: str, user: AbstractBaseUser, description: dict[str, Any],
-           built: list[Built]) -> Dataset:
+def _store(
+    name: str,
+    kind: str,
+    fmt: str,
+    user: AbstractBaseUser,
+    description: dict[str, Any],
+    built: list[Built],
+) -> Dataset:
     version = (Dataset.objects.filter(name=name).aggregate(v=Max("version"))["v"] or 0) + 1
-    ds = Dataset.objects.create(name=name, kind=kind, format=fmt, version=version, created_by=user,
-                                source=description)
+    ds = Dataset.objects.create(
+        name=name, kind=kind, format=fmt, version=version, created_by=user, source=description
+    )
     DatasetRecord.objects.bulk_create(
-        [DatasetRecord(dataset=ds, position=i, data=b.data, source_rollout=b.rollout, chosen_rollout=b.chosen_rollout,
-                       label=b.label, note=b.annotation.note, annotator=b.annotation.author)
-         for i, b in enumerate(built)], batch_size=500)
-    ActivityEvent.objects.create(actor=user, action=ActivityEvent.Action.EXPORTED,
-                                 detail=f"{ds} with {len(built)} records")
+        [
+            DatasetRecord(
+                dataset=ds,
+                position=i,
+                data=b.data,
+                source_rollout=b.rollout,
+                chosen_rollout=b.chosen_rollout,
+                label=b.label,
+                note=b.annotation.note,
+                annotator=b.annotation.author,
+            )
+            for i, b in enumerate(built)
+        ],
+        batch_size=500,
+    )
+    ActivityEvent.objects.create(
+        actor=user, action=ActivityEvent.Action.EXPORTED, detail=f"{ds} with {len(built)} records"
+    )
     return ds
 
 
@@ -345,9 +466,15 @@ def jsonl_lines(dataset: Dataset) -> Any:
         line = _normalized(dict(r.data))
         if "chosen" in line and line["chosen"] == line.get("rejected"):
             continue  # a pair stored before the rule: it teaches nothing, never write it
-        line.update({"source_rollout_id": r.source_rollout_id, "chosen_rollout_id": r.chosen_rollout_id,
-                     "annotation_label": r.label.slug if r.label else None, "note": normalize_newlines(r.note),
-                     "annotator": r.annotator.get_username() if r.annotator else None})
+        line.update(
+            {
+                "source_rollout_id": r.source_rollout_id,
+                "chosen_rollout_id": r.chosen_rollout_id,
+                "annotation_label": r.label.slug if r.label else None,
+                "note": normalize_newlines(r.note),
+                "annotator": r.annotator.get_username() if r.annotator else None,
+            }
+        )
         yield json.dumps(line, ensure_ascii=False) + "\n"
 
 
@@ -380,7 +507,9 @@ def default_base_model(source_run: Run | None) -> str:
     return source_run.base_model
 
 
-DEFAULT_EPOCHS = 3.0  # a few passes over a small hand-made dataset; 100 steps over 4 rows was 100 epochs
+DEFAULT_EPOCHS = (
+    3.0  # a few passes over a small hand-made dataset; 100 steps over 4 rows was 100 epochs
+)
 
 
 def batch_size(kind: str) -> int:
@@ -398,8 +527,14 @@ def steps_for(records: int, epochs: float, batch: int) -> int:
     return max(1, math.ceil(records * epochs / max(batch, 1)))
 
 
-def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_model: str = "",
-                    epochs: float | None = None, max_steps: int | None = None) -> tuple[Run, str]:
+def launch_training(
+    dataset: Dataset,
+    kind: str,
+    user: AbstractBaseUser,
+    base_model: str = "",
+    epochs: float | None = None,
+    max_steps: int | None = None,
+) -> tuple[Run, str]:
     """Create an SFT / DPO run on this dataset and hand it to the workers. Returns (run, message).
 
     Length: `max_steps` when given, else `epochs` (default DEFAULT_EPOCHS) passes over the records at the
@@ -409,19 +544,34 @@ def launch_training(dataset: Dataset, kind: str, user: AbstractBaseUser, base_mo
 
     if kind != dataset.kind:
         raise FieldError("kind", f"a {dataset.kind} dataset trains with {dataset.kind}, not {kind}")
-    source_run = Run.objects.filter(id=dataset.source.get("run_id")).select_related("environment").first()
+    source_run = (
+        Run.objects.filter(id=dataset.source.get("run_id")).select_related("environment").first()
+    )
     base_model = base_model.strip() or default_base_model(source_run)
     if not base_model:
         raise FieldError("base_model", "the source run names no base model: give one")
     path = write_jsonl(dataset)
     epochs = DEFAULT_EPOCHS if epochs is None else epochs
     steps = max_steps or steps_for(dataset.records.count(), epochs, batch_size(kind))
-    config = {"data": str(path), "dataset_id": dataset.id, "dataset_path": str(path), "dataset_name": dataset.name,
-              "dataset_version": dataset.version, "dataset_format": dataset.format, "max_steps": steps,
-              "epochs": None if max_steps else epochs}  # HF's max_steps overrides num_train_epochs
-    run = create_run(name=f"{kind} on {dataset.name} v{dataset.version}", kind=kind,
-                     environment=source_run.environment if source_run else None, config=config, owner=user,
-                     base_model=base_model, parent=source_run)
+    config = {
+        "data": str(path),
+        "dataset_id": dataset.id,
+        "dataset_path": str(path),
+        "dataset_name": dataset.name,
+        "dataset_version": dataset.version,
+        "dataset_format": dataset.format,
+        "max_steps": steps,
+        "epochs": None if max_steps else epochs,
+    }  # HF's max_steps overrides num_train_epochs
+    run = create_run(
+        name=f"{kind} on {dataset.name} v{dataset.version}",
+        kind=kind,
+        environment=source_run.environment if source_run else None,
+        config=config,
+        owner=user,
+        base_model=base_model,
+        parent=source_run,
+    )
     launch.enqueue_run(run.id)
     return run, f"Run {run.id} is queued and sent to the workers."
 

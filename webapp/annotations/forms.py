@@ -18,11 +18,17 @@ MAX_QUEUE_ITEMS = 5000  # a queue is read by people: thousands is already weeks 
 
 
 class AnnotationForm(forms.Form):
-    label = forms.ModelChoiceField(queryset=Label.objects.all(), to_field_name="slug",
-                                   error_messages={"required": "choose a label", "invalid_choice": "unknown label"})
-    note = forms.CharField(required=False, max_length=5000, widget=forms.Textarea(attrs={"rows": 2}))
-    corrected_completion = forms.CharField(required=False, max_length=100_000, strip=False,
-                                           widget=forms.Textarea(attrs={"rows": 4}))
+    label = forms.ModelChoiceField(
+        queryset=Label.objects.all(),
+        to_field_name="slug",
+        error_messages={"required": "choose a label", "invalid_choice": "unknown label"},
+    )
+    note = forms.CharField(
+        required=False, max_length=5000, widget=forms.Textarea(attrs={"rows": 2})
+    )
+    corrected_completion = forms.CharField(
+        required=False, max_length=100_000, strip=False, widget=forms.Textarea(attrs={"rows": 4})
+    )
     first_wrong_turn = forms.IntegerField(required=False, min_value=0)
     error_category = forms.CharField(required=False, max_length=100)
 
@@ -63,12 +69,17 @@ class QueueForm(forms.Form):
     name = forms.CharField(max_length=200)
     run = forms.ModelChoiceField(queryset=Run.objects.all())
     source = forms.ChoiceField(choices=ReviewQueue.Source.choices)
-    params = forms.CharField(required=False, max_length=2000,
-                             help_text="explorer query string, e.g. sort=correct&order=desc&step_min=50")
+    params = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text="explorer query string, e.g. sort=correct&order=desc&step_min=50",
+    )
     limit = forms.IntegerField(min_value=1, max_value=MAX_QUEUE_ITEMS, initial=200)
     seed = forms.IntegerField(required=False, initial=0)
     overlap = forms.IntegerField(min_value=1, initial=1)
-    assignees = forms.ModelMultipleChoiceField(queryset=get_user_model().objects.all(), required=False)
+    assignees = forms.ModelMultipleChoiceField(
+        queryset=get_user_model().objects.all(), required=False
+    )
 
     def clean_params(self) -> dict[str, str]:
         raw = (self.cleaned_data.get("params") or "").strip().lstrip("?")
@@ -84,7 +95,9 @@ class QueueForm(forms.Form):
 
 
 class AssignForm(forms.Form):
-    assignees = forms.ModelMultipleChoiceField(queryset=get_user_model().objects.all(), required=False)
+    assignees = forms.ModelMultipleChoiceField(
+        queryset=get_user_model().objects.all(), required=False
+    )
     overlap = forms.IntegerField(min_value=1)
 
     def clean(self) -> dict[str, Any]:
@@ -104,7 +117,9 @@ class LabelForm(forms.ModelForm):
     def clean_key(self) -> str:
         key = self.cleaned_data.get("key") or ""
         if key and key in "ns/":  # the focus view's own keys
-            raise forms.ValidationError(f"{key!r} is taken by the focus view (n next, s skip, / note)")
+            raise forms.ValidationError(
+                f"{key!r} is taken by the focus view (n next, s skip, / note)"
+            )
         clash = Label.objects.filter(key=key).exclude(pk=self.instance.pk).first() if key else None
         if clash:
             raise forms.ValidationError(f"{key!r} is already the key of {clash.name}")
@@ -112,25 +127,44 @@ class LabelForm(forms.ModelForm):
 
 
 class ExportForm(forms.Form):
-    SOURCES = [("queue", "a review queue"), ("label", "a label"), ("explorer", "an explorer filter")]
+    SOURCES = [
+        ("queue", "a review queue"),
+        ("label", "a label"),
+        ("explorer", "an explorer filter"),
+    ]
 
-    name = forms.SlugField(max_length=200, help_text="letters, digits, - and _; versions count per name")
+    name = forms.SlugField(
+        max_length=200, help_text="letters, digits, - and _; versions count per name"
+    )
     kind = forms.ChoiceField(choices=Dataset.Kind.choices)
-    format = forms.ChoiceField(choices=Dataset.Format.choices, initial=Dataset.Format.CONVERSATIONAL,
-                               help_text="conversational: chat messages, templated by the trainer (as GRPO's prompts)")
-    model = forms.CharField(required=False, max_length=500,
-                            help_text="standard format: render prompts with this model's chat template "
-                                      "(tiny:<env>, run:<id> or a local folder)")
-    min_margin = forms.FloatField(required=False, initial=DEFAULT_MIN_MARGIN, min_value=0,
-                                  help_text="DPO without a correction: the chosen sibling's reward must beat the "
-                                            "rejected one's by this much (blank: any unflagged sibling)")
+    format = forms.ChoiceField(
+        choices=Dataset.Format.choices,
+        initial=Dataset.Format.CONVERSATIONAL,
+        help_text="conversational: chat messages, templated by the trainer (as GRPO's prompts)",
+    )
+    model = forms.CharField(
+        required=False,
+        max_length=500,
+        help_text="standard format: render prompts with this model's chat template "
+        "(tiny:<env>, run:<id> or a local folder)",
+    )
+    min_margin = forms.FloatField(
+        required=False,
+        initial=DEFAULT_MIN_MARGIN,
+        min_value=0,
+        help_text="DPO without a correction: the chosen sibling's reward must beat the "
+        "rejected one's by this much (blank: any unflagged sibling)",
+    )
     source = forms.ChoiceField(choices=SOURCES)
     run = forms.ModelChoiceField(queryset=Run.objects.all(), required=False)
     queue = forms.ModelChoiceField(queryset=ReviewQueue.objects.all(), required=False)
-    label = forms.ModelChoiceField(queryset=Label.objects.all(), to_field_name="slug", required=False)
+    label = forms.ModelChoiceField(
+        queryset=Label.objects.all(), to_field_name="slug", required=False
+    )
     params = forms.CharField(required=False, max_length=2000)
-    include_good = forms.BooleanField(required=False,
-                                      help_text="SFT: also take completions annotated with a good label")
+    include_good = forms.BooleanField(
+        required=False, help_text="SFT: also take completions annotated with a good label"
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -153,6 +187,12 @@ class ExportForm(forms.Form):
 class LaunchForm(forms.Form):
     kind = forms.ChoiceField(choices=Dataset.Kind.choices)
     base_model = forms.CharField(required=False, max_length=500)
-    epochs = forms.FloatField(required=False, min_value=0.01, max_value=1000, initial=DEFAULT_EPOCHS)
-    max_steps = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
-                                   help_text="blank: computed from the epochs and the dataset size")
+    epochs = forms.FloatField(
+        required=False, min_value=0.01, max_value=1000, initial=DEFAULT_EPOCHS
+    )
+    max_steps = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1_000_000,
+        help_text="blank: computed from the epochs and the dataset size",
+    )

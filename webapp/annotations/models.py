@@ -21,8 +21,11 @@ class Label(models.Model):
     slug = models.SlugField(max_length=60, unique=True)
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
-    color = models.CharField(max_length=7, default="#888888",  # #rrggbb; the pages put it in a style attribute
-                             validators=[RegexValidator(r"^#[0-9a-fA-F]{6}$", "must be #rrggbb")])
+    color = models.CharField(
+        max_length=7,
+        default="#888888",  # #rrggbb; the pages put it in a style attribute
+        validators=[RegexValidator(r"^#[0-9a-fA-F]{6}$", "must be #rrggbb")],
+    )
     key = models.CharField(max_length=1, blank=True)  # keyboard shortcut in the focus view
     is_bad = models.BooleanField(default=True)
     position = models.IntegerField(default=0)
@@ -35,19 +38,29 @@ class Label(models.Model):
 
 
 class Annotation(models.Model):
-    rollout = models.ForeignKey("rollouts.Rollout", on_delete=models.CASCADE, related_name="annotations")
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="annotations")
+    rollout = models.ForeignKey(
+        "rollouts.Rollout", on_delete=models.CASCADE, related_name="annotations"
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="annotations"
+    )
     label = models.ForeignKey(Label, on_delete=models.PROTECT, related_name="annotations")
     note = models.TextField(blank=True)
-    corrected_completion = models.TextField(blank=True)  # what the model should have said from first_wrong_turn on
+    corrected_completion = models.TextField(
+        blank=True
+    )  # what the model should have said from first_wrong_turn on
     first_wrong_turn = models.IntegerField(null=True, blank=True)  # index into rollout.transcript
-    error_category = models.CharField(max_length=100, blank=True)  # free-form sub-category of the label
+    error_category = models.CharField(
+        max_length=100, blank=True
+    )  # free-form sub-category of the label
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["created_at", "id"]
-        constraints = [models.UniqueConstraint(fields=["rollout", "author"], name="annotation_one_per_author")]
+        constraints = [
+            models.UniqueConstraint(fields=["rollout", "author"], name="annotation_one_per_author")
+        ]
         indexes = [models.Index(fields=["label", "rollout"], name="annotation_label_rollout")]
 
     def __str__(self) -> str:
@@ -70,7 +83,9 @@ class ReviewQueue(models.Model):
     limit = models.IntegerField(default=200)
     seed = models.IntegerField(null=True, blank=True)
     overlap = models.IntegerField(default=1)  # each item is annotated by this many assignees
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -82,7 +97,9 @@ class ReviewQueue(models.Model):
 
 class QueueItem(models.Model):
     queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="items")
-    rollout = models.ForeignKey("rollouts.Rollout", on_delete=models.CASCADE, related_name="queue_items")
+    rollout = models.ForeignKey(
+        "rollouts.Rollout", on_delete=models.CASCADE, related_name="queue_items"
+    )
     position = models.IntegerField()
 
     class Meta:
@@ -102,7 +119,9 @@ class QueueAssignee(models.Model):
 
     class Meta:
         ordering = ["queue_id", "position"]
-        constraints = [models.UniqueConstraint(fields=["queue", "user"], name="queueassignee_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "user"], name="queueassignee_unique")
+        ]
 
 
 class ItemAssignment(models.Model):
@@ -111,7 +130,9 @@ class ItemAssignment(models.Model):
     skipped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["item", "user"], name="itemassignment_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["item", "user"], name="itemassignment_unique")
+        ]
         indexes = [models.Index(fields=["user", "item"], name="itemassignment_user")]
 
 
@@ -125,7 +146,9 @@ class ActivityEvent(models.Model):
         SKIPPED = "skipped"
         EXPORTED = "exported"
 
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     action = models.CharField(max_length=16, choices=Action.choices)
     rollout_id = models.BigIntegerField(null=True)  # not a FK: the event outlives the rollout
     label_slug = models.CharField(max_length=60, blank=True)
@@ -142,20 +165,28 @@ class Dataset(models.Model):
         DPO = "dpo"
 
     class Format(models.TextChoices):
-        STANDARD = "standard"  # strings: SFT {"prompt","completion"}, DPO {"prompt","chosen","rejected"}
+        STANDARD = (
+            "standard"  # strings: SFT {"prompt","completion"}, DPO {"prompt","chosen","rejected"}
+        )
         CONVERSATIONAL = "conversational"  # SFT {"messages"}, DPO lists of {"role","content"}
 
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=8, choices=Kind.choices)
     format = models.CharField(max_length=16, choices=Format.choices, default=Format.STANDARD)
     version = models.IntegerField()
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    source = models.JSONField(default=dict)  # what was exported: {"type", "run_id", ...} and skip counts
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    source = models.JSONField(
+        default=dict
+    )  # what was exported: {"type", "run_id", ...} and skip counts
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["name", "version"], name="dataset_unique_version")]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="dataset_unique_version")
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version} ({self.kind})"
@@ -164,13 +195,25 @@ class Dataset(models.Model):
 class DatasetRecord(models.Model):
     dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="records")
     position = models.IntegerField()
-    data = models.JSONField()  # the TRL record: prompt/completion, messages, or prompt/chosen/rejected
-    source_rollout = models.ForeignKey("rollouts.Rollout", null=True, on_delete=models.SET_NULL, related_name="+")
-    chosen_rollout = models.ForeignKey("rollouts.Rollout", null=True, on_delete=models.SET_NULL, related_name="+")
+    data = (
+        models.JSONField()
+    )  # the TRL record: prompt/completion, messages, or prompt/chosen/rejected
+    source_rollout = models.ForeignKey(
+        "rollouts.Rollout", null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    chosen_rollout = models.ForeignKey(
+        "rollouts.Rollout", null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     label = models.ForeignKey(Label, null=True, on_delete=models.SET_NULL, related_name="+")
     note = models.TextField(blank=True)
-    annotator = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    annotator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["dataset_id", "position"]
-        constraints = [models.UniqueConstraint(fields=["dataset", "position"], name="datasetrecord_unique_position")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dataset", "position"], name="datasetrecord_unique_position"
+            )
+        ]

@@ -14,8 +14,16 @@ urlpatterns = [
     path("queues/<int:queue_id>/agreement/", views.queue_agreement, name="annotations-agreement"),
     path("queues/<int:queue_id>/focus/", views.focus_next, name="annotations-focus-next"),
     path("queues/<int:queue_id>/focus/<int:position>/", views.focus, name="annotations-focus"),
-    path("queues/<int:queue_id>/focus/<int:position>/save/", views.focus_save, name="annotations-focus-save"),
-    path("queues/<int:queue_id>/focus/<int:position>/skip/", views.focus_skip, name="annotations-focus-skip"),
+    path(
+        "queues/<int:queue_id>/focus/<int:position>/save/",
+        views.focus_save,
+        name="annotations-focus-save",
+    ),
+    path(
+        "queues/<int:queue_id>/focus/<int:position>/skip/",
+        views.focus_skip,
+        name="annotations-focus-skip",
+    ),
     path("labels/", views.labels, name="annotations-labels"),
     path("labels/new/", views.label_edit, name="annotations-label-new"),
     path("labels/<int:label_id>/edit/", views.label_edit, name="annotations-label-edit"),
@@ -23,6 +31,12 @@ urlpatterns = [
     path("datasets/", views.datasets, name="annotations-datasets"),
     path("datasets/export/", views.export_view, name="annotations-export"),
     path("datasets/<int:dataset_id>/", views.dataset_detail, name="annotations-dataset"),
-    path("datasets/<int:dataset_id>/download.jsonl", views.dataset_download, name="annotations-dataset-download"),
-    path("datasets/<int:dataset_id>/launch/", views.dataset_launch, name="annotations-dataset-launch"),
+    path(
+        "datasets/<int:dataset_id>/download.jsonl",
+        views.dataset_download,
+        name="annotations-dataset-download",
+    ),
+    path(
+        "datasets/<int:dataset_id>/launch/", views.dataset_launch, name="annotations-dataset-launch"
+    ),
 ]

@@ -15,7 +15,9 @@ from rest_framework.views import exception_handler as drf_handler
 from webapp.errors import FieldError
 
 
-def error_response(errors: list[dict[str, str]], code: int = status.HTTP_400_BAD_REQUEST) -> Response:
+def error_response(
+    errors: list[dict[str, str]], code: int = status.HTTP_400_BAD_REQUEST
+) -> Response:
     return Response({"errors": errors}, status=code)
 
 
@@ -28,8 +30,12 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.ParseError):
         response.data = {"errors": [{"field": "body", "error": f"malformed JSON: {exc.detail}"}]}
     elif isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
-        response.data = {"errors": [{"field": k, "error": " ".join(map(str, v)) if isinstance(v, list) else str(v)}
-                                    for k, v in exc.detail.items()]}
+        response.data = {
+            "errors": [
+                {"field": k, "error": " ".join(map(str, v)) if isinstance(v, list) else str(v)}
+                for k, v in exc.detail.items()
+            ]
+        }
     else:
         detail = getattr(exc, "detail", str(exc))
         response.data = {"errors": [{"field": "", "error": str(detail)}]}

@@ -30,7 +30,9 @@ def parse_body(request: Request) -> Any:
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise FieldError("body", f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
+        raise FieldError(
+            "body", f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
+        ) from None
     try:
         body = json.loads(raw or b"null", parse_constant=_reject_constant)
     except _Constant:

@@ -13,7 +13,11 @@ urlpatterns = [
     path("runs/<int:run_id>/rollouts/", views.run_rollouts, name="api-run-rollouts"),
     path("runs/<int:run_id>/finish/", views.run_finish, name="api-run-finish"),
     path("runs/<int:run_id>/ablations/", diagnostics_api.run_ablations, name="api-run-ablations"),
-    path("runs/<int:run_id>/diagnostics/", diagnostics_api.run_diagnostics, name="api-run-diagnostics"),
+    path(
+        "runs/<int:run_id>/diagnostics/",
+        diagnostics_api.run_diagnostics,
+        name="api-run-diagnostics",
+    ),
     path("ablations/<int:ablation_id>/", diagnostics_api.ablation_detail, name="api-ablation"),
     path("", include("webapp.replays.api_urls")),
 ]

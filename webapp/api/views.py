@@ -39,23 +39,38 @@ def _can_write(request: Request, run: Run | None = None) -> bool:
     (the token's user row is loaded afresh per request), so a demotion takes effect on the next call."""
     if has_role(request.user, "trainer"):
         return True
-    return run is not None and run.owner_id == request.user.id and has_role(request.user, "annotator")
+    return (
+        run is not None and run.owner_id == request.user.id and has_role(request.user, "annotator")
+    )
 
 
 def _require_write(request: Request, run: Run | None = None) -> None:
-    if not _can_write(request, run):  # the handler answers {"errors": [{"field": "", "error": ...}]}, 403
+    if not _can_write(
+        request, run
+    ):  # the handler answers {"errors": [{"field": "", "error": ...}]}, 403
         raise PermissionDenied("this needs the trainer role or ownership of the run")
 
 
 def _run_json(run: Run) -> dict[str, Any]:
-    return {"id": run.id, "name": run.name, "kind": run.kind, "status": run.status,
-            "environment": run.environment.name if run.environment_id else None, "base_model": run.base_model,
-            "created_at": run.created_at.isoformat(), "progress": run.progress, "current_step": run.current_step,
-            "reward_settings": run.reward_settings or {}}
+    return {
+        "id": run.id,
+        "name": run.name,
+        "kind": run.kind,
+        "status": run.status,
+        "environment": run.environment.name if run.environment_id else None,
+        "base_model": run.base_model,
+        "created_at": run.created_at.isoformat(),
+        "progress": run.progress,
+        "current_step": run.current_step,
+        "reward_settings": run.reward_settings or {},
+    }
 
 
-@extend_schema(summary="List runs, or create one with its environment and reward components",
-               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict})
+@extend_schema(
+    summary="List runs, or create one with its environment and reward components",
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 201: dict},
+)
 @api_view(["GET", "POST"])
 def runs(request: Request) -> Response:
     if request.method == "GET":
@@ -69,8 +84,14 @@ def runs(request: Request) -> Response:
     env_name, comps = validate_environment_spec(body.get("environment"))
     settings = _creation_settings(body, env_name, comps)
     env = ensure_environment(env_name, comps)
-    fields = dict(name=body["name"].strip(), kind=body.get("kind", "import"), environment=env,
-                  config=body.get("config", {}), owner=request.user, base_model=body.get("base_model", ""))
+    fields = dict(
+        name=body["name"].strip(),
+        kind=body.get("kind", "import"),
+        environment=env,
+        config=body.get("config", {}),
+        owner=request.user,
+        base_model=body.get("base_model", ""),
+    )
     if body.get("get_or_create"):
         run, created = _get_or_create(request, fields)
     else:
@@ -78,12 +99,21 @@ def runs(request: Request) -> Response:
     if settings and created:
         run.reward_settings = settings
         run.save(update_fields=["reward_settings"])
-    return Response({"id": run.id, "created": created},
-                    status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+    return Response(
+        {"id": run.id, "created": created},
+        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+    )
 
 
-RUN_FIELDS = {"name": str, "kind": str, "config": dict, "environment": dict, "base_model": str,
-              "reward_settings": dict, "get_or_create": bool}
+RUN_FIELDS = {
+    "name": str,
+    "kind": str,
+    "config": dict,
+    "environment": dict,
+    "base_model": str,
+    "reward_settings": dict,
+    "get_or_create": bool,
+}
 _TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
 
 
@@ -93,7 +123,9 @@ def _run_body(body: Any) -> dict[str, Any]:
         raise FieldError("body", "must be a JSON object")
     for key, value in body.items():
         if key not in RUN_FIELDS:
-            raise FieldError(str(key)[:100] or '""', f"unknown field; expected {', '.join(RUN_FIELDS)}")
+            raise FieldError(
+                str(key)[:100] or '""', f"unknown field; expected {', '.join(RUN_FIELDS)}"
+            )
         if not isinstance(value, RUN_FIELDS[key]):
             raise FieldError(key, f"must be {_TYPE_NAMES[RUN_FIELDS[key]]}")
     name = body.get("name")
@@ -120,12 +152,15 @@ def _get_or_create(request: Request, fields: dict[str, Any]) -> tuple[Run, bool]
     return run, False
 
 
-def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str, Any]]) -> dict[str, Any]:
+def _creation_settings(
+    body: dict[str, Any], env_name: str, comps: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The new run's reward settings: `reward_settings` from the body, and the weights its components
     name explicitly. They are this run's, even when the environment exists with other weights."""
     raw = body.get("reward_settings") or {}
     names = {c["name"] for c in comps} | set(
-        RewardComponent.objects.filter(environment__name=env_name).values_list("name", flat=True))
+        RewardComponent.objects.filter(environment__name=env_name).values_list("name", flat=True)
+    )
     settings = reward_settings.validate(raw, sorted(names))
     given = body["environment"].get("components") or []
     explicit = {c["name"]: float(c["weight"]) for c in given if "weight" in c}  # validated above
@@ -134,8 +169,11 @@ def _creation_settings(body: dict[str, Any], env_name: str, comps: list[dict[str
     return {**settings, "source": "created"} if settings else {}
 
 
-@extend_schema(summary="Store the reward settings a trainer trained with (they win over the run's)",
-               request={"application/json": {"type": "object"}}, responses={200: dict, 400: dict})
+@extend_schema(
+    summary="Store the reward settings a trainer trained with (they win over the run's)",
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 400: dict},
+)
 @api_view(["POST"])
 def run_settings(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
@@ -145,17 +183,32 @@ def run_settings(request: Request, run_id: int) -> Response:
     return Response({"reward_settings": run.reward_settings, "changed": changed})
 
 
-@extend_schema(summary="Ingest a batch of groups (all or nothing, idempotent on step + key), or read a group",
-               parameters=[OpenApiParameter("step", int), OpenApiParameter("key", str)],
-               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@extend_schema(
+    summary="Ingest a batch of groups (all or nothing, idempotent on step + key), or read a group",
+    parameters=[OpenApiParameter("step", int), OpenApiParameter("key", str)],
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 201: dict, 400: dict},
+)
 @api_view(["GET", "POST"])
 def run_groups(request: Request, run_id: int) -> Response:
-    run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer", owner_may=True, related=())
+    run = get_run_for(
+        request,
+        run_id,
+        "trainer" if request.method == "POST" else "viewer",
+        owner_may=True,
+        related=(),
+    )
     if request.method == "GET":
         return _group_detail(request, run)
     result = ingest_groups(run, parse_body(request))
-    return Response({"groups": result.groups, "rollouts": result.rollouts, "skipped_groups": result.skipped_groups},
-                    status=status.HTTP_201_CREATED if result.groups else status.HTTP_200_OK)
+    return Response(
+        {
+            "groups": result.groups,
+            "rollouts": result.rollouts,
+            "skipped_groups": result.skipped_groups,
+        },
+        status=status.HTTP_201_CREATED if result.groups else status.HTTP_200_OK,
+    )
 
 
 def _group_detail(request: Request, run: Run) -> Response:
@@ -166,25 +219,56 @@ def _group_detail(request: Request, run: Run) -> Response:
         group = get_object_or_404(Group, run=run, step=int(step), key=key)
     except ValueError:
         raise FieldError("step", "must be an integer") from None
-    stats = {s.component.name: {"mean": s.mean, "std": s.std, "min": s.min, "max": s.max, "zero_std": s.zero_std}
-             for s in GroupComponentStat.objects.filter(group=group).select_related("component")}
+    stats = {
+        s.component.name: {
+            "mean": s.mean,
+            "std": s.std,
+            "min": s.min,
+            "max": s.max,
+            "zero_std": s.zero_std,
+        }
+        for s in GroupComponentStat.objects.filter(group=group).select_related("component")
+    }
     rollouts = list(group.rollouts.order_by("index"))
     scores: dict[int, dict[str, Any]] = {r.id: {} for r in rollouts}
     for rid, name, v, reason in RewardScore.objects.filter(rollout__group=group).values_list(
-            "rollout_id", "component__name", "value", "reason"):
+        "rollout_id", "component__name", "value", "reason"
+    ):
         scores[rid][name] = {"value": v, "reason": reason}
-    return Response({
-        "id": group.id, "step": group.step, "key": group.key, "prompt": group.prompt, "split": group.split,
-        "size": group.size, "reward_mean": group.reward_mean, "reward_std": group.reward_std,
-        "zero_std": group.zero_std, "components": stats,
-        "rollouts": [{"id": r.id, "index": r.index, "transcript": r.transcript, "reward": r.reward,
-                      "advantage": r.advantage, "length": r.length, "truncated": r.truncated,
-                      "rewards": scores[r.id]} for r in rollouts],
-    })
+    return Response(
+        {
+            "id": group.id,
+            "step": group.step,
+            "key": group.key,
+            "prompt": group.prompt,
+            "split": group.split,
+            "size": group.size,
+            "reward_mean": group.reward_mean,
+            "reward_std": group.reward_std,
+            "zero_std": group.zero_std,
+            "components": stats,
+            "rollouts": [
+                {
+                    "id": r.id,
+                    "index": r.index,
+                    "transcript": r.transcript,
+                    "reward": r.reward,
+                    "advantage": r.advantage,
+                    "length": r.length,
+                    "truncated": r.truncated,
+                    "rewards": scores[r.id],
+                }
+                for r in rollouts
+            ],
+        }
+    )
 
 
-@extend_schema(summary="Record per-step trainer metrics", request={"application/json": {"type": "object"}},
-               responses={200: dict, 400: dict})
+@extend_schema(
+    summary="Record per-step trainer metrics",
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 400: dict},
+)
 @api_view(["POST"])
 def run_metrics(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
@@ -201,8 +285,20 @@ def run_finish(request: Request, run_id: int) -> Response:
 
 @extend_schema(
     summary="Rollouts of a run sorted by a component, the reward, the advantage or the length (keyset pages)",
-    parameters=[OpenApiParameter(n, str) for n in ("sort", "order", "step_min", "step_max", "split", "limit",
-                                                   "cursor", "zero_std", "q")],
+    parameters=[
+        OpenApiParameter(n, str)
+        for n in (
+            "sort",
+            "order",
+            "step_min",
+            "step_max",
+            "split",
+            "limit",
+            "cursor",
+            "zero_std",
+            "q",
+        )
+    ],
     responses={200: dict, 400: dict},
 )
 @api_view(["GET"])
@@ -211,11 +307,27 @@ def run_rollouts(request: Request, run_id: int) -> Response:
     comp_names = [c.name for c in run.components()]
     q = ExplorerQuery.from_params(request.query_params, comp_names)
     page = explore(run, q)
-    return Response({
-        "sort": q.sort, "order": q.order, "next": page.next_cursor,
-        "rollouts": [{"id": row.rollout.id, "step": row.rollout.step, "group_id": row.rollout.group_id,
-                      "index": row.rollout.index, "split": row.rollout.split, "reward": row.rollout.reward,
-                      "advantage": row.rollout.advantage, "length": row.rollout.length,
-                      "completion": row.rollout.completion, "rewards": row.values,
-                      "group_std": row.group_std, "sort_value": row.sort_value} for row in page.rows],
-    })
+    return Response(
+        {
+            "sort": q.sort,
+            "order": q.order,
+            "next": page.next_cursor,
+            "rollouts": [
+                {
+                    "id": row.rollout.id,
+                    "step": row.rollout.step,
+                    "group_id": row.rollout.group_id,
+                    "index": row.rollout.index,
+                    "split": row.rollout.split,
+                    "reward": row.rollout.reward,
+                    "advantage": row.rollout.advantage,
+                    "length": row.rollout.length,
+                    "completion": row.rollout.completion,
+                    "rewards": row.values,
+                    "group_std": row.group_std,
+                    "sort_value": row.sort_value,
+                }
+                for row in page.rows
+            ],
+        }
+    )

@@ -33,8 +33,15 @@ from webapp.runs.models import Run
 
 
 def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
-    out = {"id": a.id, "run": a.run_id, "name": a.name, "spec": a.spec, "created_at": a.created_at.isoformat(),
-           "created_by": a.created_by.username if a.created_by_id else None, "twin_run": a.twin_id}
+    out = {
+        "id": a.id,
+        "run": a.run_id,
+        "name": a.name,
+        "spec": a.spec,
+        "created_at": a.created_at.isoformat(),
+        "created_by": a.created_by.username if a.created_by_id else None,
+        "twin_run": a.twin_id,
+    }
     if results:
         out["results"] = a.results
     else:
@@ -42,8 +49,11 @@ def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
     return out
 
 
-@extend_schema(summary="Recompute a run's advantages with components dropped or re-weighted, and save it; or list",
-               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@extend_schema(
+    summary="Recompute a run's advantages with components dropped or re-weighted, and save it; or list",
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 201: dict, 400: dict},
+)
 @api_view(["GET", "POST"])
 def run_ablations(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
@@ -52,8 +62,13 @@ def run_ablations(request: Request, run_id: int) -> Response:
         return Response({"ablations": [_json(a, results=False) for a in qs]})
     name, spec = _ablation_body(parse_body(request), run)
     results = services.run_ablation(run, spec)
-    a = Ablation.objects.create(run=run, name=(name or "").strip() or services.default_name(spec, run),
-                                spec=spec.as_dict(), results=results, created_by=request.user)
+    a = Ablation.objects.create(
+        run=run,
+        name=(name or "").strip() or services.default_name(spec, run),
+        spec=spec.as_dict(),
+        results=results,
+        created_by=request.user,
+    )
     return Response(_json(a), status=status.HTTP_201_CREATED)
 
 
@@ -79,8 +94,10 @@ def ablation_detail(request: Request, ablation_id: int) -> Response:
 
 
 class _Finding(serializers.Serializer):
-    code = serializers.CharField(help_text="dead_component, saturation, unreachable_reward, trivial_outputs, "
-                                           "ignores_prompt, signal_collapse, length_hacking, aggregation_collapse, ...")
+    code = serializers.CharField(
+        help_text="dead_component, saturation, unreachable_reward, trivial_outputs, "
+        "ignores_prompt, signal_collapse, length_hacking, aggregation_collapse, ..."
+    )
     severity = serializers.ChoiceField(choices=["critical", "warning", "info"])
     title = serializers.CharField()
     detail = serializers.CharField(help_text="the numbers behind it")
@@ -98,23 +115,32 @@ class _Component(serializers.Serializer):
     zero_std_frac = serializers.FloatField(allow_null=True, help_text="groups where it is constant")
     at_max = serializers.FloatField(allow_null=True)
     at_min = serializers.FloatField(allow_null=True)
-    share = serializers.FloatField(allow_null=True, help_text="share of the within-group advantage variance")
+    share = serializers.FloatField(
+        allow_null=True, help_text="share of the within-group advantage variance"
+    )
 
 
 class _Diagnosis(serializers.Serializer):
     run = serializers.IntegerField()
     window = serializers.IntegerField(allow_null=True, help_text="steps; null: the whole run")
     status = serializers.ChoiceField(choices=["healthy", "warning", "critical", "not_enough_data"])
-    note = serializers.CharField(allow_null=True, help_text="e.g. 'not enough groups to judge: ...'")
+    note = serializers.CharField(
+        allow_null=True, help_text="e.g. 'not enough groups to judge: ...'"
+    )
     components = _Component(many=True)
     findings = _Finding(many=True)
     over_time = serializers.DictField(help_text="per-step health of every component")
 
 
-@extend_schema(summary="A run's diagnosis: component health, findings with their onset step, per-step health",
-               parameters=[OpenApiParameter("window", str, description="last N steps (default "
-                                            f"{services.DEFAULT_WINDOW}) or 'all'")],
-               responses={200: _Diagnosis, 400: dict, 403: dict, 404: dict})
+@extend_schema(
+    summary="A run's diagnosis: component health, findings with their onset step, per-step health",
+    parameters=[
+        OpenApiParameter(
+            "window", str, description=f"last N steps (default {services.DEFAULT_WINDOW}) or 'all'"
+        )
+    ],
+    responses={200: _Diagnosis, 400: dict, 403: dict, 404: dict},
+)
 @api_view(["GET"])
 def run_diagnostics(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id)

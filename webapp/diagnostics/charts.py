@@ -32,8 +32,15 @@ def _layout(title: str, y_title: str = "", x_title: str = "step", **extra: Any) 
 
 
 def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> dict[str, Any]:
-    trace = {"type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": list(y),
-             "name": name, "line": {"color": color, "width": 1.8}, "marker": {"size": 4}}
+    trace = {
+        "type": "scatter",
+        "mode": "lines+markers" if len(x) <= 60 else "lines",
+        "x": list(x),
+        "y": list(y),
+        "name": name,
+        "line": {"color": color, "width": 1.8},
+        "marker": {"size": 4},
+    }
     trace.update(extra)
     return trace
 
@@ -45,13 +52,35 @@ def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
     for f in findings or []:
         if f.get("onset_step") is not None:
             onsets.setdefault(int(f["onset_step"]), []).append(str(f.get("code", "")))
-    shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": s, "x1": s, "y0": 0, "y1": 1,
-               "line": {"color": "#b91c1c", "width": 1.2, "dash": "dash"}} for s in sorted(onsets)]
+    shapes = [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": s,
+            "x1": s,
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#b91c1c", "width": 1.2, "dash": "dash"},
+        }
+        for s in sorted(onsets)
+    ]
     # Labels sit just right of their line, one row lower each, so onsets a few steps apart stay readable.
-    notes = [{"x": s, "y": 1 - 0.09 * (k % 4), "xref": "x", "yref": "paper", "xanchor": "left", "yanchor": "top",
-              "showarrow": False, "text": f" step {s}: {', '.join(sorted(set(codes)))}",
-              "bgcolor": "rgba(255,255,255,0.8)", "font": {"size": 10, "color": "#b91c1c"}}
-             for k, (s, codes) in enumerate(sorted(onsets.items()))]
+    notes = [
+        {
+            "x": s,
+            "y": 1 - 0.09 * (k % 4),
+            "xref": "x",
+            "yref": "paper",
+            "xanchor": "left",
+            "yanchor": "top",
+            "showarrow": False,
+            "text": f" step {s}: {', '.join(sorted(set(codes)))}",
+            "bgcolor": "rgba(255,255,255,0.8)",
+            "font": {"size": 10, "color": "#b91c1c"},
+        }
+        for k, (s, codes) in enumerate(sorted(onsets.items()))
+    ]
     return {"shapes": shapes, "annotations": notes} if shapes else {}
 
 
@@ -59,40 +88,75 @@ def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
 def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
     """Fraction of groups where each component (and the aggregate reward) is constant, per step."""
     steps = agg["steps"]
-    data = [_line(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
-            for i, (name, s) in enumerate(agg["components"].items())]
-    data.append(_line(steps, agg["reward_zero_std_frac"], "aggregate reward", "#111",
-                      line={"color": "#111", "width": 2.4, "dash": "dot"}))
-    return {"data": data, "layout": _layout("Zero within-group std: groups that teach nothing", "fraction of groups",
-                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
-                                            **onset_marks(findings))}
+    data = [
+        _line(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
+        for i, (name, s) in enumerate(agg["components"].items())
+    ]
+    data.append(
+        _line(
+            steps,
+            agg["reward_zero_std_frac"],
+            "aggregate reward",
+            "#111",
+            line={"color": "#111", "width": 2.4, "dash": "dot"},
+        )
+    )
+    return {
+        "data": data,
+        "layout": _layout(
+            "Zero within-group std: groups that teach nothing",
+            "fraction of groups",
+            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
+            **onset_marks(findings),
+        ),
+    }
 
 
 @escaped
-def at_max_figure(over_time: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
+def at_max_figure(
+    over_time: dict[str, Any], findings: list[dict[str, Any]] | None = None
+) -> Figure:
     """Per step of the window: each component's share of rollouts at the top of its range (saturation),
     with the findings' onsets marked."""
     steps = over_time.get("steps") or []
-    data = [_line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
-            for i, (name, s) in enumerate((over_time.get("components") or {}).items())]
-    return {"data": data, "layout": _layout("Share of rollouts at the component's maximum, per step", "share",
-                                            yaxis={"range": [0, 1.02], "title": {"text": "share of rollouts"}},
-                                            **onset_marks(findings))}
+    data = [
+        _line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
+        for i, (name, s) in enumerate((over_time.get("components") or {}).items())
+    ]
+    return {
+        "data": data,
+        "layout": _layout(
+            "Share of rollouts at the component's maximum, per step",
+            "share",
+            yaxis={"range": [0, 1.02], "title": {"text": "share of rollouts"}},
+            **onset_marks(findings),
+        ),
+    }
 
 
 def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
-    return [_line(agg["steps"], s[field], name, PALETTE[i % len(PALETTE)])
-            for i, (name, s) in enumerate(agg["components"].items())]
+    return [
+        _line(agg["steps"], s[field], name, PALETTE[i % len(PALETTE)])
+        for i, (name, s) in enumerate(agg["components"].items())
+    ]
 
 
 @escaped
 def within_std_figure(agg: dict[str, Any]) -> Figure:
-    return {"data": _per_component(agg, "std"), "layout": _layout("Mean within-group std per component", "std")}
+    return {
+        "data": _per_component(agg, "std"),
+        "layout": _layout("Mean within-group std per component", "std"),
+    }
 
 
 @escaped
-def component_mean_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> Figure:
-    return {"data": _per_component(agg, "mean"), "layout": _layout("Component means", "mean", **onset_marks(findings))}
+def component_mean_figure(
+    agg: dict[str, Any], findings: list[dict[str, Any]] | None = None
+) -> Figure:
+    return {
+        "data": _per_component(agg, "mean"),
+        "layout": _layout("Component means", "mean", **onset_marks(findings)),
+    }
 
 
 @escaped
@@ -103,12 +167,24 @@ def share_figure(health: dict[str, Any]) -> Figure:
     total_w = sum(abs(c["weight"] or 0) for c in comps) or 1.0
     return {
         "data": [
-            {"type": "bar", "x": names, "y": [abs(c["weight"] or 0) / total_w for c in comps],
-             "name": "share of |weights|", "marker": {"color": "#cbd5e1"}},
-            {"type": "bar", "x": names, "y": [c["share"] for c in comps], "name": "share of the advantage",
-             "marker": {"color": PALETTE[0]}},
+            {
+                "type": "bar",
+                "x": names,
+                "y": [abs(c["weight"] or 0) / total_w for c in comps],
+                "name": "share of |weights|",
+                "marker": {"color": "#cbd5e1"},
+            },
+            {
+                "type": "bar",
+                "x": names,
+                "y": [c["share"] for c in comps],
+                "name": "share of the advantage",
+                "marker": {"color": PALETTE[0]},
+            },
         ],
-        "layout": _layout("What the advantage is made of", "share", x_title="component", barmode="group"),
+        "layout": _layout(
+            "What the advantage is made of", "share", x_title="component", barmode="group"
+        ),
     }
 
 
@@ -118,42 +194,98 @@ def corr_figure(health: dict[str, Any]) -> Figure:
     z = health["corr"]
     text = [["" if v is None else f"{v:.2f}" for v in row] for row in z]
     return {
-        "data": [{"type": "heatmap", "x": labels, "y": labels, "z": z, "zmin": -1, "zmax": 1, "colorscale": "RdBu",
-                  "reversescale": True, "text": text, "texttemplate": "%{text}", "hoverongaps": False}],
-        "layout": _layout("Within-group correlations (what GRPO sees)", "", x_title="",
-                          height=300 + 12 * len(labels), yaxis={"autorange": "reversed", "automargin": True},
-                          margin={"l": 96, "r": 12, "t": 32, "b": 60}),
+        "data": [
+            {
+                "type": "heatmap",
+                "x": labels,
+                "y": labels,
+                "z": z,
+                "zmin": -1,
+                "zmax": 1,
+                "colorscale": "RdBu",
+                "reversescale": True,
+                "text": text,
+                "texttemplate": "%{text}",
+                "hoverongaps": False,
+            }
+        ],
+        "layout": _layout(
+            "Within-group correlations (what GRPO sees)",
+            "",
+            x_title="",
+            height=300 + 12 * len(labels),
+            yaxis={"autorange": "reversed", "automargin": True},
+            margin={"l": 96, "r": 12, "t": 32, "b": 60},
+        ),
     }
 
 
 @escaped
 def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
     """One bar group per metric, one bar per ablation."""
-    metrics = [("mean_abs_delta", "mean |Δ adv|"), ("sign_flip_frac", "sign flips"),
-               ("best_changed_frac", "best changed"), ("zero_std_change", "Δ zero-std groups")]
-    data = [{"type": "bar", "name": r["name"], "x": [label for _, label in metrics],
-             "y": [r["results"].get(key) for key, _ in metrics], "marker": {"color": PALETTE[i % len(PALETTE)]}}
-            for i, r in enumerate(rows)]
-    return {"data": data, "layout": _layout("Ablations side by side", "", x_title="", barmode="group")}
+    metrics = [
+        ("mean_abs_delta", "mean |Δ adv|"),
+        ("sign_flip_frac", "sign flips"),
+        ("best_changed_frac", "best changed"),
+        ("zero_std_change", "Δ zero-std groups"),
+    ]
+    data = [
+        {
+            "type": "bar",
+            "name": r["name"],
+            "x": [label for _, label in metrics],
+            "y": [r["results"].get(key) for key, _ in metrics],
+            "marker": {"color": PALETTE[i % len(PALETTE)]},
+        }
+        for i, r in enumerate(rows)
+    ]
+    return {
+        "data": data,
+        "layout": _layout("Ablations side by side", "", x_title="", barmode="group"),
+    }
 
 
 @escaped
 def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
     """Reward mean per step for each run, and one figure per component with each run's mean."""
     dashes = ("solid", "dash", "dot", "dashdot")
-    reward = [_line(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)]) for i, s in enumerate(series)]
+    reward = [
+        _line(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)])
+        for i, s in enumerate(series)
+    ]
     for i, s in enumerate(series):
         logged = s.get("logged_reward") or []
         if logged:  # what the trainer itself logged as "reward", when it did
-            reward.append(_line([p[0] for p in logged], [p[1] for p in logged], f"{s['label']} (trainer log)",
-                                PALETTE[i % len(PALETTE)], line={"color": PALETTE[i % len(PALETTE)], "dash": "dot"}))
-    figs: dict[str, Figure] = {"reward": {"data": reward, "layout": _layout("Reward mean per step", "reward")}}
+            reward.append(
+                _line(
+                    [p[0] for p in logged],
+                    [p[1] for p in logged],
+                    f"{s['label']} (trainer log)",
+                    PALETTE[i % len(PALETTE)],
+                    line={"color": PALETTE[i % len(PALETTE)], "dash": "dot"},
+                )
+            )
+    figs: dict[str, Figure] = {
+        "reward": {"data": reward, "layout": _layout("Reward mean per step", "reward")}
+    }
     names: list[str] = []
     for s in series:
         names += [n for n in s["components"] if n not in names]
     for j, name in enumerate(names):
-        data = [_line(s["steps"], s["components"][name], s["label"], PALETTE[i % len(PALETTE)],
-                      line={"color": PALETTE[i % len(PALETTE)], "width": 1.8, "dash": dashes[i % len(dashes)]})
-                for i, s in enumerate(series) if name in s["components"]]
+        data = [
+            _line(
+                s["steps"],
+                s["components"][name],
+                s["label"],
+                PALETTE[i % len(PALETTE)],
+                line={
+                    "color": PALETTE[i % len(PALETTE)],
+                    "width": 1.8,
+                    "dash": dashes[i % len(dashes)],
+                },
+            )
+            for i, s in enumerate(series)
+            if name in s["components"]
+        ]
         figs[f"component-{j}"] = {"data": data, "layout": _layout(f"{name}: mean per step", "mean")}
     return figs

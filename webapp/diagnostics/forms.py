@@ -18,22 +18,34 @@ from webapp.runs.models import Run
 
 
 class AblationForm(forms.Form):
-    name = forms.CharField(max_length=200, required=False, help_text="defaults to a description of the change")
+    name = forms.CharField(
+        max_length=200, required=False, help_text="defaults to a description of the change"
+    )
     drop = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     scale_rewards = forms.ChoiceField(choices=[(s, s) for s in services.SCALES])
     aggregation = forms.ChoiceField(choices=[(a, a) for a in services.AGGREGATIONS])
 
-    def __init__(self, run: Run, components: list[RewardComponent], *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, run: Run, components: list[RewardComponent], *args: Any, **kwargs: Any
+    ) -> None:
         base = services.run_settings(run)
         self.run = run
         self.components = components
         self.base_weights = {c.name: c.weight for c in services.component_infos(run, components)}
-        kwargs.setdefault("initial", {"scale_rewards": base.scale_rewards, "aggregation": base.aggregation,
-                                      **{f"weight_{n}": w for n, w in self.base_weights.items()}})
+        kwargs.setdefault(
+            "initial",
+            {
+                "scale_rewards": base.scale_rewards,
+                "aggregation": base.aggregation,
+                **{f"weight_{n}": w for n, w in self.base_weights.items()},
+            },
+        )
         super().__init__(*args, **kwargs)
         self.fields["drop"].choices = [(c.name, c.name) for c in components]
         for c in components:
-            self.fields[f"weight_{c.name}"] = forms.FloatField(required=False, label=f"{c.name} weight")
+            self.fields[f"weight_{c.name}"] = forms.FloatField(
+                required=False, label=f"{c.name} weight"
+            )
         self.spec: abl.AblationSpec | None = None
 
     def weight_fields(self) -> list[tuple[RewardComponent, forms.BoundField, float]]:
@@ -48,8 +60,12 @@ class AblationForm(forms.Form):
             w = data.get(f"weight_{c.name}")
             if w is not None and w != self.base_weights[c.name]:
                 weights[c.name] = w
-        raw = {"drop": list(data.get("drop") or []), "weights": weights,
-               "scale_rewards": data.get("scale_rewards"), "aggregation": data.get("aggregation")}
+        raw = {
+            "drop": list(data.get("drop") or []),
+            "weights": weights,
+            "scale_rewards": data.get("scale_rewards"),
+            "aggregation": data.get("aggregation"),
+        }
         try:
             self.spec = services.parse_spec(raw, self.run, self.components)
         except FieldError as e:
@@ -60,4 +76,6 @@ class AblationForm(forms.Form):
 
     def ablation_name(self) -> str:
         assert self.spec is not None
-        return (self.cleaned_data.get("name") or "").strip() or services.default_name(self.spec, self.run)
+        return (self.cleaned_data.get("name") or "").strip() or services.default_name(
+            self.spec, self.run
+        )

@@ -10,12 +10,16 @@ from django.utils import timezone
 class Ablation(models.Model):
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="ablations")
     name = models.CharField(max_length=200)
-    spec = models.JSONField()  # {"drop": [...], "weights": {name: w}, "scale_rewards": ..., "aggregation": ...}
+    spec = (
+        models.JSONField()
+    )  # {"drop": [...], "weights": {name: w}, "scale_rewards": ..., "aggregation": ...}
     results = models.JSONField(default=dict)  # training.diagnostics.ablate()'s output, plus timings
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(default=timezone.now)
     # The twin GRPO run launched with this reward ("training ablation"), if any.
-    twin = models.ForeignKey("runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    twin = models.ForeignKey(
+        "runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

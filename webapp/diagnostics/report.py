@@ -36,11 +36,19 @@ def run_report(run: Run, window: int | None = services.DEFAULT_WINDOW) -> dict[s
     d = services.diagnose_run(run, window)
     h = d["health"]
     return {
-        "run": run.id, "run_name": run.name, "window": window, "status": d.get("status", "healthy"),
-        "note": d.get("note"), "steps": {"min": h["step_min"], "max": h["step_max"]},
-        "n_rollouts": h["n_rollouts"], "n_groups": h["n_groups"], "reward_zero_std_frac": h["reward_zero_std_frac"],
-        "components": h["components"], "inferred_kinds": d.get("inferred_kinds") or {},
-        "findings": links.with_links(run.id, d["findings"]), "over_time": d.get("over_time") or {},
+        "run": run.id,
+        "run_name": run.name,
+        "window": window,
+        "status": d.get("status", "healthy"),
+        "note": d.get("note"),
+        "steps": {"min": h["step_min"], "max": h["step_max"]},
+        "n_rollouts": h["n_rollouts"],
+        "n_groups": h["n_groups"],
+        "reward_zero_std_frac": h["reward_zero_std_frac"],
+        "components": h["components"],
+        "inferred_kinds": d.get("inferred_kinds") or {},
+        "findings": links.with_links(run.id, d["findings"]),
+        "over_time": d.get("over_time") or {},
     }
 
 
@@ -48,4 +56,6 @@ def fails(report: dict[str, Any], level: str | None) -> bool:
     """Whether the report has a finding at `level` or worse ("not enough data" never fails: no false alarm)."""
     if level is None:
         return False
-    return any(SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK[level] for f in report["findings"])
+    return any(
+        SEVERITY_RANK.get(f["severity"], 0) >= SEVERITY_RANK[level] for f in report["findings"]
+    )

@@ -26,20 +26,31 @@ from webapp.runs.models import Run, StepMetric
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WINDOW = 50  # steps: detectors speak about "now", and the window bounds the cost at any run size
+DEFAULT_WINDOW = (
+    50  # steps: detectors speak about "now", and the window bounds the cost at any run size
+)
 MAX_WINDOW_ROLLOUTS = 250_000  # a page's window never reads more than this many rollouts
 SLOT_WINDOW = 20  # steps the dashboard slot summarises: "now", and a bounded cost
-SLOT_MAX_ROLLOUTS = 50_000  # the slot reads at most this many rollouts (its first view stays well under 1 s)
-CACHE_SECONDS = 120  # annotations (the quality detector) may change without the rollout count changing
+SLOT_MAX_ROLLOUTS = (
+    50_000  # the slot reads at most this many rollouts (its first view stays well under 1 s)
+)
+CACHE_SECONDS = (
+    120  # annotations (the quality detector) may change without the rollout count changing
+)
 SLOT_SECONDS = 60  # the slot may lag a live run by this much instead of recomputing on every poll
-SCALES, AGGREGATIONS = stats.SCALES, stats.AGGREGATIONS  # the ablation form offers the trainer's choices
+SCALES, AGGREGATIONS = (
+    stats.SCALES,
+    stats.AGGREGATIONS,
+)  # the ablation form offers the trainer's choices
 
 # ------------------------------------------------------------------------------------------ reader
 
 
 def component_infos(run: Run, comps: list[RewardComponent]) -> list[dg.ComponentInfo]:
     weights = run.reward_weights(comps)
-    return [dg.ComponentInfo(c.name, weights[c.name], c.kind, c.min_value, c.max_value) for c in comps]
+    return [
+        dg.ComponentInfo(c.name, weights[c.name], c.kind, c.min_value, c.max_value) for c in comps
+    ]
 
 
 def window_start(run: Run, window: int | None, max_rollouts: int | None = None) -> int | None:
@@ -47,8 +58,13 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
     that the window holds at most `max_rollouts` rollouts (never fewer than one step)."""
     if window is None and max_rollouts is None:
         return None
-    per_step = (Group.objects.filter(run=run).values("step").annotate(n=Sum("size")).order_by("-step")
-                .values_list("step", "n"))
+    per_step = (
+        Group.objects.filter(run=run)
+        .values("step")
+        .annotate(n=Sum("size"))
+        .order_by("-step")
+        .values_list("step", "n")
+    )
     if window is not None:
         per_step = per_step[:window]
     first, total, rows = None, 0, list(per_step)
@@ -64,8 +80,11 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
 
 def run_settings(run: Run) -> abl.Baseline:
     settings = run.advantage_settings()  # the trainer's own, recorded on the run
-    return abl.Baseline(scale_rewards=settings["scale_rewards"], aggregation=settings["aggregation"],
-                        eps=settings["advantage_epsilon"])
+    return abl.Baseline(
+        scale_rewards=settings["scale_rewards"],
+        aggregation=settings["aggregation"],
+        eps=settings["advantage_epsilon"],
+    )
 
 
 def _fingerprint(run: Run, *parts: Any) -> str:
@@ -73,17 +92,29 @@ def _fingerprint(run: Run, *parts: Any) -> str:
     g = Group.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
     m = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
     # created_at: the cache is shared and outlives a database (a reset, a test session): run ids repeat.
-    raw = json.dumps([run.id, run.created_at, g, m, run.config or {}, run.reward_settings or {}, *parts],
-                     sort_keys=True, default=str)
+    raw = json.dumps(
+        [run.id, run.created_at, g, m, run.config or {}, run.reward_settings or {}, *parts],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha1(raw.encode()).hexdigest()
 
 
 def _metrics(run: Run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     keys = Q()
     for key in dg.UNSTABLE_KEYS:
-        keys |= Q(name=key) | Q(name__startswith=f"{key}/") | Q(name=f"train/{key}") | Q(
-            name__startswith=f"train/{key}/")
-    rows = StepMetric.objects.filter(run=run).filter(keys).order_by("name", "step").values_list("name", "step", "value")
+        keys |= (
+            Q(name=key)
+            | Q(name__startswith=f"{key}/")
+            | Q(name=f"train/{key}")
+            | Q(name__startswith=f"train/{key}/")
+        )
+    rows = (
+        StepMetric.objects.filter(run=run)
+        .filter(keys)
+        .order_by("name", "step")
+        .values_list("name", "step", "value")
+    )
     out: dict[str, tuple[list[int], list[float]]] = {}
     for name, step, value in rows:
         s, v = out.setdefault(name, ([], []))
@@ -92,8 +123,9 @@ def _metrics(run: Run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {k: (np.array(s), np.array(v, dtype=np.float64)) for k, (s, v) in out.items()}
 
 
-def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW,
-                 max_rollouts: int | None = MAX_WINDOW_ROLLOUTS) -> dict[str, Any]:
+def diagnose_run(
+    run: Run, window: int | None = DEFAULT_WINDOW, max_rollouts: int | None = MAX_WINDOW_ROLLOUTS
+) -> dict[str, Any]:
     """The diagnosis of the run's last `window` steps (None: all) as JSON, cached until the run changes."""
     key = f"diag:{_fingerprint(run, window, max_rollouts)}"
     hit = cache.get(key)
@@ -102,9 +134,13 @@ def diagnose_run(run: Run, window: int | None = DEFAULT_WINDOW,
     t0 = time.perf_counter()
     data = load_run_arrays(run, step_min=window_start(run, window, max_rollouts))
     t1 = time.perf_counter()
-    d = dg.diagnose(data, aggregation=run_settings(run).aggregation, metrics=_metrics(run),
-                    bad_case_ids=lambda: annotations.bad_case_rollout_ids(run),
-                    annotated_ids=lambda: annotations.annotated_rollout_ids(run))
+    d = dg.diagnose(
+        data,
+        aggregation=run_settings(run).aggregation,
+        metrics=_metrics(run),
+        bad_case_ids=lambda: annotations.bad_case_rollout_ids(run),
+        annotated_ids=lambda: annotations.annotated_rollout_ids(run),
+    )
     out = d.as_dict()
     out["window"] = window
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
@@ -124,7 +160,9 @@ def slot_summary(run: Run) -> dict[str, Any]:
         return hit
     try:
         d = diagnose_run(run, SLOT_WINDOW, SLOT_MAX_ROLLOUTS)
-    except Exception:  # the dashboard must render even if a diagnosis fails; the full page shows the error
+    except (
+        Exception
+    ):  # the dashboard must render even if a diagnosis fails; the full page shows the error
         log.exception("diagnostics summary failed for run %s", run.id)
         return {"error": "The diagnosis failed; open the diagnostics page for details."}
     h = d["health"]
@@ -132,13 +170,22 @@ def slot_summary(run: Run) -> dict[str, Any]:
     severities = {f["severity"] for f in findings}
     worst = "critical" if "critical" in severities else "warning" if severities else "healthy"
     out = {
-        "status": d.get("status") or worst,  # "not_enough_data": too few groups to judge (first steps, bad input)
+        "status": d.get("status")
+        or worst,  # "not_enough_data": too few groups to judge (first steps, bad input)
         "note": d.get("note"),
-        "n_rollouts": h["n_rollouts"], "step_min": h["step_min"], "step_max": h["step_max"],
-        "components": [{k: c[k] for k in ("name", "kind", "weight", "share", "zero_std_frac", "at_max", "at_min")}
-                       for c in h["components"]],
+        "n_rollouts": h["n_rollouts"],
+        "step_min": h["step_min"],
+        "step_max": h["step_max"],
+        "components": [
+            {
+                k: c[k]
+                for k in ("name", "kind", "weight", "share", "zero_std_frac", "at_max", "at_min")
+            }
+            for c in h["components"]
+        ],
         "reward_zero_std_frac": h["reward_zero_std_frac"],
-        "findings": findings[:3], "n_findings": len(findings),
+        "findings": findings[:3],
+        "n_findings": len(findings),
     }
     cache.set(key, out, SLOT_SECONDS)
     return out
@@ -157,14 +204,28 @@ def step_aggregates(run: Run) -> dict[str, Any]:
 
 
 def _step_aggregates(run: Run) -> dict[str, Any]:
-    rows = (GroupComponentStat.objects.filter(run=run).values("step", "component_id")
-            .annotate(groups=Count("id"), zero=Count("id", filter=Q(zero_std=True)), mean=Avg("mean"),
-                      std=Avg("std")).order_by("step"))
+    rows = (
+        GroupComponentStat.objects.filter(run=run)
+        .values("step", "component_id")
+        .annotate(
+            groups=Count("id"),
+            zero=Count("id", filter=Q(zero_std=True)),
+            mean=Avg("mean"),
+            std=Avg("std"),
+        )
+        .order_by("step")
+    )
     names = {c.id: c.name for c in run.components()}
     steps = sorted({r["step"] for r in rows})
     pos = {s: i for i, s in enumerate(steps)}
-    series = {n: {"mean": [None] * len(steps), "std": [None] * len(steps), "zero_std_frac": [None] * len(steps)}
-              for n in names.values()}
+    series = {
+        n: {
+            "mean": [None] * len(steps),
+            "std": [None] * len(steps),
+            "zero_std_frac": [None] * len(steps),
+        }
+        for n in names.values()
+    }
     for r in rows:
         s = series.get(names.get(r["component_id"], ""))
         if s is None:
@@ -172,12 +233,25 @@ def _step_aggregates(run: Run) -> dict[str, Any]:
         i = pos[r["step"]]
         s["mean"][i], s["std"][i] = r["mean"], r["std"]
         s["zero_std_frac"][i] = (r["zero"] or 0) / r["groups"] if r["groups"] else None
-    reward = dict(Group.objects.filter(run=run).values("step").annotate(m=Avg("reward_mean")).values_list("step", "m"))
-    zero = (Group.objects.filter(run=run).values("step")
-            .annotate(n=Count("id"), z=Count("id", filter=Q(zero_std=True))).values_list("step", "n", "z"))
+    reward = dict(
+        Group.objects.filter(run=run)
+        .values("step")
+        .annotate(m=Avg("reward_mean"))
+        .values_list("step", "m")
+    )
+    zero = (
+        Group.objects.filter(run=run)
+        .values("step")
+        .annotate(n=Count("id"), z=Count("id", filter=Q(zero_std=True)))
+        .values_list("step", "n", "z")
+    )
     zero_frac = {s: z / n for s, n, z in zero if n}
-    return {"steps": steps, "components": series, "reward_mean": [reward.get(s) for s in steps],
-            "reward_zero_std_frac": [zero_frac.get(s) for s in steps]}
+    return {
+        "steps": steps,
+        "components": series,
+        "reward_mean": [reward.get(s) for s in steps],
+        "reward_zero_std_frac": [zero_frac.get(s) for s in steps],
+    }
 
 
 # ------------------------------------------------------------------------------------------ ablations
@@ -193,23 +267,33 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
         raise FieldError("spec", "must be an object with drop, weights, scale_rewards, aggregation")
     extra = set(raw) - {"drop", "weights", "scale_rewards", "aggregation"}
     if extra:
-        raise FieldError(f"spec.{sorted(extra)[0]}", "unknown key; expected drop, weights, scale_rewards, aggregation")
+        raise FieldError(
+            f"spec.{sorted(extra)[0]}",
+            "unknown key; expected drop, weights, scale_rewards, aggregation",
+        )
     # Absent or null means "as the run"; any other value must have the right type ({} is not a default).
     drop = [] if raw.get("drop") is None else raw["drop"]
     if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
         raise FieldError("spec.drop", "must be a list of component names")
     for d in drop:
         if d not in names:
-            raise FieldError("spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})")
+            raise FieldError(
+                "spec.drop", f"unknown component {d[:80]!r} (this run has: {', '.join(names)})"
+            )
     if names and len(set(drop)) == len(names):
-        raise FieldError("spec.drop", "cannot drop every component: nothing would be left to reward")
+        raise FieldError(
+            "spec.drop", "cannot drop every component: nothing would be left to reward"
+        )
     weights = {} if raw.get("weights") is None else raw["weights"]
     if not isinstance(weights, dict):
         raise FieldError("spec.weights", "must be an object of component name -> number")
     clean: dict[str, float] = {}
     for name, w in weights.items():
         if name not in names:
-            raise FieldError(f"spec.weights.{str(name)[:80]}", f"unknown component (this run has: {', '.join(names)})")
+            raise FieldError(
+                f"spec.weights.{str(name)[:80]}",
+                f"unknown component (this run has: {', '.join(names)})",
+            )
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
             raise FieldError(f"spec.weights.{name}", "must be a finite number")
         clean[name] = float(w)
@@ -219,17 +303,24 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
     agg = base.aggregation if raw.get("aggregation") is None else raw["aggregation"]
     if not isinstance(agg, str) or agg not in AGGREGATIONS:
         raise FieldError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
-    return abl.AblationSpec(drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg)
+    return abl.AblationSpec(
+        drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg
+    )
 
 
-def run_ablation(run: Run, spec: abl.AblationSpec, data: dg.RunArrays | None = None) -> dict[str, Any]:
+def run_ablation(
+    run: Run, spec: abl.AblationSpec, data: dg.RunArrays | None = None
+) -> dict[str, Any]:
     """Recompute every group's advantages under `spec` over the stored rollouts, end to end (read + math)."""
     t0 = time.perf_counter()
     data = load_run_arrays(run) if data is None else data
     t1 = time.perf_counter()
     out = abl.ablate(data, spec, run_settings(run))
     out["spec"] = spec.as_dict()
-    out["baseline"] = {"weights": {c.name: c.weight for c in data.components}, **vars(run_settings(run))}
+    out["baseline"] = {
+        "weights": {c.name: c.weight for c in data.components},
+        **vars(run_settings(run)),
+    }
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
     return out
 
@@ -264,15 +355,34 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
     from webapp.rollouts.services import create_run
 
     run: Run = ablation.run
-    spec = abl.AblationSpec(drop=tuple(ablation.spec.get("drop", [])), weights=ablation.spec.get("weights", {}),
-                           scale_rewards=ablation.spec["scale_rewards"], aggregation=ablation.spec["aggregation"])
-    weights = {name: 0.0 if name in spec.drop else float(spec.weights.get(name, w))
-               for name, w in twin_config(run)["reward_weights"].items()}
-    config = twin_config(run, reward_weights=weights, ablation_of=run.id, ablation_id=ablation.id,
-                         dropped_components=list(spec.drop), scale_rewards=spec.scale_rewards,
-                         multi_objective_aggregation=spec.aggregation)
-    twin = create_run(name=f"{run.name} / ablation: {ablation.name}"[:200], kind=Run.Kind.GRPO,
-                      environment=run.environment, config=config, owner=user, base_model=run.base_model, parent=run)
+    spec = abl.AblationSpec(
+        drop=tuple(ablation.spec.get("drop", [])),
+        weights=ablation.spec.get("weights", {}),
+        scale_rewards=ablation.spec["scale_rewards"],
+        aggregation=ablation.spec["aggregation"],
+    )
+    weights = {
+        name: 0.0 if name in spec.drop else float(spec.weights.get(name, w))
+        for name, w in twin_config(run)["reward_weights"].items()
+    }
+    config = twin_config(
+        run,
+        reward_weights=weights,
+        ablation_of=run.id,
+        ablation_id=ablation.id,
+        dropped_components=list(spec.drop),
+        scale_rewards=spec.scale_rewards,
+        multi_objective_aggregation=spec.aggregation,
+    )
+    twin = create_run(
+        name=f"{run.name} / ablation: {ablation.name}"[:200],
+        kind=Run.Kind.GRPO,
+        environment=run.environment,
+        config=config,
+        owner=user,
+        base_model=run.base_model,
+        parent=run,
+    )
     type(ablation).objects.filter(id=ablation.id).update(twin=twin)
     launch.enqueue_run(twin.id)
     return Launch(twin, True, "The twin run is queued for a GPU worker.")
@@ -283,8 +393,16 @@ def overlay_series(runs: list[Run]) -> list[dict[str, Any]]:
     out = []
     for run in runs:
         agg = step_aggregates(run)
-        metric = dict(StepMetric.objects.filter(run=run, name="reward").values_list("step", "value"))
-        out.append({"run": run, "steps": agg["steps"], "reward_mean": agg["reward_mean"],
-                    "components": {n: s["mean"] for n, s in agg["components"].items()},
-                    "logged_reward": sorted(metric.items())})
+        metric = dict(
+            StepMetric.objects.filter(run=run, name="reward").values_list("step", "value")
+        )
+        out.append(
+            {
+                "run": run,
+                "steps": agg["steps"],
+                "reward_mean": agg["reward_mean"],
+                "components": {n: s["mean"] for n, s in agg["components"].items()},
+                "logged_reward": sorted(metric.items()),
+            }
+        )
     return out

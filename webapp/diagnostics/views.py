@@ -24,8 +24,10 @@ MAX_COMPARE = 8
 
 def _ablation(request: HttpRequest, ablation_id: int, role: str = "viewer") -> Ablation:
     require_role(request, role)
-    return get_object_or_404(Ablation.objects.select_related("run", "run__environment", "created_by", "twin"),
-                             id=ablation_id)
+    return get_object_or_404(
+        Ablation.objects.select_related("run", "run__environment", "created_by", "twin"),
+        id=ablation_id,
+    )
 
 
 def _window(raw: str | None) -> tuple[int | None, str | None]:
@@ -43,25 +45,48 @@ def run_diagnostics(request: HttpRequest, run_id: int) -> HttpResponse:
     diag = services.diagnose_run(run, window)
     agg = services.step_aggregates(run)
     found = diag["findings"]
-    figures = {"zero-std": charts.zero_std_figure(agg, found), "within-std": charts.within_std_figure(agg),
-               "means": charts.component_mean_figure(agg, found), "share": charts.share_figure(diag["health"]),
-               "corr": charts.corr_figure(diag["health"]),
-               "at-max": charts.at_max_figure(diag.get("over_time") or {}, found)}
-    return render(request, "diagnostics/run.html", {
-        "run": run, "diag": diag, "findings": links.with_links(run.id, diag["findings"]), "figures": figures,
-        "window": "all" if window is None else window, "error": error, "has_steps": bool(agg["steps"]),
-        "explorer": links.explorer_url(run.id),
-    }, status=400 if error else 200)
+    figures = {
+        "zero-std": charts.zero_std_figure(agg, found),
+        "within-std": charts.within_std_figure(agg),
+        "means": charts.component_mean_figure(agg, found),
+        "share": charts.share_figure(diag["health"]),
+        "corr": charts.corr_figure(diag["health"]),
+        "at-max": charts.at_max_figure(diag.get("over_time") or {}, found),
+    }
+    return render(
+        request,
+        "diagnostics/run.html",
+        {
+            "run": run,
+            "diag": diag,
+            "findings": links.with_links(run.id, diag["findings"]),
+            "figures": figures,
+            "window": "all" if window is None else window,
+            "error": error,
+            "has_steps": bool(agg["steps"]),
+            "explorer": links.explorer_url(run.id),
+        },
+        status=400 if error else 200,
+    )
 
 
 def _is_partial(request: HttpRequest) -> bool:
     # A history restore (back button after a cache miss) needs the whole page, not the fragment.
-    return bool(request.headers.get("HX-Request")) and not request.headers.get("HX-History-Restore-Request")
+    return bool(request.headers.get("HX-Request")) and not request.headers.get(
+        "HX-History-Restore-Request"
+    )
 
 
-def _ablation_page(request: HttpRequest, run: Run, form: AblationForm, result: dict | None, invalid: bool = False):
-    ctx = {"run": run, "form": form, "result": result, "can_save": has_role(request.user, "trainer"),
-           "saved": list(run.ablations.select_related("created_by", "twin")[:100])}
+def _ablation_page(
+    request: HttpRequest, run: Run, form: AblationForm, result: dict | None, invalid: bool = False
+):
+    ctx = {
+        "run": run,
+        "form": form,
+        "result": result,
+        "can_save": has_role(request.user, "trainer"),
+        "saved": list(run.ablations.select_related("created_by", "twin")[:100]),
+    }
     if _is_partial(request):
         # htmx 2 does not swap a 4xx response: the fragment carrying the field errors comes back as 200.
         return render(request, "diagnostics/_result.html", ctx)
@@ -84,8 +109,13 @@ def ablation_save(request: HttpRequest, run_id: int) -> HttpResponse:
     form = AblationForm(run, run.components(), request.POST)
     if not form.is_valid():
         return _ablation_page(request, run, form, None, invalid=True)
-    ablation = Ablation.objects.create(run=run, name=form.ablation_name(), spec=form.spec.as_dict(),
-                                       results=services.run_ablation(run, form.spec), created_by=request.user)
+    ablation = Ablation.objects.create(
+        run=run,
+        name=form.ablation_name(),
+        spec=form.spec.as_dict(),
+        results=services.run_ablation(run, form.spec),
+        created_by=request.user,
+    )
     messages.success(request, f"Saved ablation “{ablation.name}”.")
     url = reverse("diagnostics-ablation", kwargs={"ablation_id": ablation.id})
     if _is_partial(request):
@@ -96,23 +126,39 @@ def ablation_save(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_safe
 def ablation_detail(request: HttpRequest, ablation_id: int) -> HttpResponse:
     ablation = _ablation(request, ablation_id)
-    return render(request, "diagnostics/ablation.html", {
-        "run": ablation.run, "ablation": ablation, "result": ablation.results,
-        "can_launch": has_role(request.user, "trainer") and ablation.run.environment_id is not None,
-    })
+    return render(
+        request,
+        "diagnostics/ablation.html",
+        {
+            "run": ablation.run,
+            "ablation": ablation,
+            "result": ablation.results,
+            "can_launch": has_role(request.user, "trainer")
+            and ablation.run.environment_id is not None,
+        },
+    )
 
 
 @require_safe
 def ablation_compare(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(request, run_id)
     ids = [int(i) for i in request.GET.getlist("ids") if i.isdigit()][:MAX_COMPARE]
-    chosen = list(run.ablations.filter(id__in=ids).order_by("created_at", "id")) if ids else list(
-        run.ablations.order_by("-created_at", "-id")[:MAX_COMPARE])[::-1]
+    chosen = (
+        list(run.ablations.filter(id__in=ids).order_by("created_at", "id"))
+        if ids
+        else list(run.ablations.order_by("-created_at", "-id")[:MAX_COMPARE])[::-1]
+    )
     rows = [{"name": a.name, "results": a.results} for a in chosen]
-    return render(request, "diagnostics/compare.html", {
-        "run": run, "ablations": chosen, "figures": {"compare": charts.ablation_compare_figure(rows)},
-        "error": None if chosen else "No saved ablations to compare yet.",
-    })
+    return render(
+        request,
+        "diagnostics/compare.html",
+        {
+            "run": run,
+            "ablations": chosen,
+            "figures": {"compare": charts.ablation_compare_figure(rows)},
+            "error": None if chosen else "No saved ablations to compare yet.",
+        },
+    )
 
 
 @require_POST
@@ -131,11 +177,22 @@ def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
     run = get_run_for(request, run_id)
     other = get_run_for(request, other_id)
     series = services.overlay_series([run, other])
-    twin = run.id in (other.config.get("ablation_of"), other.config.get("replay_of"))  # ablation or replay twin
+    twin = run.id in (
+        other.config.get("ablation_of"),
+        other.config.get("replay_of"),
+    )  # ablation or replay twin
     for s, label in zip(series, ("original", "twin" if twin else "other")):
         s["label"] = f"{label}: {s['run'].name}"
-    return render(request, "diagnostics/overlay.html", {
-        "run": run, "other": other, "figures": charts.overlay_figures(
-            [{k: v for k, v in s.items() if k != "run"} for s in series]),
-        "has_steps": any(s["steps"] for s in series), "weights": weights_differ([run, other]),
-    })
+    return render(
+        request,
+        "diagnostics/overlay.html",
+        {
+            "run": run,
+            "other": other,
+            "figures": charts.overlay_figures(
+                [{k: v for k, v in s.items() if k != "run"} for s in series]
+            ),
+            "has_steps": any(s["steps"] for s in series),
+            "weights": weights_differ([run, other]),
+        },
+    )

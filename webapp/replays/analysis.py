@@ -18,8 +18,11 @@ TOL = 1e-9
 TOP = 50  # rows in each list on the page
 # The annotation labels the regression table follows: a hack and a false positive should lose their
 # rank under a better reward, a false negative should gain.
-KINDS = {"reward-hacking": "reward hack", "false-positive-reward": "false positive",
-         "false-negative-reward": "false negative"}
+KINDS = {
+    "reward-hacking": "reward hack",
+    "false-positive-reward": "false positive",
+    "false-negative-reward": "false negative",
+}
 HACK = "reward hack"
 
 
@@ -29,10 +32,13 @@ def regression_labels(run_id: int) -> dict[int, str]:
 
     out: dict[int, str] = {}
     order = list(KINDS)
-    rows = Annotation.objects.filter(rollout__run_id=run_id, label__slug__in=order).values_list("rollout_id",
-                                                                                                 "label__slug")
+    rows = Annotation.objects.filter(rollout__run_id=run_id, label__slug__in=order).values_list(
+        "rollout_id", "label__slug"
+    )
     for rid, slug in rows:
-        if rid not in out or order.index(slug) < order.index(next(k for k, v in KINDS.items() if v == out[rid])):
+        if rid not in out or order.index(slug) < order.index(
+            next(k for k, v in KINDS.items() if v == out[rid])
+        ):
             out[rid] = KINDS[slug]
     return out
 
@@ -59,9 +65,11 @@ def _column_stats(col: np.ndarray, g: np.ndarray, m: int) -> dict[str, float | N
     st = stats.group_stats(col, g, m)
     finite = col[np.isfinite(col)]
     std = st.std[np.isfinite(st.std)]
-    return {"mean": float(finite.mean()) if finite.size else None,
-            "within_std": float(std.mean()) if std.size else None,
-            "zero_std_frac": _f(stats.zero_std_fraction(col, g)) if col.size else None}
+    return {
+        "mean": float(finite.mean()) if finite.size else None,
+        "within_std": float(std.mean()) if std.size else None,
+        "zero_std_frac": _f(stats.zero_std_fraction(col, g)) if col.size else None,
+    }
 
 
 def _f(x: Any) -> float | None:
@@ -75,17 +83,30 @@ def _hist(old: np.ndarray, new: np.ndarray, bins: int = 12) -> dict[str, list[fl
         return {"edges": [], "old": [], "new": []}
     lo, hi = float(both.min()), float(both.max())
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-    return {"edges": edges.tolist(), "old": np.histogram(old[np.isfinite(old)], edges)[0].tolist(),
-            "new": np.histogram(new[np.isfinite(new)], edges)[0].tolist()}
+    return {
+        "edges": edges.tolist(),
+        "old": np.histogram(old[np.isfinite(old)], edges)[0].tolist(),
+        "new": np.histogram(new[np.isfinite(new)], edges)[0].tolist(),
+    }
 
 
-def component_table(a: dict[str, np.ndarray], names: list[str], replayed: list[str], weights: np.ndarray,
-                    g: np.ndarray, m: int) -> list[dict[str, Any]]:
+def component_table(
+    a: dict[str, np.ndarray],
+    names: list[str],
+    replayed: list[str],
+    weights: np.ndarray,
+    g: np.ndarray,
+    m: int,
+) -> list[dict[str, Any]]:
     """Per component (and the aggregate reward): mean, within-group std, zero-std fraction, share of the
     advantage, histogram, original vs replay."""
     shares = {}
     for side in ("old", "new"):
-        cov, _ = dg.within_group_cov(a[side], g, m) if a[side].size else (np.zeros((len(names),) * 2), None)
+        cov, _ = (
+            dg.within_group_cov(a[side], g, m)
+            if a[side].size
+            else (np.zeros((len(names),) * 2), None)
+        )
         shares[side] = dg.advantage_shares(weights, cov)
     rows = []
     for j, name in enumerate(names):
@@ -94,14 +115,20 @@ def component_table(a: dict[str, np.ndarray], names: list[str], replayed: list[s
             row[side] = {**_column_stats(a[side][:, j], g, m), "share": _f(shares[side][j])}
         row["hist"] = _hist(a["old"][:, j], a["new"][:, j])
         rows.append(row)
-    agg = {"name": "aggregate reward", "replayed": True, "weight": None,
-           "old": {**_column_stats(a["old_reward"], g, m), "share": 1.0},
-           "new": {**_column_stats(a["new_reward"], g, m), "share": 1.0},
-           "hist": _hist(a["old_reward"], a["new_reward"])}
+    agg = {
+        "name": "aggregate reward",
+        "replayed": True,
+        "weight": None,
+        "old": {**_column_stats(a["old_reward"], g, m), "share": 1.0},
+        "new": {**_column_stats(a["new_reward"], g, m), "share": 1.0},
+        "hist": _hist(a["old_reward"], a["new_reward"]),
+    }
     return [*rows, agg]
 
 
-def regression_table(a: dict[str, np.ndarray], labels: dict[int, str], g: np.ndarray) -> list[dict[str, Any]]:
+def regression_table(
+    a: dict[str, np.ndarray], labels: dict[int, str], g: np.ndarray
+) -> list[dict[str, Any]]:
     """One row per annotated rollout: rank in its group before and after, and whether it still beats the
     group's median under the new reward (the `reward_regress` check for hacks)."""
     if not labels or not a["ids"].size:
@@ -113,15 +140,26 @@ def regression_table(a: dict[str, np.ndarray], labels: dict[int, str], g: np.nda
     new = np.nan_to_num(a["new_reward"], nan=-np.inf)
     rows = []
     for i in np.flatnonzero(np.isin(a["ids"], np.fromiter(labels, dtype=np.int64))):
-        members = order[starts[g[i]]:starts[g[i]] + sizes[g[i]]]
+        members = order[starts[g[i]] : starts[g[i]] + sizes[g[i]]]
         median = float(np.median(new[members]))
         kind = labels[int(a["ids"][i])]
         above = bool(new[i] > median + TOL)
-        rows.append({"rollout_id": int(a["ids"][i]), "group_id": int(a["group_ids"][i]), "step": int(a["steps"][i]),
-                     "kind": kind, "size": int(sizes[g[i]]), "rank_before": int(r0[i]), "rank_after": int(r1[i]),
-                     "reward_before": _f(a["old_reward"][i]), "reward_after": _f(a["new_reward"][i]),
-                     "median_after": _f(median), "above_median_after": above,
-                     "regression": kind == HACK and above})
+        rows.append(
+            {
+                "rollout_id": int(a["ids"][i]),
+                "group_id": int(a["group_ids"][i]),
+                "step": int(a["steps"][i]),
+                "kind": kind,
+                "size": int(sizes[g[i]]),
+                "rank_before": int(r0[i]),
+                "rank_after": int(r1[i]),
+                "reward_before": _f(a["old_reward"][i]),
+                "reward_after": _f(a["new_reward"][i]),
+                "median_after": _f(median),
+                "above_median_after": above,
+                "regression": kind == HACK and above,
+            }
+        )
     return sorted(rows, key=lambda r: (r["kind"] != HACK, not r["regression"], r["rollout_id"]))
 
 
@@ -136,13 +174,21 @@ def _best_changed(a: dict[str, np.ndarray], g: np.ndarray, m: int) -> np.ndarray
     return unique0 & ~kept
 
 
-def compare(a: dict[str, np.ndarray], names: list[str], replayed: list[str], weights: np.ndarray,
-            labels: dict[int, str]) -> dict[str, Any]:
+def compare(
+    a: dict[str, np.ndarray],
+    names: list[str],
+    replayed: list[str],
+    weights: np.ndarray,
+    labels: dict[int, str],
+) -> dict[str, Any]:
     g, m = dg.dense_ids(a["group_ids"])
     d_reward = np.nan_to_num(a["new_reward"], nan=0.0) - np.nan_to_num(a["old_reward"], nan=0.0)
     cols = [j for j, n in enumerate(names) if n in replayed]
-    changed = (np.abs(np.nan_to_num(a["new"][:, cols] - a["old"][:, cols], nan=1.0)) > TOL).any(axis=1) \
-        if a["ids"].size else np.zeros(0, dtype=bool)
+    changed = (
+        (np.abs(np.nan_to_num(a["new"][:, cols] - a["old"][:, cols], nan=1.0)) > TOL).any(axis=1)
+        if a["ids"].size
+        else np.zeros(0, dtype=bool)
+    )
     s0 = np.where(np.abs(a["old_adv"]) > TOL, np.sign(a["old_adv"]), 0.0)
     s1 = np.where(np.abs(a["new_adv"]) > TOL, np.sign(a["new_adv"]), 0.0)
     flips = (s0 * s1) < 0
@@ -153,11 +199,18 @@ def compare(a: dict[str, np.ndarray], names: list[str], replayed: list[str], wei
     hacks = [r for r in regression if r["kind"] == HACK]
     top = np.argsort(-np.abs(d_reward), kind="stable")[:TOP]
     flip_rows = np.flatnonzero(flips)
-    flip_rows = flip_rows[np.argsort(-np.abs(a["new_adv"][flip_rows] - a["old_adv"][flip_rows]), kind="stable")][:TOP]
+    flip_rows = flip_rows[
+        np.argsort(-np.abs(a["new_adv"][flip_rows] - a["old_adv"][flip_rows]), kind="stable")
+    ][:TOP]
     headline = {
-        "n_rollouts": int(a["ids"].size), "n_groups": int(m), "n_changed": int(changed.sum()),
-        "n_failed": int(a["failed"].sum()), "best_changed": int(best.sum()), "sign_flips": int(flips.sum()),
-        "with_signal": int((s0 != 0).sum()), "hacks": len(hacks),
+        "n_rollouts": int(a["ids"].size),
+        "n_groups": int(m),
+        "n_changed": int(changed.sum()),
+        "n_failed": int(a["failed"].sum()),
+        "best_changed": int(best.sum()),
+        "sign_flips": int(flips.sum()),
+        "with_signal": int((s0 != 0).sum()),
+        "hacks": len(hacks),
         "hacks_still_best": sum(r["rank_after"] == 1 for r in hacks),
         "hacks_best_before": sum(r["rank_before"] == 1 for r in hacks),
         "hacks_above_median": sum(r["regression"] for r in hacks),
@@ -174,20 +227,32 @@ def compare(a: dict[str, np.ndarray], names: list[str], replayed: list[str], wei
 
 
 def _row(a: dict[str, np.ndarray], i: int) -> dict[str, Any]:
-    return {"rollout_id": int(a["ids"][i]), "group_id": int(a["group_ids"][i]), "step": int(a["steps"][i]),
-            "reward_before": _f(a["old_reward"][i]), "reward_after": _f(a["new_reward"][i]),
-            "adv_before": _f(a["old_adv"][i]), "adv_after": _f(a["new_adv"][i]),
-            "delta": _f(np.nan_to_num(a["new_reward"][i]) - np.nan_to_num(a["old_reward"][i])),
-            "failed": bool(a["failed"][i])}
+    return {
+        "rollout_id": int(a["ids"][i]),
+        "group_id": int(a["group_ids"][i]),
+        "step": int(a["steps"][i]),
+        "reward_before": _f(a["old_reward"][i]),
+        "reward_after": _f(a["new_reward"][i]),
+        "adv_before": _f(a["old_adv"][i]),
+        "adv_after": _f(a["new_adv"][i]),
+        "delta": _f(np.nan_to_num(a["new_reward"][i]) - np.nan_to_num(a["old_reward"][i])),
+        "failed": bool(a["failed"][i]),
+    }
 
 
 def summary_line(report: dict[str, Any], replay: Any, scored: int, failed_chunks: int) -> str:
     h = report["headline"]
-    parts = [f"replayed {scored:,} of {replay.total:,} rollouts with {replay.name}",
-             f"{h['n_changed']:,} changed", f"{h['n_failed']:,} failed", f"{h['sign_flips']:,} advantage sign flips",
-             f"best completion changed in {h['best_changed']:,} of {h['n_groups']:,} groups"]
+    parts = [
+        f"replayed {scored:,} of {replay.total:,} rollouts with {replay.name}",
+        f"{h['n_changed']:,} changed",
+        f"{h['n_failed']:,} failed",
+        f"{h['sign_flips']:,} advantage sign flips",
+        f"best completion changed in {h['best_changed']:,} of {h['n_groups']:,} groups",
+    ]
     if h["hacks"]:
-        parts.append(f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}")
+        parts.append(
+            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}"
+        )
     if failed_chunks:
         parts.append(f"{failed_chunks} chunks failed")
     return "; ".join(parts)

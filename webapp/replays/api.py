@@ -31,15 +31,33 @@ from webapp.runs.access import get_run_for
 
 
 def replay_json(r: Replay) -> dict[str, Any]:
-    return {"id": r.id, "run": r.run_id, "name": r.name, "status": r.status, "versions": r.versions,
-            "selection": r.selection, "total": r.total, "done": r.done, "failed": r.failed,
-            "progress": round(r.progress, 4), "chunks": r.n_chunks, "summary": r.summary, "error": r.error,
-            "run_was_live": r.run_was_live, "last_group_id": r.last_group_id, "headline": r.stats,
-            "created_at": r.created_at.isoformat(), "finished_at": r.finished_at and r.finished_at.isoformat()}
+    return {
+        "id": r.id,
+        "run": r.run_id,
+        "name": r.name,
+        "status": r.status,
+        "versions": r.versions,
+        "selection": r.selection,
+        "total": r.total,
+        "done": r.done,
+        "failed": r.failed,
+        "progress": round(r.progress, 4),
+        "chunks": r.n_chunks,
+        "summary": r.summary,
+        "error": r.error,
+        "run_was_live": r.run_was_live,
+        "last_group_id": r.last_group_id,
+        "headline": r.stats,
+        "created_at": r.created_at.isoformat(),
+        "finished_at": r.finished_at and r.finished_at.isoformat(),
+    }
 
 
-@extend_schema(summary="Start a reward replay of a run's stored transcripts; or list its replays",
-               request={"application/json": {"type": "object"}}, responses={200: dict, 201: dict, 400: dict})
+@extend_schema(
+    summary="Start a reward replay of a run's stored transcripts; or list its replays",
+    request={"application/json": {"type": "object"}},
+    responses={200: dict, 201: dict, 400: dict},
+)
 @api_view(["GET", "POST"])
 def run_replays(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
@@ -50,32 +68,50 @@ def run_replays(request: Request, run_id: int) -> Response:
     return Response(replay_json(replay), status=status.HTTP_201_CREATED)
 
 
-@extend_schema(summary="A replay: status, progress, one-line summary and headline numbers", responses={200: dict})
+@extend_schema(
+    summary="A replay: status, progress, one-line summary and headline numbers",
+    responses={200: dict},
+)
 @api_view(["GET"])
 def replay_detail(request: Request, replay_id: int) -> Response:
     return Response(replay_json(get_object_or_404(Replay, id=replay_id)))
 
 
-@extend_schema(summary="Annotated reward hacks that still outrank their group's median under the replayed reward",
-               responses={200: dict, 409: dict})
+@extend_schema(
+    summary="Annotated reward hacks that still outrank their group's median under the replayed reward",
+    responses={200: dict, 409: dict},
+)
 @api_view(["GET"])
 def replay_regress(request: Request, replay_id: int) -> Response:
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
     result = services.regress(replay)  # a Conflict (409) while the replay has no results
-    return Response({"ok": result.ok, "headline": result.headline,
-                     "regressions": sum(r["regression"] for r in result.rows), "rows": result.rows})
+    return Response(
+        {
+            "ok": result.ok,
+            "headline": result.headline,
+            "regressions": sum(r["regression"] for r in result.rows),
+            "rows": result.rows,
+        }
+    )
 
 
-@extend_schema(summary="Train with this reward: a GRPO twin of the run with the replayed component versions",
-               request=None, responses={200: dict, 201: dict, 400: dict, 403: dict})
+@extend_schema(
+    summary="Train with this reward: a GRPO twin of the run with the replayed component versions",
+    request=None,
+    responses={200: dict, 201: dict, 400: dict, 403: dict},
+)
 @api_view(["POST"])
 def replay_train(request: Request, replay_id: int) -> Response:
     require_role(request, "trainer")  # the role before the lookup, as get_run_for does
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
     had_twin = replay.twin_id is not None
     twin = services.launch_training(replay, request.user)
-    body = {"twin": twin.id, "name": twin.name, "status": twin.status,
-            "reward_versions": twin.config["reward_versions"],
-            "waits_for_run": bool(twin.config.get("start_after_parent")),
-            "overlay": reverse("diagnostics-overlay", args=[replay.run_id, twin.id])}
+    body = {
+        "twin": twin.id,
+        "name": twin.name,
+        "status": twin.status,
+        "reward_versions": twin.config["reward_versions"],
+        "waits_for_run": bool(twin.config.get("start_after_parent")),
+        "overlay": reverse("diagnostics-overlay", args=[replay.run_id, twin.id]),
+    }
     return Response(body, status=status.HTTP_200_OK if had_twin else status.HTTP_201_CREATED)

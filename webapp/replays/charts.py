@@ -21,16 +21,32 @@ def histogram_figure(row: dict[str, Any]) -> Figure:
     h = row["hist"]
     edges = h["edges"]
     labels = [f"{a:.2f}–{b:.2f}" for a, b in zip(edges[:-1], edges[1:])]
-    data = [{"type": "bar", "x": labels, "y": h["old"], "name": "original", "marker": {"color": OLD}},
-            {"type": "bar", "x": labels, "y": h["new"], "name": "replay", "marker": {"color": NEW}}]
-    return {"data": data, "layout": _layout(f"{row['name']}: distribution", "rollouts", "value",
-                                            barmode="group", height=230)}
+    data = [
+        {"type": "bar", "x": labels, "y": h["old"], "name": "original", "marker": {"color": OLD}},
+        {"type": "bar", "x": labels, "y": h["new"], "name": "replay", "marker": {"color": NEW}},
+    ]
+    return {
+        "data": data,
+        "layout": _layout(
+            f"{row['name']}: distribution", "rollouts", "value", barmode="group", height=230
+        ),
+    }
 
 
-def _bars(rows: list[dict[str, Any]], field: str, title: str, y_title: str, **layout: Any) -> Figure:
+def _bars(
+    rows: list[dict[str, Any]], field: str, title: str, y_title: str, **layout: Any
+) -> Figure:
     names = [r["name"] for r in rows]
-    data = [{"type": "bar", "x": names, "y": [r[side][field] for r in rows], "name": label,
-             "marker": {"color": color}} for side, label, color in (("old", "original", OLD), ("new", "replay", NEW))]
+    data = [
+        {
+            "type": "bar",
+            "x": names,
+            "y": [r[side][field] for r in rows],
+            "name": label,
+            "marker": {"color": color},
+        }
+        for side, label, color in (("old", "original", OLD), ("new", "replay", NEW))
+    ]
     return {"data": data, "layout": _layout(title, y_title, "", barmode="group", **layout)}
 
 
@@ -40,8 +56,13 @@ def figures(report: dict[str, Any]) -> dict[str, Figure]:
     components = [r for r in rows if r["weight"] is not None]
     out = {
         "share": _bars(components, "share", "Share of the advantage", "share"),
-        "zero-std": _bars(rows, "zero_std_frac", "Zero within-group std: groups that teach nothing", "fraction",
-                          yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}}),
+        "zero-std": _bars(
+            rows,
+            "zero_std_frac",
+            "Zero within-group std: groups that teach nothing",
+            "fraction",
+            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
+        ),
         "within-std": _bars(rows, "within_std", "Mean within-group std", "std"),
     }
     for i, row in enumerate(rows):

@@ -24,14 +24,18 @@ class ReplayForm(forms.Form):
 
     def __init__(self, *args: Any, environment: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        choices = [("", "—")] + [(v.label, f"{v.label} ({v.target}{' ' + json.dumps(v.params) if v.params else ''})")
-                                 for v in rv.registered(environment)]
+        choices = [("", "—")] + [
+            (v.label, f"{v.label} ({v.target}{' ' + json.dumps(v.params) if v.params else ''})")
+            for v in rv.registered(environment)
+        ]
         for i in range(ROWS):
-            self.fields[f"version_{i}"] = forms.ChoiceField(choices=choices, required=i == 0,
-                                                            label=f"version {i + 1}")
+            self.fields[f"version_{i}"] = forms.ChoiceField(
+                choices=choices, required=i == 0, label=f"version {i + 1}"
+            )
             widget = forms.TextInput(attrs={"placeholder": '{"min_coverage": 0.9}'})
-            self.fields[f"params_{i}"] = forms.CharField(required=False, label=f"parameters {i + 1} (JSON)",
-                                                         widget=widget)
+            self.fields[f"params_{i}"] = forms.CharField(
+                required=False, label=f"parameters {i + 1} (JSON)", widget=widget
+            )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -43,16 +47,26 @@ class ReplayForm(forms.Form):
             try:
                 data[f"params_{i}"] = json.loads(raw)
             except ValueError:
-                self.add_error(f"params_{i}", "must be a JSON object, e.g. {\"min_coverage\": 0.9}")
+                self.add_error(f"params_{i}", 'must be a JSON object, e.g. {"min_coverage": 0.9}')
         return data
 
     def request_body(self) -> dict[str, Any]:
         d = self.cleaned_data
-        versions = [{"version": d[f"version_{i}"], **({"params": d[f"params_{i}"]} if d[f"params_{i}"] is not None
-                                                      else {})} for i in range(ROWS) if d.get(f"version_{i}")]
+        versions = [
+            {
+                "version": d[f"version_{i}"],
+                **({"params": d[f"params_{i}"]} if d[f"params_{i}"] is not None else {}),
+            }
+            for i in range(ROWS)
+            if d.get(f"version_{i}")
+        ]
         selection: dict[str, Any] = {"mode": d["mode"]}
         if d["mode"] == "steps":
             selection.update(step_min=d.get("step_min"), step_max=d.get("step_max"))
         if d["mode"] == "sample":
             selection.update(groups=d.get("groups"), seed=d.get("seed") or 0)
-        return {"versions": versions, "selection": selection, **({"name": d["name"]} if d.get("name") else {})}
+        return {
+            "versions": versions,
+            "selection": selection,
+            **({"name": d["name"]} if d.get("name") else {}),
+        }

@@ -28,26 +28,48 @@ class Replay(models.Model):
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="replays")
     name = models.CharField(max_length=200)
-    versions = models.JSONField()  # [ComponentVersion.as_dict()]: component, target, params, source_hash
-    selection = models.JSONField(default=dict)  # {"mode": all|steps|sample, "step_min", "step_max", "groups", "seed"}
-    last_group_id = models.BigIntegerField(default=0)  # groups stored when the replay was created: id <= this
-    run_was_live = models.BooleanField(default=False)  # the run was still training then: later steps are not in
+    versions = (
+        models.JSONField()
+    )  # [ComponentVersion.as_dict()]: component, target, params, source_hash
+    selection = models.JSONField(
+        default=dict
+    )  # {"mode": all|steps|sample, "step_min", "step_max", "groups", "seed"}
+    last_group_id = models.BigIntegerField(
+        default=0
+    )  # groups stored when the replay was created: id <= this
+    run_was_live = models.BooleanField(
+        default=False
+    )  # the run was still training then: later steps are not in
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     total = models.IntegerField(default=0)  # rollouts selected
     done = models.IntegerField(default=0)  # rollouts whose chunk is stored
-    failed = models.IntegerField(default=0)  # of those, rollouts where a version failed (value fails closed)
+    failed = models.IntegerField(
+        default=0
+    )  # of those, rollouts where a version failed (value fails closed)
     n_chunks = models.IntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     error = models.TextField(blank=True)
     summary = models.CharField(max_length=500, blank=True)  # one line, also the task's result
-    results = models.BinaryField(null=True, editable=False)  # npz of the per-rollout arrays (services.RESULT_KEYS)
-    stats = models.JSONField(default=dict, blank=True)  # headline numbers of the results (page and API)
-    twin = models.ForeignKey("runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    results = models.BinaryField(
+        null=True, editable=False
+    )  # npz of the per-rollout arrays (services.RESULT_KEYS)
+    stats = models.JSONField(
+        default=dict, blank=True
+    )  # headline numbers of the results (page and API)
+    twin = models.ForeignKey(
+        "runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
-    summarising_at = models.DateTimeField(null=True, blank=True)  # a summary older than the stale limit is redone
-    resumed_at = models.DateTimeField(null=True, blank=True)  # last re-queued as stalled (once per stale limit)
+    summarising_at = models.DateTimeField(
+        null=True, blank=True
+    )  # a summary older than the stale limit is redone
+    resumed_at = models.DateTimeField(
+        null=True, blank=True
+    )  # last re-queued as stalled (once per stale limit)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -72,7 +94,10 @@ class Replay(models.Model):
         """Queued or running replays stop after the chunks in flight; what they stored stays."""
         Replay.objects.filter(id=self.id).update(cancel_requested=True)
         Replay.objects.filter(id=self.id, status=self.Status.QUEUED).update(
-            status=self.Status.CANCELLED, finished_at=timezone.now(), summary="cancelled before it started")
+            status=self.Status.CANCELLED,
+            finished_at=timezone.now(),
+            summary="cancelled before it started",
+        )
         self.refresh_from_db()
 
 
@@ -98,7 +123,9 @@ class ReplayChunk(models.Model):
 
     class Meta:
         ordering = ["replay_id", "index"]
-        constraints = [models.UniqueConstraint(fields=["replay", "index"], name="replaychunk_unique_index")]
+        constraints = [
+            models.UniqueConstraint(fields=["replay", "index"], name="replaychunk_unique_index")
+        ]
         indexes = [models.Index(fields=["replay", "status", "index"], name="replaychunk_claim")]
 
 
@@ -106,15 +133,35 @@ class ReplayScore(models.Model):
     """A replayed value. `value` is never NULL or NaN: a failed call stores the component's fail-closed
     value (its declared minimum, else 0) with ok=False and the reason."""
 
-    replay = models.ForeignKey(Replay, on_delete=models.CASCADE, related_name="scores", db_index=False)
-    rollout = models.ForeignKey("rollouts.Rollout", on_delete=models.CASCADE, related_name="+", db_index=False,
-                                db_constraint=False)
-    component = models.ForeignKey("rollouts.RewardComponent", on_delete=models.CASCADE, related_name="+",
-                                  db_index=False, db_constraint=False)
+    replay = models.ForeignKey(
+        Replay, on_delete=models.CASCADE, related_name="scores", db_index=False
+    )
+    rollout = models.ForeignKey(
+        "rollouts.Rollout",
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
+    )
+    component = models.ForeignKey(
+        "rollouts.RewardComponent",
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
+    )
     value = models.FloatField()
     ok = models.BooleanField(default=True)
     reason = models.TextField(blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["replay", "rollout", "component"], name="replayscore_unique")]
-        indexes = [models.Index(fields=["replay", "component", "value", "rollout"], name="replayscore_sort")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["replay", "rollout", "component"], name="replayscore_unique"
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["replay", "component", "value", "rollout"], name="replayscore_sort"
+            )
+        ]

@@ -35,11 +35,24 @@ from webapp.runs.models import Run
 
 log = logging.getLogger(__name__)
 
-CHUNK_ROLLOUTS = 1000  # rollouts per chunk: small enough to spread over workers, big enough to amortise queries
+CHUNK_ROLLOUTS = (
+    1000  # rollouts per chunk: small enough to spread over workers, big enough to amortise queries
+)
 STALE_SECONDS = 600  # a chunk claimed this long ago by a worker that died is claimable again
 MAX_VERSIONS = 8
 MAX_SAMPLE_GROUPS = 1_000_000
-RESULT_KEYS = ("ids", "group_ids", "steps", "old", "new", "failed", "old_reward", "new_reward", "old_adv", "new_adv")
+RESULT_KEYS = (
+    "ids",
+    "group_ids",
+    "steps",
+    "old",
+    "new",
+    "failed",
+    "old_reward",
+    "new_reward",
+    "old_adv",
+    "new_adv",
+)
 
 
 def parallel() -> int:
@@ -75,7 +88,11 @@ def parse_selection(raw: Any) -> dict[str, Any]:
     if raw["mode"] == "steps":
         out["step_min"] = _int(raw, "step_min", "selection", 0, 2**31 - 1)
         out["step_max"] = _int(raw, "step_max", "selection", 0, 2**31 - 1)
-        if out["step_min"] is not None and out["step_max"] is not None and out["step_min"] > out["step_max"]:
+        if (
+            out["step_min"] is not None
+            and out["step_max"] is not None
+            and out["step_min"] > out["step_max"]
+        ):
             raise FieldError("selection.step_max", "must not be below step_min")
     if raw["mode"] == "sample":
         out["groups"] = _int(raw, "groups", "selection", 1, MAX_SAMPLE_GROUPS)
@@ -99,8 +116,10 @@ def parse_versions(run: Run, raw: Any) -> list[rv.ComponentVersion]:
         except rv.VersionError as e:
             raise FieldError(e.field, e.message) from None
         if version.component not in names:
-            raise FieldError(f"versions[{i}].version", f"scores {version.component!r}, which this run's "
-                                                       f"environment does not have")
+            raise FieldError(
+                f"versions[{i}].version",
+                f"scores {version.component!r}, which this run's environment does not have",
+            )
         if version.component in {v.component for v in out}:
             raise FieldError(f"versions[{i}].version", f"a second version of {version.component!r}")
         out.append(version)
@@ -138,7 +157,10 @@ def plan_chunks(groups: list[tuple[int, int]], per_chunk: int) -> list[tuple[lis
 
 
 def _default_name(versions: list[rv.ComponentVersion]) -> str:
-    parts = [v.label + ("" if not v.params or v.name and "+" not in v.name else f" {v.params}") for v in versions]
+    parts = [
+        v.label + ("" if not v.params or v.name and "+" not in v.name else f" {v.params}")
+        for v in versions
+    ]
     return ", ".join(parts)[:200]
 
 
@@ -161,12 +183,22 @@ def create_replay(run: Run, raw: Any, user: Any = None) -> Replay:
     if not groups:
         raise FieldError("selection", "selects no stored groups of this run")
     replay = Replay.objects.create(
-        run=run, name=name[:200], versions=[v.as_dict() for v in versions], selection=selection,
-        last_group_id=last, run_was_live=not run.is_finished, created_by=user,
-        total=sum(size for _, size in groups))
+        run=run,
+        name=name[:200],
+        versions=[v.as_dict() for v in versions],
+        selection=selection,
+        last_group_id=last,
+        run_was_live=not run.is_finished,
+        created_by=user,
+        total=sum(size for _, size in groups),
+    )
     chunks = plan_chunks(groups, chunk_rollouts())
-    ReplayChunk.objects.bulk_create([ReplayChunk(replay=replay, index=i, group_ids=ids, n_rollouts=n)
-                                     for i, (ids, n) in enumerate(chunks)])
+    ReplayChunk.objects.bulk_create(
+        [
+            ReplayChunk(replay=replay, index=i, group_ids=ids, n_rollouts=n)
+            for i, (ids, n) in enumerate(chunks)
+        ]
+    )
     Replay.objects.filter(id=replay.id).update(n_chunks=len(chunks))
     replay.n_chunks = len(chunks)
     return replay
@@ -213,8 +245,13 @@ def launch_training(replay: Replay, user: Any) -> Run:
     from webapp.diagnostics.services import twin_config
     from webapp.runs import launch
 
-    locked = (Replay.objects.select_for_update(of=("self",))  # Postgres locks no outer-joined (nullable) row
-              .select_related("run", "run__environment", "twin").get(id=replay.id))
+    locked = (
+        Replay.objects.select_for_update(
+            of=("self",)
+        )  # Postgres locks no outer-joined (nullable) row
+        .select_related("run", "run__environment", "twin")
+        .get(id=replay.id)
+    )
     if locked.twin is not None:
         return locked.twin
     why = training_blocker(locked)
@@ -222,15 +259,32 @@ def launch_training(replay: Replay, user: Any) -> Run:
         raise FieldError("replay", why)
     run, versions = locked.run, training_versions(locked)
     try:  # the worker would refuse them too, after waiting for a GPU: say so now
-        rv.apply_versions(get_environment(run.environment.name), [{**v, "component": c} for c, v in versions.items()])
+        rv.apply_versions(
+            get_environment(run.environment.name),
+            [{**v, "component": c} for c, v in versions.items()],
+        )
     except (rv.VersionError, KeyError) as e:
         raise FieldError("versions", str(e)) from None
     config = twin_config(run, reward_versions=versions, replay_of=run.id, replay_id=locked.id)
-    twin = launch.launch_run(name=f"{run.name} / replay: {locked.name}"[:200], kind=Run.Kind.GRPO,
-                             environment=run.environment, config=config, owner=user, base_model=run.base_model,
-                             parent=run)
-    hashes = {**(twin.provenance.get("components") or {}), **{c: v["source_hash"] for c, v in versions.items()}}
-    twin.provenance = {**twin.provenance, "components": hashes, "reward_versions": versions, "replay": locked.id}
+    twin = launch.launch_run(
+        name=f"{run.name} / replay: {locked.name}"[:200],
+        kind=Run.Kind.GRPO,
+        environment=run.environment,
+        config=config,
+        owner=user,
+        base_model=run.base_model,
+        parent=run,
+    )
+    hashes = {
+        **(twin.provenance.get("components") or {}),
+        **{c: v["source_hash"] for c, v in versions.items()},
+    }
+    twin.provenance = {
+        **twin.provenance,
+        "components": hashes,
+        "reward_versions": versions,
+        "replay": locked.id,
+    }
     twin.save(update_fields=["provenance"])
     Replay.objects.filter(id=locked.id).update(twin=twin)
     return twin
@@ -255,8 +309,11 @@ def _prepare(replay: Replay) -> list[_Version]:
         fn = rv.resolve(v["target"])
         if rv.source_hash(fn) != v["source_hash"]:
             # The deployed code changed since the replay was created: its numbers would not be the ones asked for.
-            raise rv.VersionError("target", f"{v['target']} changed since the replay was created "
-                                            f"(source hash {rv.source_hash(fn)}, expected {v['source_hash']})")
+            raise rv.VersionError(
+                "target",
+                f"{v['target']} changed since the replay was created "
+                f"(source hash {rv.source_hash(fn)}, expected {v['source_hash']})",
+            )
         comp = comps[v["component"]]
         lo = comp.min_value if comp.min_value is not None and math.isfinite(comp.min_value) else 0.0
         out.append(_Version(comp, fn, v["params"], lo))
@@ -266,28 +323,51 @@ def _prepare(replay: Replay) -> list[_Version]:
 ScoreRow = tuple[int, int, int, float, bool, str]  # replay, rollout, component, value, ok, reason
 
 
-def score_groups(replay: Replay, group_ids: list[int], versions: list[_Version],
-                 timeout_s: float = rv.DEFAULT_TIMEOUT_S) -> tuple[list[ScoreRow], int]:
+def score_groups(
+    replay: Replay,
+    group_ids: list[int],
+    versions: list[_Version],
+    timeout_s: float = rv.DEFAULT_TIMEOUT_S,
+) -> tuple[list[ScoreRow], int]:
     """The replayed values of the groups' rollouts (rows to store) and how many rollouts had a failure."""
     env_name = replay.run.environment.name
-    prompts = {gid: rv.prompt_for(env_name, key, prompt)
-               for gid, key, prompt in Group.objects.filter(id__in=group_ids).values_list("id", "key", "prompt")}
+    prompts = {
+        gid: rv.prompt_for(env_name, key, prompt)
+        for gid, key, prompt in Group.objects.filter(id__in=group_ids).values_list(
+            "id", "key", "prompt"
+        )
+    }
     rows: list[ScoreRow] = []
     failed = 0
     with rv.deadlines():
-        for rid, gid, transcript in (Rollout.objects.filter(group_id__in=group_ids).order_by("id")
-                                     .values_list("id", "group_id", "transcript").iterator(chunk_size=500)):
+        for rid, gid, transcript in (
+            Rollout.objects.filter(group_id__in=group_ids)
+            .order_by("id")
+            .values_list("id", "group_id", "transcript")
+            .iterator(chunk_size=500)
+        ):
             prompt = prompts.get(gid)
             bad = False
             for v in versions:
                 if prompt is None:
-                    out = rv.Scored(None, f"failed: the {env_name} environment cannot rebuild this group's prompt",
-                                    False)
+                    out = rv.Scored(
+                        None,
+                        f"failed: the {env_name} environment cannot rebuild this group's prompt",
+                        False,
+                    )
                 else:
                     out = rv.score_one(v.fn, v.params, prompt, transcript, timeout_s)
                 bad |= not out.ok
-                rows.append((replay.id, rid, v.component.id, out.value if out.ok else v.fail_value, out.ok,
-                             out.reason))
+                rows.append(
+                    (
+                        replay.id,
+                        rid,
+                        v.component.id,
+                        out.value if out.ok else v.fail_value,
+                        out.ok,
+                        out.reason,
+                    )
+                )
             failed += bad
     return rows, failed
 
@@ -296,12 +376,26 @@ def write_scores(rows: list[ScoreRow]) -> None:
     """Store score rows inside the caller's transaction: COPY on Postgres (no model instances: a fifth of
     a chunk's time went to building them), bulk_create elsewhere."""
     if connection.vendor != "postgresql":
-        ReplayScore.objects.bulk_create([ReplayScore(replay_id=r[0], rollout_id=r[1], component_id=r[2], value=r[3],
-                                                     ok=r[4], reason=r[5]) for r in rows], batch_size=5000)
+        ReplayScore.objects.bulk_create(
+            [
+                ReplayScore(
+                    replay_id=r[0],
+                    rollout_id=r[1],
+                    component_id=r[2],
+                    value=r[3],
+                    ok=r[4],
+                    reason=r[5],
+                )
+                for r in rows
+            ],
+            batch_size=5000,
+        )
         return
     with connection.wrap_database_errors, connection.cursor() as django_cur:
-        with django_cur.cursor.copy("COPY replays_replayscore (replay_id, rollout_id, component_id, value, ok, "
-                                    "reason) FROM STDIN") as cp:
+        with django_cur.cursor.copy(
+            "COPY replays_replayscore (replay_id, rollout_id, component_id, value, ok, "
+            "reason) FROM STDIN"
+        ) as cp:
             for row in rows:
                 cp.write_row(row)
 
@@ -309,16 +403,23 @@ def write_scores(rows: list[ScoreRow]) -> None:
 def claim_chunk(replay_id: int, worker: str) -> ReplayChunk | None:
     """The next pending (or stale) chunk, claimed atomically; None when there is none left."""
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
-    claimable = Q(status=ReplayChunk.Status.PENDING) | Q(status=ReplayChunk.Status.RUNNING, claimed_at__lt=stale)
+    claimable = Q(status=ReplayChunk.Status.PENDING) | Q(
+        status=ReplayChunk.Status.RUNNING, claimed_at__lt=stale
+    )
     while True:
         chunk = ReplayChunk.objects.filter(claimable, replay_id=replay_id).order_by("index").first()
         if chunk is None:
             return None
         now = timezone.now()
         n = ReplayChunk.objects.filter(claimable, id=chunk.id).update(
-            status=ReplayChunk.Status.RUNNING, worker=worker[:200], claimed_at=now)
+            status=ReplayChunk.Status.RUNNING, worker=worker[:200], claimed_at=now
+        )
         if n == 1:
-            chunk.status, chunk.worker, chunk.claimed_at = ReplayChunk.Status.RUNNING, worker[:200], now
+            chunk.status, chunk.worker, chunk.claimed_at = (
+                ReplayChunk.Status.RUNNING,
+                worker[:200],
+                now,
+            )
             return chunk
         # Another worker claimed it first: try the next one.
 
@@ -331,17 +432,22 @@ def process_chunk(replay: Replay, chunk: ReplayChunk, versions: list[_Version] |
             versions = _prepare(replay)
         rows, failed = score_groups(replay, chunk.group_ids, versions)
         with transaction.atomic():
-            mine = ReplayChunk.objects.filter(id=chunk.id, status=ReplayChunk.Status.RUNNING,
-                                              claimed_at=chunk.claimed_at)
-            if not mine.update(status=ReplayChunk.Status.DONE, n_failed=failed,
-                               seconds=time.perf_counter() - t0):
+            mine = ReplayChunk.objects.filter(
+                id=chunk.id, status=ReplayChunk.Status.RUNNING, claimed_at=chunk.claimed_at
+            )
+            if not mine.update(
+                status=ReplayChunk.Status.DONE, n_failed=failed, seconds=time.perf_counter() - t0
+            ):
                 return  # declared stale and claimed by another worker meanwhile: its result counts, not ours
             write_scores(rows)
-            Replay.objects.filter(id=replay.id).update(done=F("done") + chunk.n_rollouts, failed=F("failed") + failed)
+            Replay.objects.filter(id=replay.id).update(
+                done=F("done") + chunk.n_rollouts, failed=F("failed") + failed
+            )
     except Exception as e:  # a failed chunk stores nothing: the transaction above rolled back whole
         log.exception("replay %s chunk %s failed", replay.id, chunk.index)
-        ReplayChunk.objects.filter(id=chunk.id).update(status=ReplayChunk.Status.FAILED,
-                                                       error=f"{type(e).__name__}: {e}"[:2000])
+        ReplayChunk.objects.filter(id=chunk.id).update(
+            status=ReplayChunk.Status.FAILED, error=f"{type(e).__name__}: {e}"[:2000]
+        )
 
 
 def work(replay_id: int, worker: str | None = None) -> str:
@@ -351,11 +457,14 @@ def work(replay_id: int, worker: str | None = None) -> str:
     if replay is None:
         return f"replay {replay_id} no longer exists"
     Replay.objects.filter(id=replay.id, status=Replay.Status.QUEUED).update(
-        status=Replay.Status.RUNNING, started_at=timezone.now())
+        status=Replay.Status.RUNNING, started_at=timezone.now()
+    )
     try:
         versions: list[_Version] | None = _prepare(replay)
     except Exception as e:
-        versions = None  # every chunk fails with the reason: nothing is scored with code that is not there
+        versions = (
+            None  # every chunk fails with the reason: nothing is scored with code that is not there
+        )
         log.warning("replay %s: versions do not resolve: %s", replay.id, e)
     n = 0
     while True:
@@ -369,37 +478,49 @@ def work(replay_id: int, worker: str | None = None) -> str:
         n += 1
     finish(replay.id)
     replay.refresh_from_db()
-    return replay.summary or f"replay {replay.id}: {n} chunks scored here, {replay.done}/{replay.total} rollouts"
+    return (
+        replay.summary
+        or f"replay {replay.id}: {n} chunks scored here, {replay.done}/{replay.total} rollouts"
+    )
 
 
 def _cancel(replay: Replay) -> None:
     live = (Replay.Status.QUEUED, Replay.Status.RUNNING)
     done = Replay.objects.get(id=replay.id).done
     Replay.objects.filter(id=replay.id, status__in=live).update(
-        status=Replay.Status.CANCELLED, finished_at=timezone.now(),
-        summary=f"cancelled after {done:,} of {replay.total:,} rollouts")
+        status=Replay.Status.CANCELLED,
+        finished_at=timezone.now(),
+        summary=f"cancelled after {done:,} of {replay.total:,} rollouts",
+    )
 
 
 def finish(replay_id: int) -> bool:
     """Summarise once every chunk is done or failed; True for the one caller that did it. A summary begun
     more than STALE_SECONDS ago (its worker died) is begun again; summarising twice stores the same result."""
-    busy = ReplayChunk.objects.filter(replay_id=replay_id, status__in=[ReplayChunk.Status.PENDING,
-                                                                       ReplayChunk.Status.RUNNING])
+    busy = ReplayChunk.objects.filter(
+        replay_id=replay_id, status__in=[ReplayChunk.Status.PENDING, ReplayChunk.Status.RUNNING]
+    )
     if busy.exists():
         return False
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
-    claimable = Q(status=Replay.Status.RUNNING) | Q(status=Replay.Status.SUMMARISING, summarising_at__lt=stale)
+    claimable = Q(status=Replay.Status.RUNNING) | Q(
+        status=Replay.Status.SUMMARISING, summarising_at__lt=stale
+    )
     if not Replay.objects.filter(claimable, id=replay_id).update(
-            status=Replay.Status.SUMMARISING, summarising_at=timezone.now()):
+        status=Replay.Status.SUMMARISING, summarising_at=timezone.now()
+    ):
         return False  # another worker is summarising (not for long enough to be presumed dead), or cancelled
     replay = Replay.objects.select_related("run", "run__environment").get(id=replay_id)
     try:
         summarise(replay)
     except Exception as e:
         log.exception("replay %s: summary failed", replay_id)
-        Replay.objects.filter(id=replay_id).update(status=Replay.Status.FAILED, finished_at=timezone.now(),
-                                                   error=f"summary failed: {type(e).__name__}: {e}"[:2000],
-                                                   summary="failed while summarising")
+        Replay.objects.filter(id=replay_id).update(
+            status=Replay.Status.FAILED,
+            finished_at=timezone.now(),
+            error=f"summary failed: {type(e).__name__}: {e}"[:2000],
+            summary="failed while summarising",
+        )
     return True
 
 
@@ -414,8 +535,9 @@ def stalled(replay: Replay) -> bool:
         return replay.summarising_at is None or replay.summarising_at < stale
     if replay.status != Replay.Status.RUNNING or (replay.started_at and replay.started_at >= stale):
         return False
-    return not ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.RUNNING,
-                                          claimed_at__gte=stale).exists()
+    return not ReplayChunk.objects.filter(
+        replay=replay, status=ReplayChunk.Status.RUNNING, claimed_at__gte=stale
+    ).exists()
 
 
 def resume(replay: Replay) -> bool:
@@ -425,8 +547,9 @@ def resume(replay: Replay) -> bool:
     if not stalled(replay):
         return False
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
-    if not Replay.objects.filter(Q(resumed_at__isnull=True) | Q(resumed_at__lt=stale), id=replay.id).update(
-            resumed_at=timezone.now()):
+    if not Replay.objects.filter(
+        Q(resumed_at__isnull=True) | Q(resumed_at__lt=stale), id=replay.id
+    ).update(resumed_at=timezone.now()):
         return False
     enqueue(replay)
     return True
@@ -450,9 +573,11 @@ def advantage_settings(run: Run) -> dict[str, Any]:
     if hasattr(run, "advantage_settings"):
         return run.advantage_settings()
     cfg = run.config or {}
-    return {"scale_rewards": cfg.get("scale_rewards") or "group",
-            "aggregation": cfg.get("multi_objective_aggregation") or "sum_then_normalize",
-            "advantage_epsilon": stats.EPS}
+    return {
+        "scale_rewards": cfg.get("scale_rewards") or "group",
+        "aggregation": cfg.get("multi_objective_aggregation") or "sum_then_normalize",
+        "advantage_epsilon": stats.EPS,
+    }
 
 
 def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -472,8 +597,13 @@ def compute_results(replay: Replay) -> dict[str, np.ndarray]:
     run = replay.run
     comps = run.components()
     data = load_run_arrays(run)
-    groups = [g for ids in ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.DONE)
-              .values_list("group_ids", flat=True) for g in ids]
+    groups = [
+        g
+        for ids in ReplayChunk.objects.filter(
+            replay=replay, status=ReplayChunk.Status.DONE
+        ).values_list("group_ids", flat=True)
+        for g in ids
+    ]
     keep = np.isin(data.group_ids, np.array(groups, dtype=np.int64))
     ids, gids, steps = data.rollout_ids[keep], data.group_ids[keep], data.steps[keep]
     old = data.matrix[keep]
@@ -481,22 +611,41 @@ def compute_results(replay: Replay) -> dict[str, np.ndarray]:
     failed = np.zeros(ids.size, dtype=bool)
     col = {c.id: j for j, c in enumerate(comps)}
     for cid in {c.id for c in comps if c.name in replay.components()}:
-        rows = np.array(list(ReplayScore.objects.filter(replay=replay, component_id=cid)
-                             .values_list("rollout_id", "value", "ok")), dtype=np.float64).reshape(-1, 3)
+        rows = np.array(
+            list(
+                ReplayScore.objects.filter(replay=replay, component_id=cid).values_list(
+                    "rollout_id", "value", "ok"
+                )
+            ),
+            dtype=np.float64,
+        ).reshape(-1, 3)
         at = _positions(ids, rows[:, 0].astype(np.int64))
         ok = at >= 0
         new[at[ok], col[cid]] = rows[ok, 1]
         failed[at[ok]] |= rows[ok, 2] == 0
     weights = run_weights(run, comps)
     s = advantage_settings(run)
-    kw = {"scale_rewards": s["scale_rewards"], "aggregation": s["aggregation"], "batch_ids": steps,
-          "eps": s.get("advantage_epsilon", stats.EPS)}
+    kw = {
+        "scale_rewards": s["scale_rewards"],
+        "aggregation": s["aggregation"],
+        "batch_ids": steps,
+        "eps": s.get("advantage_epsilon", stats.EPS),
+    }
     before = stats.compute_advantages(old, weights, gids, **kw) if ids.size else None
     after = stats.compute_advantages(new, weights, gids, **kw) if ids.size else None
     empty = np.zeros(0)
-    return {"ids": ids, "group_ids": gids, "steps": steps, "old": old, "new": new, "failed": failed,
-            "old_reward": before.rewards if before else empty, "new_reward": after.rewards if after else empty,
-            "old_adv": before.advantages if before else empty, "new_adv": after.advantages if after else empty}
+    return {
+        "ids": ids,
+        "group_ids": gids,
+        "steps": steps,
+        "old": old,
+        "new": new,
+        "failed": failed,
+        "old_reward": before.rewards if before else empty,
+        "new_reward": after.rewards if after else empty,
+        "old_adv": before.advantages if before else empty,
+        "new_adv": after.advantages if after else empty,
+    }
 
 
 def pack_results(arrays: dict[str, np.ndarray]) -> bytes:
@@ -518,18 +667,36 @@ def summarise(replay: Replay) -> None:
 
     arrays = compute_results(replay)
     comps = replay.run.components()
-    report = analysis.compare(arrays, [c.name for c in comps], replay.components(),
-                              run_weights(replay.run, comps), analysis.regression_labels(replay.run_id))
-    failed_chunks = list(ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.FAILED)
-                         .values_list("error", flat=True))
-    scored = ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.DONE).aggregate(n=Sum("n_rollouts"))
+    report = analysis.compare(
+        arrays,
+        [c.name for c in comps],
+        replay.components(),
+        run_weights(replay.run, comps),
+        analysis.regression_labels(replay.run_id),
+    )
+    failed_chunks = list(
+        ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.FAILED).values_list(
+            "error", flat=True
+        )
+    )
+    scored = ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.DONE).aggregate(
+        n=Sum("n_rollouts")
+    )
     line = analysis.summary_line(report, replay, scored["n"] or 0, len(failed_chunks))
     status = Replay.Status.FAILED if failed_chunks else Replay.Status.SUCCEEDED
-    error = (f"{len(failed_chunks)} of {replay.n_chunks} chunks failed; first: {failed_chunks[0]}"
-             if failed_chunks else "")
+    error = (
+        f"{len(failed_chunks)} of {replay.n_chunks} chunks failed; first: {failed_chunks[0]}"
+        if failed_chunks
+        else ""
+    )
     Replay.objects.filter(id=replay.id).update(
-        results=pack_results(arrays), stats=report["headline"], summary=line[:500], status=status,
-        error=error[:2000], finished_at=timezone.now())
+        results=pack_results(arrays),
+        stats=report["headline"],
+        summary=line[:500],
+        status=status,
+        error=error[:2000],
+        finished_at=timezone.now(),
+    )
 
 
 def report(replay: Replay) -> dict[str, Any] | None:
@@ -541,9 +708,13 @@ def report(replay: Replay) -> dict[str, Any] | None:
     if arrays is None:
         return None
     comps = replay.run.components()
-    return analysis.compare(arrays, [c.name for c in comps], replay.components(), run_weights(replay.run, comps),
-                            analysis.regression_labels(replay.run_id))
-
+    return analysis.compare(
+        arrays,
+        [c.name for c in comps],
+        replay.components(),
+        run_weights(replay.run, comps),
+        analysis.regression_labels(replay.run_id),
+    )
 
 
 @dataclass
@@ -556,9 +727,17 @@ class Regression:
 def regress(replay: Replay) -> Regression:
     """The negative-test verdict of a finished replay (reward_regress and the API). Conflict when the
     replay has no results to judge."""
-    if replay.status not in (Replay.Status.SUCCEEDED, Replay.Status.FAILED) or replay.results is None:
-        raise Conflict("replay", f"replay {replay.id} is {replay.status}: it has no results to check yet")
+    if (
+        replay.status not in (Replay.Status.SUCCEEDED, Replay.Status.FAILED)
+        or replay.results is None
+    ):
+        raise Conflict(
+            "replay", f"replay {replay.id} is {replay.status}: it has no results to check yet"
+        )
     rep = report(replay)
     assert rep is not None
-    return Regression(ok=not any(r["regression"] for r in rep["regression"]), headline=rep["headline"],
-                      rows=rep["regression"])
+    return Regression(
+        ok=not any(r["regression"] for r in rep["regression"]),
+        headline=rep["headline"],
+        rows=rep["regression"],
+    )

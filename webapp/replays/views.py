@@ -21,8 +21,9 @@ PREVIEW_CHARS = 160
 
 def _replay(request: HttpRequest, replay_id: int, role: str = "viewer") -> Replay:
     require_role(request, role)
-    return get_object_or_404(Replay.objects.select_related("run", "run__environment", "created_by", "twin"),
-                             id=replay_id)
+    return get_object_or_404(
+        Replay.objects.select_related("run", "run__environment", "created_by", "twin"), id=replay_id
+    )
 
 
 @require_http_methods(["GET", "POST"])
@@ -38,8 +39,12 @@ def run_replays(request: HttpRequest, run_id: int) -> HttpResponse:
         else:
             services.enqueue(replay)
             return redirect("replays-detail", replay.id)
-    ctx = {"run": run, "form": form, "can_start": has_role(request.user, "trainer"),
-           "replays": list(run.replays.select_related("created_by")[:100])}
+    ctx = {
+        "run": run,
+        "form": form,
+        "can_start": has_role(request.user, "trainer"),
+        "replays": list(run.replays.select_related("created_by")[:100]),
+    }
     return render(request, "replays/run.html", ctx, status=400 if form.errors else 200)
 
 
@@ -54,15 +59,23 @@ def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay = _replay(request, replay_id)
     rep = services.report(replay) if replay.results is not None else None
     trainer = has_role(request.user, "trainer")
-    ctx = {"replay": replay, "run": replay.run, "report": rep, "can_cancel": trainer,
-           "can_resume": trainer and services.stalled(replay), "stale_minutes": services.STALE_SECONDS // 60,
-           "figures": charts.figures(rep) if rep else {},
-           "can_train": trainer and replay.twin_id is None and not services.training_blocker(replay)}
+    ctx = {
+        "replay": replay,
+        "run": replay.run,
+        "report": rep,
+        "can_cancel": trainer,
+        "can_resume": trainer and services.stalled(replay),
+        "stale_minutes": services.STALE_SECONDS // 60,
+        "figures": charts.figures(rep) if rep else {},
+        "can_train": trainer and replay.twin_id is None and not services.training_blocker(replay),
+    }
     if rep:
         ctx["top_changes"] = _previews(rep["top_changes"])
         ctx["flips"] = _previews(rep["flips"])
         ctx["regression"] = _previews(rep["regression"])
-        ctx["hists"] = [(f"hist-{i}", row) for i, row in enumerate(rep["components"]) if row["replayed"]]
+        ctx["hists"] = [
+            (f"hist-{i}", row) for i, row in enumerate(rep["components"]) if row["replayed"]
+        ]
     return render(request, "replays/detail.html", ctx)
 
 
@@ -86,7 +99,7 @@ def replay_cancel(request: HttpRequest, replay_id: int) -> HttpResponse:
 
 @require_POST
 def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
-    """"Train with this reward": a GRPO twin of the run with the replayed versions, then the overlay."""
+    """ "Train with this reward": a GRPO twin of the run with the replayed versions, then the overlay."""
     replay = _replay(request, replay_id, "trainer")
     had_twin = replay.twin_id is not None
     try:
@@ -97,7 +110,9 @@ def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
     if had_twin:
         messages.info(request, "This replay already has a twin run.")
     elif twin.config.get("start_after_parent"):
-        messages.success(request, "The twin run is queued; it starts when the original run finishes.")
+        messages.success(
+            request, "The twin run is queued; it starts when the original run finishes."
+        )
     else:
         messages.success(request, "The twin run is queued for a GPU worker.")
     return redirect("diagnostics-overlay", run_id=replay.run_id, other_id=twin.id)
@@ -108,7 +123,9 @@ def replay_resume(request: HttpRequest, replay_id: int) -> HttpResponse:
     """Queue a stalled replay again (its workers died): stale chunks and the summary are reclaimed."""
     replay = _replay(request, replay_id, "trainer")
     if services.resume(replay):
-        messages.success(request, "Resumed: a worker picks up the unfinished chunks and the summary.")
+        messages.success(
+            request, "Resumed: a worker picks up the unfinished chunks and the summary."
+        )
     else:
         messages.info(request, "Not stalled: workers are still on this replay, or it has finished.")
     return redirect("replays-detail", replay.id)

@@ -1,6 +1,13 @@
 from django.contrib import admin
 
-from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
+from webapp.rollouts.models import (
+    Environment,
+    Group,
+    GroupComponentStat,
+    RewardComponent,
+    RewardScore,
+    Rollout,
+)
 
 
 class RewardComponentInline(admin.TabularInline):
@@ -22,7 +29,17 @@ class RewardComponentAdmin(admin.ModelAdmin):
 
 @admin.register(Group)
 class GroupAdmin(admin.ModelAdmin):
-    list_display = ("id", "run", "step", "key", "split", "size", "reward_mean", "reward_std", "zero_std")
+    list_display = (
+        "id",
+        "run",
+        "step",
+        "key",
+        "split",
+        "size",
+        "reward_mean",
+        "reward_std",
+        "zero_std",
+    )
     list_filter = ("split", "zero_std")
     raw_id_fields = ("run",)
 

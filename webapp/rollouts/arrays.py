@@ -18,14 +18,20 @@ from training import diagnostics as dg
 from webapp.rollouts import packed
 from webapp.runs.models import Run
 
-CHUNK_ROLLOUTS = 2_000_000  # rollouts per query: each aggregated bytea stays far below Postgres's 1 GB cap
+CHUNK_ROLLOUTS = (
+    2_000_000  # rollouts per query: each aggregated bytea stays far below Postgres's 1 GB cap
+)
 
 # One row per distinct header: the groups' (id, step, size) and their blobs concatenated in the same row
 # order (both aggregates consume the same input rows), so no ORDER BY (a sort) is needed.
 _META_DT = np.dtype([("id", ">i8"), ("step", ">i4"), ("size", ">i4")])
-_PACK_SQL = ("SELECT packed_components, string_agg(int8send(id) || int4send(step) || int4send(size), ''::bytea), "
-             "string_agg(packed_scores, ''::bytea) FROM rollouts_group WHERE {where} GROUP BY packed_components")
-_Pack = tuple[str, np.ndarray, bytes]  # (component header, the groups' meta, their blobs concatenated)
+_PACK_SQL = (
+    "SELECT packed_components, string_agg(int8send(id) || int4send(step) || int4send(size), ''::bytea), "
+    "string_agg(packed_scores, ''::bytea) FROM rollouts_group WHERE {where} GROUP BY packed_components"
+)
+_Pack = tuple[
+    str, np.ndarray, bytes
+]  # (component header, the groups' meta, their blobs concatenated)
 
 
 def _where(run_id: int, step_min: int | None) -> str:
@@ -54,19 +60,30 @@ def _packs_postgres(where: str, expected: int) -> list[_Pack]:
         for bound in _chunks(where, expected):
             cur.execute(_PACK_SQL.format(where=where + bound), binary=True)
             for header, meta, blob in cur.fetchall():
-                out.append((header, packed.records(bytes(meta), _META_DT), b"" if blob is None else bytes(blob)))
+                out.append(
+                    (
+                        header,
+                        packed.records(bytes(meta), _META_DT),
+                        b"" if blob is None else bytes(blob),
+                    )
+                )
     return out
 
 
 def _packs_generic(where: str) -> list[_Pack]:
     by_header: dict[str, tuple[list[tuple[int, int, int]], list[bytes]]] = {}
     with connection.cursor() as cur:
-        cur.execute(f"SELECT id, step, size, packed_components, packed_scores FROM rollouts_group WHERE {where}")
+        cur.execute(
+            f"SELECT id, step, size, packed_components, packed_scores FROM rollouts_group WHERE {where}"
+        )
         for gid, step, size, header, blob in cur.fetchall():
             meta, blobs = by_header.setdefault(header or "", ([], []))
             meta.append((gid, step, size))
             blobs.append(b"" if blob is None else bytes(blob))
-    return [(h, np.array(meta, dtype=_META_DT), b"".join(blobs)) for h, (meta, blobs) in by_header.items()]
+    return [
+        (h, np.array(meta, dtype=_META_DT), b"".join(blobs))
+        for h, (meta, blobs) in by_header.items()
+    ]
 
 
 def _unpack(pack: _Pack, component_ids: list[int]) -> dict[str, np.ndarray]:
@@ -79,30 +96,50 @@ def _unpack(pack: _Pack, component_ids: list[int]) -> dict[str, np.ndarray]:
     except ValueError:
         rec = None
     if rec is None or rec.size != int(sizes.sum()):
-        raise ValueError(f"Group.packed_scores: the blobs of groups {meta['id'][:5].tolist()}... (header "
-                         f"{header!r}) do not hold their {int(sizes.sum())} rollouts")
+        raise ValueError(
+            f"Group.packed_scores: the blobs of groups {meta['id'][:5].tolist()}... (header "
+            f"{header!r}) do not hold their {int(sizes.sum())} rollouts"
+        )
     matrix = np.full((rec.size, len(component_ids)), np.nan)
     position = {c: j for j, c in enumerate(cols)}
     for j, cid in enumerate(component_ids):
         if cid in position:  # else: added to the environment after these groups were stored, NaN
             matrix[:, j] = rec["values"][:, position[cid]]
-    return {"ids": rec["id"].astype(np.int64), "group_ids": np.repeat(meta["id"].astype(np.int64), sizes),
-            "steps": np.repeat(meta["step"].astype(np.int64), sizes), "lengths": rec["length"].astype(np.float64),
-            "matrix": matrix}
+    return {
+        "ids": rec["id"].astype(np.int64),
+        "group_ids": np.repeat(meta["id"].astype(np.int64), sizes),
+        "steps": np.repeat(meta["step"].astype(np.int64), sizes),
+        "lengths": rec["length"].astype(np.float64),
+        "matrix": matrix,
+    }
 
 
-def read(run_id: int, component_ids: list[int], step_min: int | None = None,
-         expected: int = 0) -> dict[str, np.ndarray]:
+def read(
+    run_id: int, component_ids: list[int], step_min: int | None = None, expected: int = 0
+) -> dict[str, np.ndarray]:
     """The run's rollouts (from `step_min` on) as aligned arrays: ids, group_ids, steps, lengths (NaN:
     unknown) and an (N, K) matrix. `expected` (rollouts) only sizes the chunks of a very large run."""
     where = _where(run_id, step_min)
-    packs = _packs_postgres(where, expected) if connection.vendor == "postgresql" else _packs_generic(where)
+    packs = (
+        _packs_postgres(where, expected)
+        if connection.vendor == "postgresql"
+        else _packs_generic(where)
+    )
     parts = [_unpack(p, component_ids) for p in packs]
     if not parts:
         e = np.zeros(0, dtype=np.int64)
-        return {"ids": e, "group_ids": e, "steps": e, "lengths": np.zeros(0),
-                "matrix": np.zeros((0, len(component_ids)))}
-    return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return {
+            "ids": e,
+            "group_ids": e,
+            "steps": e,
+            "lengths": np.zeros(0),
+            "matrix": np.zeros((0, len(component_ids))),
+        }
+    return (
+        parts[0]
+        if len(parts) == 1
+        else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    )
 
 
 def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
@@ -110,9 +147,17 @@ def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
     comps = run.components()
     weights = run.reward_weights(comps)
     a = read(run.id, [c.id for c in comps], step_min=step_min, expected=run_rollouts(run))
-    infos = [dg.ComponentInfo(c.name, weights[c.name], c.kind, c.min_value, c.max_value) for c in comps]
-    return dg.RunArrays(components=infos, matrix=a["matrix"], group_ids=a["group_ids"], steps=a["steps"],
-                        lengths=a["lengths"], rollout_ids=a["ids"])
+    infos = [
+        dg.ComponentInfo(c.name, weights[c.name], c.kind, c.min_value, c.max_value) for c in comps
+    ]
+    return dg.RunArrays(
+        components=infos,
+        matrix=a["matrix"],
+        group_ids=a["group_ids"],
+        steps=a["steps"],
+        lengths=a["lengths"],
+        rollout_ids=a["ids"],
+    )
 
 
 def run_rollouts(run: Run) -> int:

@@ -23,7 +23,9 @@ from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.runs.models import Run
 
 CHUNK_GROUPS = 200  # groups per database round trip
-HF_DATA_FILE = "data/rollouts-00000-of-00001.parquet"  # the Hub's layout: load_dataset(folder) finds it
+HF_DATA_FILE = (
+    "data/rollouts-00000-of-00001.parquet"  # the Hub's layout: load_dataset(folder) finds it
+)
 
 
 @dataclass
@@ -56,7 +58,8 @@ def _groups(run: Run, f: GroupFilter, chunk: int) -> Iterator[list[Group]]:
 def _scores(rollout_ids: list[int]) -> dict[int, dict[str, tuple[float | None, str]]]:
     out: dict[int, dict[str, tuple[float | None, str]]] = {i: {} for i in rollout_ids}
     rows = RewardScore.objects.filter(rollout_id__in=rollout_ids).values_list(
-        "rollout_id", "component__name", "value", "reason")
+        "rollout_id", "component__name", "value", "reason"
+    )
     for rid, name, value, reason in rows:
         out[rid][name] = (value, reason)
     return out
@@ -67,7 +70,9 @@ def _rollout_record(r: Rollout, scores: dict[str, tuple[float | None, str]]) -> 
         "index": r.index,
         "transcript": r.transcript,
         # A reason travels as {value, reason}; a bare value stays a number (the compact form).
-        "rewards": {n: ({"value": v, "reason": why} if why else v) for n, (v, why) in scores.items()},
+        "rewards": {
+            n: ({"value": v, "reason": why} if why else v) for n, (v, why) in scores.items()
+        },
         "reward": r.reward,
         "advantage": r.advantage,
         "length": r.length,
@@ -82,17 +87,28 @@ def _rollout_record(r: Rollout, scores: dict[str, tuple[float | None, str]]) -> 
     return rec
 
 
-def iter_group_records(run: Run, filters: GroupFilter | None = None, chunk: int = CHUNK_GROUPS) -> Iterator[dict]:
+def iter_group_records(
+    run: Run, filters: GroupFilter | None = None, chunk: int = CHUNK_GROUPS
+) -> Iterator[dict]:
     """Every group of the run (filtered) in the ingestion format, in id order."""
     for groups in _groups(run, filters or GroupFilter(), chunk):
-        rollouts = list(Rollout.objects.filter(group_id__in=[g.id for g in groups]).order_by("group_id", "index"))
+        rollouts = list(
+            Rollout.objects.filter(group_id__in=[g.id for g in groups]).order_by(
+                "group_id", "index"
+            )
+        )
         scores = _scores([r.id for r in rollouts])
         by_group: dict[int, list[Rollout]] = {}
         for r in rollouts:
             by_group.setdefault(r.group_id, []).append(r)
         for g in groups:
-            yield {"step": g.step, "key": g.key, "prompt": g.prompt, "split": g.split,
-                   "rollouts": [_rollout_record(r, scores[r.id]) for r in by_group.get(g.id, [])]}
+            yield {
+                "step": g.step,
+                "key": g.key,
+                "prompt": g.prompt,
+                "split": g.split,
+                "rollouts": [_rollout_record(r, scores[r.id]) for r in by_group.get(g.id, [])],
+            }
 
 
 def write_jsonl(run: Run, out: IO[str], filters: GroupFilter | None = None) -> int:
@@ -115,23 +131,48 @@ def hf_schema(components: list[str]) -> pa.Schema:
     """Fixed columns, then one float column per component ("rewards/<name>", null when not scored).
     Prompt and transcript are JSON strings: chat messages vary in their keys (tool calls), which a
     fixed parquet struct cannot hold."""
-    return pa.schema([
-        ("run", pa.string()), ("step", pa.int64()), ("group_key", pa.string()), ("split", pa.string()),
-        ("index", pa.int64()), ("prompt", pa.string()), ("prompt_messages", pa.string()),
-        ("completion", pa.string()), ("transcript", pa.string()), ("reward", pa.float64()),
-        ("advantage", pa.float64()), ("length", pa.int64()), ("truncated", pa.bool_()),
-        ("group_reward_std", pa.float64()),
-        *[(f"rewards/{c}", pa.float64()) for c in components],
-    ])
+    return pa.schema(
+        [
+            ("run", pa.string()),
+            ("step", pa.int64()),
+            ("group_key", pa.string()),
+            ("split", pa.string()),
+            ("index", pa.int64()),
+            ("prompt", pa.string()),
+            ("prompt_messages", pa.string()),
+            ("completion", pa.string()),
+            ("transcript", pa.string()),
+            ("reward", pa.float64()),
+            ("advantage", pa.float64()),
+            ("length", pa.int64()),
+            ("truncated", pa.bool_()),
+            ("group_reward_std", pa.float64()),
+            *[(f"rewards/{c}", pa.float64()) for c in components],
+        ]
+    )
 
 
-def _hf_row(run: Run, g: Group, r: Rollout, scores: dict[str, tuple[float | None, str]],
-            components: list[str]) -> dict[str, Any]:
+def _hf_row(
+    run: Run,
+    g: Group,
+    r: Rollout,
+    scores: dict[str, tuple[float | None, str]],
+    components: list[str],
+) -> dict[str, Any]:
     row = {
-        "run": run.name, "step": r.step, "group_key": g.key, "split": r.split, "index": r.index,
-        "prompt": g.prompt_text, "prompt_messages": json.dumps(g.prompt, ensure_ascii=False),
-        "completion": r.completion, "transcript": json.dumps(r.transcript, ensure_ascii=False),
-        "reward": r.reward, "advantage": r.advantage, "length": r.length, "truncated": r.truncated,
+        "run": run.name,
+        "step": r.step,
+        "group_key": g.key,
+        "split": r.split,
+        "index": r.index,
+        "prompt": g.prompt_text,
+        "prompt_messages": json.dumps(g.prompt, ensure_ascii=False),
+        "completion": r.completion,
+        "transcript": json.dumps(r.transcript, ensure_ascii=False),
+        "reward": r.reward,
+        "advantage": r.advantage,
+        "length": r.length,
+        "truncated": r.truncated,
         "group_reward_std": g.reward_std,
     }
     for c in components:
@@ -139,8 +180,12 @@ def _hf_row(run: Run, g: Group, r: Rollout, scores: dict[str, tuple[float | None
     return row
 
 
-def iter_hf_rows(run: Run, filters: GroupFilter | None = None, query: ExplorerQuery | None = None,
-                 chunk: int = CHUNK_GROUPS) -> Iterator[list[dict[str, Any]]]:
+def iter_hf_rows(
+    run: Run,
+    filters: GroupFilter | None = None,
+    query: ExplorerQuery | None = None,
+    chunk: int = CHUNK_GROUPS,
+) -> Iterator[list[dict[str, Any]]]:
     """Chunks of flat rows. With an explorer `query`, rows come in its order (sort by any component,
     the reward, the advantage or the length), page by page through its keyset cursor; otherwise in
     group order."""
@@ -150,12 +195,16 @@ def iter_hf_rows(run: Run, filters: GroupFilter | None = None, query: ExplorerQu
         return
     for groups in _groups(run, filters or GroupFilter(), chunk):
         by_id = {g.id: g for g in groups}
-        rollouts = list(Rollout.objects.filter(group_id__in=list(by_id)).order_by("group_id", "index"))
+        rollouts = list(
+            Rollout.objects.filter(group_id__in=list(by_id)).order_by("group_id", "index")
+        )
         scores = _scores([r.id for r in rollouts])
         yield [_hf_row(run, by_id[r.group_id], r, scores[r.id], components) for r in rollouts]
 
 
-def _explorer_rows(run: Run, query: ExplorerQuery, components: list[str]) -> Iterator[list[dict[str, Any]]]:
+def _explorer_rows(
+    run: Run, query: ExplorerQuery, components: list[str]
+) -> Iterator[list[dict[str, Any]]]:
     query.cursor = None
     while True:
         page = explore(run, query)
@@ -169,8 +218,12 @@ def _explorer_rows(run: Run, query: ExplorerQuery, components: list[str]) -> Ite
         query.cursor = page.next_cursor
 
 
-def write_hf(run: Run, folder: str | Path, filters: GroupFilter | None = None,
-             query: ExplorerQuery | None = None) -> int:
+def write_hf(
+    run: Run,
+    folder: str | Path,
+    filters: GroupFilter | None = None,
+    query: ExplorerQuery | None = None,
+) -> int:
     """Write a `datasets`-loadable folder: data/*.parquet (one row group per chunk) and a README with
     the dataset card's config. Returns the number of rows; with none, nothing is written."""
     folder = Path(folder)
@@ -198,5 +251,5 @@ def _card(run: Run, components: list[str], n: int) -> str:
         f"# Rollouts of run {run.name!r}\n\n{n} rollouts, one per row. Reward components: "
         f"{', '.join(components) or 'none'} (columns `rewards/<name>`, null when not scored). `prompt_messages` "
         "and `transcript` are JSON-encoded chat messages.\n\n"
-        "```python\nimport datasets\nds = datasets.load_dataset(\"path/to/this/folder\", split=\"train\")\n```\n"
+        '```python\nimport datasets\nds = datasets.load_dataset("path/to/this/folder", split="train")\n```\n'
     )

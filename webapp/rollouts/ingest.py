@@ -29,7 +29,9 @@ from webapp.runs.models import Run
 
 ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
 MAX_KEY = 300
-MAX_INT = 2**31 - 1  # steps, indexes and lengths are 32-bit integer columns: larger ones would be a 500
+MAX_INT = (
+    2**31 - 1
+)  # steps, indexes and lengths are 32-bit integer columns: larger ones would be a 500
 
 
 @dataclass
@@ -177,7 +179,9 @@ def _last_assistant_text(transcript: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _parse_rewards(raw: Any, path: str, components: set[str], errs: _Errors) -> dict[str, tuple[float, str]]:
+def _parse_rewards(
+    raw: Any, path: str, components: set[str], errs: _Errors
+) -> dict[str, tuple[float, str]]:
     if not isinstance(raw, dict):
         errs.add(path, "must be an object mapping component name to a number or {value, reason}")
         return {}
@@ -185,7 +189,10 @@ def _parse_rewards(raw: Any, path: str, components: set[str], errs: _Errors) -> 
     for name, v in raw.items():
         p = f"{path}.{name}"
         if name not in components:
-            errs.add(p, f"unknown component (this run's environment has: {', '.join(sorted(components))})")
+            errs.add(
+                p,
+                f"unknown component (this run's environment has: {', '.join(sorted(components))})",
+            )
             continue
         reason = ""
         if isinstance(v, dict):
@@ -204,17 +211,34 @@ def _parse_rewards(raw: Any, path: str, components: set[str], errs: _Errors) -> 
         elif _finite_number(v):
             out[name] = (float(v), reason)
         else:
-            errs.add(p, "must be a finite number or null" + (", got a string" if isinstance(v, str) else ""))
+            errs.add(
+                p,
+                "must be a finite number or null"
+                + (", got a string" if isinstance(v, str) else ""),
+            )
     return out
 
 
 BATCH_FIELDS = ("groups",)
 GROUP_FIELDS = ("step", "key", "prompt", "split", "rollouts")
-ROLLOUT_FIELDS = ("index", "completion", "transcript", "rewards", "advantage", "reward", "length", "truncated",
-                  "finish_reason", "parse_error", "state")
+ROLLOUT_FIELDS = (
+    "index",
+    "completion",
+    "transcript",
+    "rewards",
+    "advantage",
+    "reward",
+    "length",
+    "truncated",
+    "finish_reason",
+    "parse_error",
+    "state",
+)
 
 
-def _unknown_fields(obj: dict[str, Any], allowed: tuple[str, ...], path: str, errs: _Errors) -> None:
+def _unknown_fields(
+    obj: dict[str, Any], allowed: tuple[str, ...], path: str, errs: _Errors
+) -> None:
     """A misspelt field would otherwise be dropped without a word (and its data with it)."""
     for key in obj:
         if key not in allowed:
@@ -327,7 +351,9 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
             errs.add(f"{gp}.rollouts", "must be a non-empty list")
             continue
         if len(rollouts) > max_size:
-            errs.add(f"{gp}.rollouts", f"group has {len(rollouts)} rollouts; the limit is {max_size}")
+            errs.add(
+                f"{gp}.rollouts", f"group has {len(rollouts)} rollouts; the limit is {max_size}"
+            )
             continue
         group = _Group(step=step, key=key, prompt=prompt, prompt_text="", split=split)
         indexes: set[int] = set()
@@ -336,12 +362,17 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
             if parsed is None:
                 continue
             if parsed.index in indexes:
-                errs.add(f"{gp}.rollouts[{ri}].index", f"duplicate rollout index {parsed.index} in this group")
+                errs.add(
+                    f"{gp}.rollouts[{ri}].index",
+                    f"duplicate rollout index {parsed.index} in this group",
+                )
             indexes.add(parsed.index)
             group.rollouts.append(parsed)
         given = sum(r.advantage is not None for r in group.rollouts)
         if 0 < given < len(group.rollouts):
-            errs.add(f"{gp}.rollouts", "advantage: give it for every rollout of the group or for none")
+            errs.add(
+                f"{gp}.rollouts", "advantage: give it for every rollout of the group or for none"
+            )
         groups.append(group)
     if errs:
         raise FieldError.of(errs.items)
@@ -349,8 +380,12 @@ def validate_batch(body: Any, components: set[str]) -> list[_Group]:
         group.prompt_text = _flatten_prompt(group.prompt)
         for r in group.rollouts:
             r.summary = text.summarize(r.transcript, group.prompt)
-            r.search_text = text.search_document(group.prompt_text, group.prompt, r.transcript,
-                                                 [reason for _, reason in r.rewards.values()])
+            r.search_text = text.search_document(
+                group.prompt_text,
+                group.prompt,
+                r.transcript,
+                [reason for _, reason in r.rewards.values()],
+            )
     return groups
 
 
@@ -372,7 +407,9 @@ def _compute(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> di
         for name, (value, _) in r.rewards.items():
             matrix[i, col[name]] = value
     gid = np.repeat(np.arange(len(groups)), [len(g.rollouts) for g in groups])
-    steps = np.repeat(np.array([g.step for g in groups], dtype=np.int64), [len(g.rollouts) for g in groups])
+    steps = np.repeat(
+        np.array([g.step for g in groups], dtype=np.int64), [len(g.rollouts) for g in groups]
+    )
     settings = run.advantage_settings()
     result = stats.compute_advantages(
         matrix,
@@ -394,11 +431,20 @@ def _compute(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> di
     advantage = np.where(np.isfinite(advantage), advantage, np.nan)
     agg = stats.group_stats(reward, gid, len(groups))
     comp = stats.group_stats(matrix, gid, len(groups)) if k else None
-    return {"matrix": matrix, "reward": reward, "advantage": advantage, "gid": gid, "agg": agg, "comp": comp}
+    return {
+        "matrix": matrix,
+        "reward": reward,
+        "advantage": advantage,
+        "gid": gid,
+        "agg": agg,
+        "comp": comp,
+    }
 
 
 def _f(x: float) -> float | None:
-    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)  # NaN, overflow
+    return (
+        None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+    )  # NaN, overflow
 
 
 def ingest_groups(run: Run, body: Any) -> IngestResult:
@@ -426,7 +472,9 @@ RETRIES = 3
 def _lost_race(e: Exception) -> bool:
     import psycopg.errors as pg
 
-    return isinstance(e, IntegrityError) or isinstance(e.__cause__, (pg.DeadlockDetected, pg.SerializationFailure))
+    return isinstance(e, IntegrityError) or isinstance(
+        e.__cause__, (pg.DeadlockDetected, pg.SerializationFailure)
+    )
 
 
 @transaction.atomic
@@ -435,7 +483,9 @@ def _store(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> Inge
     steps = {g.step for g in groups}
     if groups:
         existing = set(
-            Group.objects.filter(run=run, step__in=steps, key__in={g.key for g in groups}).values_list("step", "key")
+            Group.objects.filter(
+                run=run, step__in=steps, key__in={g.key for g in groups}
+            ).values_list("step", "key")
         )
     new = [g for g in groups if (g.step, g.key) not in existing]
     if not new:
@@ -444,7 +494,9 @@ def _store(run: Run, groups: list[_Group], comps: list[RewardComponent]) -> Inge
     writer = _CopyWriter() if connection.vendor == "postgresql" else _OrmWriter()
     writer.write(run, new, comps, c)
     upsert_step_stats(run.id, step_stat_rows(np.array([g.step for g in new]), comps, c))
-    return IngestResult(groups=len(new), rollouts=int(c["gid"].size), skipped_groups=len(groups) - len(new))
+    return IngestResult(
+        groups=len(new), rollouts=int(c["gid"].size), skipped_groups=len(groups) - len(new)
+    )
 
 
 def _group_rows(run: Run, groups: list[_Group], c: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -471,20 +523,32 @@ def _group_rows(run: Run, groups: list[_Group], c: dict[str, np.ndarray]) -> lis
     return rows
 
 
-def _packed_scores(groups: list[_Group], c: dict[str, np.ndarray], rollout_ids: list[int]) -> list[bytes]:
+def _packed_scores(
+    groups: list[_Group], c: dict[str, np.ndarray], rollout_ids: list[int]
+) -> list[bytes]:
     """Each group's Group.packed_scores blob; `rollout_ids` in the batch's rollout order."""
-    lengths = np.array([np.nan if r.length is None else r.length for g in groups for r in g.rollouts], dtype=np.float64)
-    return packed.pack_groups(np.asarray(rollout_ids, dtype=np.int64), lengths, c["matrix"],
-                              [len(g.rollouts) for g in groups])
+    lengths = np.array(
+        [np.nan if r.length is None else r.length for g in groups for r in g.rollouts],
+        dtype=np.float64,
+    )
+    return packed.pack_groups(
+        np.asarray(rollout_ids, dtype=np.int64),
+        lengths,
+        c["matrix"],
+        [len(g.rollouts) for g in groups],
+    )
 
 
 class _OrmWriter:
     """SQLite (and any non-Postgres) path: bulk_create, which returns primary keys there."""
 
-    def write(self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]) -> None:
+    def write(
+        self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]
+    ) -> None:
         # packed_scores (NOT NULL) is filled below, in this transaction, once the rollouts have their ids.
-        group_objs = Group.objects.bulk_create([Group(**row, packed_scores=b"") for row in _group_rows(run, groups, c)],
-                                               batch_size=500)
+        group_objs = Group.objects.bulk_create(
+            [Group(**row, packed_scores=b"") for row in _group_rows(run, groups, c)], batch_size=500
+        )
         rollouts, flat = [], []
         for gi, g in enumerate(groups):
             for r in g.rollouts:
@@ -519,11 +583,17 @@ class _OrmWriter:
         header = packed.header([comp.id for comp in comps])
         blobs = _packed_scores(groups, c, [ro.id for ro in rollouts])
         with connection.cursor() as cur:
-            cur.executemany("UPDATE rollouts_group SET packed_scores = %s, packed_components = %s WHERE id = %s",
-                            [(blob, header, g.id) for blob, g in zip(blobs, group_objs)])
+            cur.executemany(
+                "UPDATE rollouts_group SET packed_scores = %s, packed_components = %s WHERE id = %s",
+                [(blob, header, g.id) for blob, g in zip(blobs, group_objs)],
+            )
         scores = [
             RewardScore(
-                rollout_id=ro.id, component_id=comp.id, run_id=run.id, step=ro.step, value=_f(c["matrix"][i, j]),
+                rollout_id=ro.id,
+                component_id=comp.id,
+                run_id=run.id,
+                step=ro.step,
+                value=_f(c["matrix"][i, j]),
                 reason=flat[i].rewards.get(comp.name, (0.0, ""))[1],
             )
             for i, ro in enumerate(rollouts)
@@ -532,13 +602,20 @@ class _OrmWriter:
         ]
         RewardScore.objects.bulk_create(scores, batch_size=1000)
         GroupComponentStat.objects.bulk_create(
-            [GroupComponentStat(**row) for row in _stat_rows(run, groups, comps, c, [g.id for g in group_objs])],
+            [
+                GroupComponentStat(**row)
+                for row in _stat_rows(run, groups, comps, c, [g.id for g in group_objs])
+            ],
             batch_size=1000,
         )
 
 
 def _stat_rows(
-    run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray], group_ids: list[int]
+    run: Run,
+    groups: list[_Group],
+    comps: list[RewardComponent],
+    c: dict[str, np.ndarray],
+    group_ids: list[int],
 ) -> list[dict[str, Any]]:
     cs = c["comp"]
     rows = []
@@ -550,8 +627,15 @@ def _stat_rows(
             std = _f(cs.std[gi, j])
             rows.append(
                 dict(
-                    group_id=group_ids[gi], component_id=comp.id, run_id=run.id, step=g.step, count=count,
-                    mean=_f(cs.mean[gi, j]), std=std, min=_f(cs.min[gi, j]), max=_f(cs.max[gi, j]),
+                    group_id=group_ids[gi],
+                    component_id=comp.id,
+                    run_id=run.id,
+                    step=g.step,
+                    count=count,
+                    mean=_f(cs.mean[gi, j]),
+                    std=std,
+                    min=_f(cs.min[gi, j]),
+                    max=_f(cs.max[gi, j]),
                     zero_std=bool(std is None or std <= stats.ZERO_STD_ATOL),
                 )
             )
@@ -568,7 +652,9 @@ def _next_ids(cur: Any, table: str, n: int) -> list[int]:
 class _CopyWriter:
     """Postgres path: ids drawn from the sequences, then COPY for every table (psycopg 3)."""
 
-    def write(self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]) -> None:
+    def write(
+        self, run: Run, groups: list[_Group], comps: list[RewardComponent], c: dict[str, np.ndarray]
+    ) -> None:
         # COPY runs on the raw psycopg cursor, past Django's error translation: wrap_database_errors
         # restores it, so a concurrent identical batch (psycopg's UniqueViolation) arrives as Django's
         # IntegrityError, which ingest_groups retries.
@@ -577,8 +663,22 @@ class _CopyWriter:
             group_ids = _next_ids(cur, "rollouts_group", len(groups))
             n = int(c["gid"].size)
             rollout_ids = _next_ids(cur, "rollouts_rollout", n)
-            g_cols = ("id", "run_id", "step", "key", "prompt", "prompt_text", "split", "size", "reward_mean",
-                      "reward_std", "zero_std", "all_unscorable", "packed_scores", "packed_components")
+            g_cols = (
+                "id",
+                "run_id",
+                "step",
+                "key",
+                "prompt",
+                "prompt_text",
+                "split",
+                "size",
+                "reward_mean",
+                "reward_std",
+                "zero_std",
+                "all_unscorable",
+                "packed_scores",
+                "packed_components",
+            )
             header = packed.header([comp.id for comp in comps])
             blobs = _packed_scores(groups, c, rollout_ids)
             with cur.copy(f"COPY rollouts_group ({', '.join(g_cols)}) FROM STDIN") as cp:
@@ -586,10 +686,34 @@ class _CopyWriter:
                     row["id"], row["prompt"] = gid, dumps(row["prompt"])
                     row["packed_scores"], row["packed_components"] = blob, header
                     cp.write_row([row[k] for k in g_cols])
-            reward, advantage, matrix = c["reward"].tolist(), c["advantage"].tolist(), c["matrix"].tolist()
-            r_cols = ("id", "group_id", "run_id", "step", "split", "index", "transcript", "completion", "reward",
-                      "advantage", "length", "truncated", "finish_reason", "parse_error", "state", "preview_head",
-                      "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text")
+            reward, advantage, matrix = (
+                c["reward"].tolist(),
+                c["advantage"].tolist(),
+                c["matrix"].tolist(),
+            )
+            r_cols = (
+                "id",
+                "group_id",
+                "run_id",
+                "step",
+                "split",
+                "index",
+                "transcript",
+                "completion",
+                "reward",
+                "advantage",
+                "length",
+                "truncated",
+                "finish_reason",
+                "parse_error",
+                "state",
+                "preview_head",
+                "preview_tail",
+                "n_turns",
+                "n_tool_calls",
+                "text_chars",
+                "search_text",
+            )
             score_rows = []
             comp_ids = [comp.id for comp in comps]
             names = [comp.name for comp in comps]
@@ -601,38 +725,95 @@ class _CopyWriter:
                         rid = rollout_ids[i]
                         rw, adv = reward[i], advantage[i]
                         sm = r.summary
-                        cp.write_row((
-                            rid, group_ids[gi], run_id, g.step, g.split, r.index, dumps(r.transcript),
-                            r.completion, None if rw != rw else rw, None if adv != adv else adv, r.length,
-                            r.truncated, r.finish_reason, r.parse_error,
-                            None if r.state is None else dumps(r.state),
-                            sm.head, sm.tail, sm.turns, sm.tool_calls, sm.chars, r.search_text,
-                        ))
+                        cp.write_row(
+                            (
+                                rid,
+                                group_ids[gi],
+                                run_id,
+                                g.step,
+                                g.split,
+                                r.index,
+                                dumps(r.transcript),
+                                r.completion,
+                                None if rw != rw else rw,
+                                None if adv != adv else adv,
+                                r.length,
+                                r.truncated,
+                                r.finish_reason,
+                                r.parse_error,
+                                None if r.state is None else dumps(r.state),
+                                sm.head,
+                                sm.tail,
+                                sm.turns,
+                                sm.tool_calls,
+                                sm.chars,
+                                r.search_text,
+                            )
+                        )
                         vals = matrix[i]
                         rewards = r.rewards
                         for j, name in enumerate(names):
                             got = rewards.get(name)
                             if got is not None:
                                 v = vals[j]
-                                score_rows.append((rid, comp_ids[j], run_id, g.step, None if v != v else v, got[1]))
+                                score_rows.append(
+                                    (
+                                        rid,
+                                        comp_ids[j],
+                                        run_id,
+                                        g.step,
+                                        None if v != v else v,
+                                        got[1],
+                                    )
+                                )
                         i += 1
-            with cur.copy("COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) "
-                          "FROM STDIN") as cp:
+            with cur.copy(
+                "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) "
+                "FROM STDIN"
+            ) as cp:
                 for row in score_rows:
                     cp.write_row(row)
-            s_cols = ("group_id", "component_id", "run_id", "step", "count", "mean", "std", "min", "max", "zero_std")
-            with cur.copy(f"COPY rollouts_groupcomponentstat ({', '.join(s_cols)}) FROM STDIN") as cp:
+            s_cols = (
+                "group_id",
+                "component_id",
+                "run_id",
+                "step",
+                "count",
+                "mean",
+                "std",
+                "min",
+                "max",
+                "zero_std",
+            )
+            with cur.copy(
+                f"COPY rollouts_groupcomponentstat ({', '.join(s_cols)}) FROM STDIN"
+            ) as cp:
                 for row in _stat_rows(run, groups, comps, c, group_ids):
                     cp.write_row([row[k] for k in s_cols])
 
 
 HUGE = 1e150  # per-batch sums past this could overflow float8 when added up in SQL
-STEP_STAT_COLUMNS = ("n_groups", "n_zero_std", "n_group_std", "sum_group_std", "n_rollouts", "n_values",
-                     "sum_values", "sum_squares")
+STEP_STAT_COLUMNS = (
+    "n_groups",
+    "n_zero_std",
+    "n_group_std",
+    "sum_group_std",
+    "n_rollouts",
+    "n_values",
+    "sum_values",
+    "sum_squares",
+)
 
 
-def _column_step_stats(gmask: np.ndarray, rmask: np.ndarray, values: np.ndarray, count: np.ndarray,
-                       std: np.ndarray, zero: np.ndarray, all_groups: bool) -> tuple:
+def _column_step_stats(
+    gmask: np.ndarray,
+    rmask: np.ndarray,
+    values: np.ndarray,
+    count: np.ndarray,
+    std: np.ndarray,
+    zero: np.ndarray,
+    all_groups: bool,
+) -> tuple:
     has = np.ones(int(gmask.sum()), dtype=bool) if all_groups else count[gmask] > 0
     stdv = std[gmask]
     defined = ~np.isnan(stdv)
@@ -647,24 +828,50 @@ def _column_step_stats(gmask: np.ndarray, rmask: np.ndarray, values: np.ndarray,
     std_sum: float | None = std_sum if abs(std_sum) < HUGE else None
     if not (abs(total) < HUGE and squares < HUGE):
         total = squares = None
-    return (int(has.sum()), int((zero[gmask] & has).sum()), int(defined.sum()), std_sum,
-            int(rmask.sum()), int(vals.size), total, squares)
+    return (
+        int(has.sum()),
+        int((zero[gmask] & has).sum()),
+        int(defined.sum()),
+        std_sum,
+        int(rmask.sum()),
+        int(vals.size),
+        total,
+        squares,
+    )
 
 
-def step_stat_rows(group_steps: np.ndarray, comps: list[RewardComponent], c: dict[str, Any]) -> list[tuple]:
+def step_stat_rows(
+    group_steps: np.ndarray, comps: list[RewardComponent], c: dict[str, Any]
+) -> list[tuple]:
     """(step, component_id, *STEP_STAT_COLUMNS) for a batch: one row per step and column, where
     component_id 0 is the aggregate reward. A loop over steps x columns, never over rollouts."""
     rollout_steps = group_steps[c["gid"]]
     agg, cs = c["agg"], c["comp"]
-    group_zero = agg.zero_std | (agg.count == 0)  # as Group.zero_std: no signal, or nothing to score
+    group_zero = agg.zero_std | (
+        agg.count == 0
+    )  # as Group.zero_std: no signal, or nothing to score
     rows = []
     for step in np.unique(group_steps).tolist():
         gmask, rmask = group_steps == step, rollout_steps == step
-        rows.append((step, 0, *_column_step_stats(gmask, rmask, c["reward"], agg.count, agg.std, group_zero, True)))
+        rows.append(
+            (
+                step,
+                0,
+                *_column_step_stats(
+                    gmask, rmask, c["reward"], agg.count, agg.std, group_zero, True
+                ),
+            )
+        )
         for j, comp in enumerate(comps):
             count, std = cs.count[:, j], cs.std[:, j]
             zero = ~(np.nan_to_num(std, nan=0.0) > stats.ZERO_STD_ATOL)
-            rows.append((step, comp.id, *_column_step_stats(gmask, rmask, c["matrix"][:, j], count, std, zero, False)))
+            rows.append(
+                (
+                    step,
+                    comp.id,
+                    *_column_step_stats(gmask, rmask, c["matrix"][:, j], count, std, zero, False),
+                )
+            )
     return rows
 
 
@@ -675,7 +882,9 @@ def upsert_step_stats(run_id: int, rows: list[tuple]) -> None:
     cols = ", ".join(STEP_STAT_COLUMNS)
     marks = ", ".join(["%s"] * (3 + len(STEP_STAT_COLUMNS)))
     updates = ", ".join(f"{k} = rollouts_stepstat.{k} + excluded.{k}" for k in STEP_STAT_COLUMNS)
-    sql = (f"INSERT INTO rollouts_stepstat (run_id, step, component_id, {cols}) VALUES ({marks}) "
-           f"ON CONFLICT (run_id, step, component_id) DO UPDATE SET {updates}")
+    sql = (
+        f"INSERT INTO rollouts_stepstat (run_id, step, component_id, {cols}) VALUES ({marks}) "
+        f"ON CONFLICT (run_id, step, component_id) DO UPDATE SET {updates}"
+    )
     with connection.cursor() as cur:
         cur.executemany(sql, [(run_id, *row) for row in rows])

@@ -25,11 +25,15 @@ class RewardComponent(models.Model):
         BEHAVIOURAL = "behavioural"
         PENALTY = "penalty"
 
-    environment = models.ForeignKey(Environment, on_delete=models.CASCADE, related_name="components")
+    environment = models.ForeignKey(
+        Environment, on_delete=models.CASCADE, related_name="components"
+    )
     name = models.CharField(max_length=200)
     weight = models.FloatField(default=1.0)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.OUTCOME)
-    min_value = models.FloatField(null=True, blank=True)  # expected range, for saturation / unreachability
+    min_value = models.FloatField(
+        null=True, blank=True
+    )  # expected range, for saturation / unreachability
     max_value = models.FloatField(null=True, blank=True)
     description = models.TextField(blank=True)
     source_hash = models.CharField(max_length=64, blank=True)
@@ -37,7 +41,9 @@ class RewardComponent(models.Model):
 
     class Meta:
         ordering = ["environment_id", "position", "id"]
-        constraints = [models.UniqueConstraint(fields=["environment", "name"], name="component_unique_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["environment", "name"], name="component_unique_name")
+        ]
 
     def __str__(self) -> str:
         return f"{self.environment.name}/{self.name}"
@@ -70,7 +76,9 @@ class Group(models.Model):
 
     # FK indexes that a composite index already leads with are dropped (db_index=False): each extra
     # index costs every ingested row.
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="groups", db_index=False)
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="groups", db_index=False
+    )
     step = models.IntegerField()
     key = models.CharField(max_length=300)
     prompt = models.JSONField()  # str or list of chat messages, as sent
@@ -79,14 +87,18 @@ class Group(models.Model):
     size = models.IntegerField()
     reward_mean = models.FloatField(null=True)
     reward_std = models.FloatField(null=True)
-    zero_std = models.BooleanField(default=False)  # the aggregate reward is constant: no advantage anywhere
+    zero_std = models.BooleanField(
+        default=False
+    )  # the aggregate reward is constant: no advantage anywhere
     all_unscorable = models.BooleanField(default=False)
     packed_scores = models.BinaryField(editable=False)  # layout in the docstring
     # "12,13,14": the column ids ("" when K = 0, hence the defaults).
     packed_components = models.TextField(blank=True, default="", db_default="", editable=False)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "step", "key"], name="group_unique_key")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "key"], name="group_unique_key")
+        ]
         indexes = [
             models.Index(fields=["run", "step", "id"], name="group_run_step"),
             models.Index(fields=["run", "zero_std", "step"], name="group_run_zero"),
@@ -97,18 +109,26 @@ class Group(models.Model):
 
 
 class Rollout(models.Model):
-    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="rollouts", db_index=False)
+    group = models.ForeignKey(
+        Group, on_delete=models.CASCADE, related_name="rollouts", db_index=False
+    )
     # Denormalised columns skip the database FK check (db_constraint=False): the ingestion service
     # sets them from the parent row, and Django still cascades deletes. Each check costs every row.
     run = models.ForeignKey(
-        "runs.Run", on_delete=models.CASCADE, related_name="rollouts", db_index=False, db_constraint=False
+        "runs.Run",
+        on_delete=models.CASCADE,
+        related_name="rollouts",
+        db_index=False,
+        db_constraint=False,
     )  # denormalised
     step = models.IntegerField()  # denormalised from group
     split = models.CharField(max_length=8, default="train")  # denormalised from group
     index = models.IntegerField()
     transcript = models.JSONField()  # list of {"role", "content", "tool_calls"?, "name"?}
     completion = models.TextField(blank=True)  # final assistant text (search, preview)
-    reward = models.FloatField(null=True)  # aggregate, as the trainer defines it; NULL when unscorable
+    reward = models.FloatField(
+        null=True
+    )  # aggregate, as the trainer defines it; NULL when unscorable
     advantage = models.FloatField(null=True)
     length = models.IntegerField(null=True)
     truncated = models.BooleanField(default=False)
@@ -117,8 +137,12 @@ class Rollout(models.Model):
     state = models.JSONField(null=True, blank=True)  # environment state, e.g. the diagram canvas
     # Built at ingest by webapp/rollouts/text.py, so list pages never read the transcript (often 10-200 KB).
     # Database defaults too: a raw COPY without them (a restore, a bench floor) still stores the row.
-    preview_head = models.TextField(blank=True, default="", db_default="")  # first 300 chars of agent text
-    preview_tail = models.TextField(blank=True, default="", db_default="")  # last 300 ("" when head has all)
+    preview_head = models.TextField(
+        blank=True, default="", db_default=""
+    )  # first 300 chars of agent text
+    preview_tail = models.TextField(
+        blank=True, default="", db_default=""
+    )  # last 300 ("" when head has all)
     n_turns = models.IntegerField(default=0, db_default=0)  # assistant messages
     n_tool_calls = models.IntegerField(default=0, db_default=0)
     text_chars = models.IntegerField(default=0, db_default=0)  # characters of visible agent text
@@ -127,12 +151,31 @@ class Rollout(models.Model):
     search_text = models.TextField(blank=True, default="", db_default="")
 
     # What list pages (explorer, group, queues, exports listings) load: never transcript, state, search_text.
-    LIST_FIELDS = ("id", "group", "run", "step", "split", "index", "completion", "reward", "advantage",
-                   "length", "truncated", "finish_reason", "parse_error", "preview_head", "preview_tail",
-                   "n_turns", "n_tool_calls", "text_chars")
+    LIST_FIELDS = (
+        "id",
+        "group",
+        "run",
+        "step",
+        "split",
+        "index",
+        "completion",
+        "reward",
+        "advantage",
+        "length",
+        "truncated",
+        "finish_reason",
+        "parse_error",
+        "preview_head",
+        "preview_tail",
+        "n_turns",
+        "n_tool_calls",
+        "text_chars",
+    )
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["group", "index"], name="rollout_unique_index")]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "index"], name="rollout_unique_index")
+        ]
         indexes = [
             models.Index(fields=["run", "reward", "id"], name="rollout_run_reward"),
             models.Index(fields=["run", "advantage", "id"], name="rollout_run_adv"),
@@ -148,9 +191,15 @@ class RewardScore(models.Model):
     # No database FK check on the (N x K) score rows: at commit Postgres would run one deferred trigger
     # per row, a quarter of ingestion time. The service writes them with their rollout, in one transaction.
     rollout = models.ForeignKey(
-        Rollout, on_delete=models.CASCADE, related_name="scores", db_index=False, db_constraint=False
+        Rollout,
+        on_delete=models.CASCADE,
+        related_name="scores",
+        db_index=False,
+        db_constraint=False,
     )
-    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    component = models.ForeignKey(
+        RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False
+    )
     run = models.ForeignKey(
         "runs.Run", on_delete=models.CASCADE, db_index=False, db_constraint=False
     )  # denormalised: the sort index leads with it
@@ -159,13 +208,17 @@ class RewardScore(models.Model):
     reason = models.TextField(blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["rollout", "component"], name="score_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["rollout", "component"], name="score_unique")
+        ]
         indexes = [
             # The design's (component, value, rollout) sort index, led by run so that one run's scan
             # never walks another run's rows of a shared environment.
             # INCLUDE step (Postgres; ignored elsewhere): a step-range filter is checked inside the index
             # instead of a heap fetch per entry (measured 760 ms -> 115 ms at 1M rollouts).
-            models.Index(fields=["run", "component", "value", "rollout"], include=["step"], name="score_sort"),
+            models.Index(
+                fields=["run", "component", "value", "rollout"], include=["step"], name="score_sort"
+            ),
         ]
 
 
@@ -173,9 +226,15 @@ class GroupComponentStat(models.Model):
     """Per (group, component): computed at ingest, never per page view."""
 
     group = models.ForeignKey(
-        Group, on_delete=models.CASCADE, related_name="component_stats", db_index=False, db_constraint=False
+        Group,
+        on_delete=models.CASCADE,
+        related_name="component_stats",
+        db_index=False,
+        db_constraint=False,
     )
-    component = models.ForeignKey(RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False)
+    component = models.ForeignKey(
+        RewardComponent, on_delete=models.CASCADE, db_index=False, db_constraint=False
+    )
     run = models.ForeignKey(
         "runs.Run", on_delete=models.CASCADE, db_index=False, db_constraint=False
     )  # denormalised for per-step aggregates
@@ -210,4 +269,6 @@ class StepStat(models.Model):
     sum_squares = models.FloatField(default=0.0, null=True)  # NULL: overflowed, stays missing
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "step", "component_id"], name="stepstat_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "component_id"], name="stepstat_unique")
+        ]

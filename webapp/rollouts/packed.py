@@ -23,19 +23,23 @@ def parse_header(text: str) -> list[int]:
     return [int(c) for c in text.split(",")] if text else []
 
 
-def pack_groups(ids: np.ndarray, lengths: np.ndarray, matrix: np.ndarray, sizes: list[int]) -> list[bytes]:
+def pack_groups(
+    ids: np.ndarray, lengths: np.ndarray, matrix: np.ndarray, sizes: list[int]
+) -> list[bytes]:
     """One blob per group for a batch whose rollouts are in group order: `sizes` rollouts each."""
     rec = np.empty(ids.size, dtype=record_dtype(matrix.shape[1]))
     rec["id"], rec["length"], rec["values"] = ids, lengths, matrix
     buf, width = rec.tobytes(), rec.dtype.itemsize
     ends = np.cumsum(sizes).tolist()
-    return [buf[(end - n) * width:end * width] for n, end in zip(sizes, ends)]
+    return [buf[(end - n) * width : end * width] for n, end in zip(sizes, ends)]
 
 
 def records(buf: bytes, dtype: np.dtype) -> np.ndarray:
     """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is not whole records."""
     if len(buf) % dtype.itemsize:
-        raise ValueError(f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record")
+        raise ValueError(
+            f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record"
+        )
     return np.frombuffer(buf, dtype=dtype)
 
 

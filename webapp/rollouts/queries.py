@@ -44,7 +44,9 @@ class ExplorerQuery:
     zero_std_only: bool = False
     text: str = ""  # the search query as typed (q=)
     search: SearchQuery | None = None  # parsed from `text` (webapp/rollouts/text.py)
-    ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # component -> (lo, hi)
+    ranges: dict[str, tuple[float | None, float | None]] = field(
+        default_factory=dict
+    )  # component -> (lo, hi)
     label: str | None = None  # annotation label slug
     annotated: bool | None = None
     replay: int | None = None  # a replay of the run: its values sort and filter like a component's
@@ -61,10 +63,13 @@ class ExplorerQuery:
         """Parse query-string params (a QueryDict or dict). Raises FieldError naming the parameter."""
         q = cls()
         q.sort = params.get("sort") or "reward"
-        replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX):] in components
+        replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX) :] in components
         if q.sort not in BUILTIN_SORTS and q.sort not in components and not replayed:
-            raise FieldError("sort", f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
-                                     f"or {REPLAY_PREFIX}<component> with replay=<id>")
+            raise FieldError(
+                "sort",
+                f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
+                f"or {REPLAY_PREFIX}<component> with replay=<id>",
+            )
         q.order = params.get("order") or "desc"
         if q.order not in ("asc", "desc"):
             raise FieldError("order", "must be asc or desc")
@@ -80,12 +85,16 @@ class ExplorerQuery:
             lo, hi = _float_param(params, f"min_{name}"), _float_param(params, f"max_{name}")
             if lo is not None or hi is not None:
                 q.ranges[name] = (lo, hi)
-            lo, hi = (_float_param(params, f"{end}_{REPLAY_PREFIX}{name}") for end in ("min", "max"))
+            lo, hi = (
+                _float_param(params, f"{end}_{REPLAY_PREFIX}{name}") for end in ("min", "max")
+            )
             if lo is not None or hi is not None:
                 q.replay_ranges[name] = (lo, hi)
         q.replay = _int_param(params, "replay")
         if q.replay is None and (replayed or q.replay_ranges):
-            raise FieldError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
+            raise FieldError(
+                "replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>"
+            )
         q.label = params.get("label") or None
         ann = params.get("annotated")
         q.annotated = {"1": True, "yes": True, "0": False, "no": False}.get(ann) if ann else None
@@ -162,7 +171,9 @@ def decode_cursor(cursor: str) -> tuple[float | None, int]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value, row_id = json.loads(raw)
-        if (value is not None and not isinstance(value, (int, float))) or not isinstance(row_id, int):
+        if (value is not None and not isinstance(value, (int, float))) or not isinstance(
+            row_id, int
+        ):
             raise ValueError
         return value, row_id
     except (ValueError, TypeError, binascii.Error, json.JSONDecodeError):
@@ -187,7 +198,7 @@ def keyset_fetch(
         v, last = decode_cursor(cursor)
         start_segment = "null" if v is None else "value"
     rows: list[tuple[int, Any]] = []
-    for seg in segments[segments.index(start_segment):]:
+    for seg in segments[segments.index(start_segment) :]:
         at_cursor = cursor is not None and seg == start_segment
         if seg == "null":
             part = qs.filter(**{f"{vf}__isnull": True})
@@ -197,9 +208,13 @@ def keyset_fetch(
         else:
             part = qs.filter(**{f"{vf}__isnull": False})
             if at_cursor and asc:
-                part = part.filter(**{f"{vf}__gte": v}).filter(Q(**{f"{vf}__gt": v}) | Q(**{f"{idf}__gt": last}))
+                part = part.filter(**{f"{vf}__gte": v}).filter(
+                    Q(**{f"{vf}__gt": v}) | Q(**{f"{idf}__gt": last})
+                )
             elif at_cursor:
-                part = part.filter(**{f"{vf}__lte": v}).filter(Q(**{f"{vf}__lt": v}) | Q(**{f"{idf}__lt": last}))
+                part = part.filter(**{f"{vf}__lte": v}).filter(
+                    Q(**{f"{vf}__lt": v}) | Q(**{f"{idf}__lt": last})
+                )
             part = part.order_by(vf, idf) if asc else part.order_by(f"-{vf}", f"-{idf}")
         rows += list(part.values_list(idf, vf)[: limit - len(rows)])
         if len(rows) >= limit:
@@ -212,7 +227,9 @@ class ExplorerRow:
     rollout: Rollout
     sort_value: float | None
     values: dict[str, float | None]  # every component's value (None: not scored / unscorable)
-    group_std: float | None  # the group's within-group std of the sorted component (or of the reward)
+    group_std: (
+        float | None
+    )  # the group's within-group std of the sorted component (or of the reward)
     snippet: SafeString | None = None  # search only: escaped text around the match, terms in <mark>
 
 
@@ -223,7 +240,9 @@ class ExplorerPage:
     components: list[RewardComponent]
 
 
-SEARCH_PROBE = 300  # a search matching at most this many of a run's rollouts is answered from their ids
+SEARCH_PROBE = (
+    300  # a search matching at most this many of a run's rollouts is answered from their ids
+)
 
 
 def _search_q(search: SearchQuery, prefix: str) -> Q:
@@ -247,7 +266,9 @@ def _plan(**settings: str) -> Iterator[None]:
         # Plans priced past a disabled node cross jit_above_cost: half a second compiling a 5 ms query.
         cur.execute("SET LOCAL jit = off")
         for name, value in settings.items():
-            cur.execute(f"SET LOCAL {name} = {value}")  # names and values are ours, never the request's
+            cur.execute(
+                f"SET LOCAL {name} = {value}"
+            )  # names and values are ours, never the request's
         yield
 
 
@@ -263,16 +284,23 @@ def _probe(run: Run, search: SearchQuery) -> list[int] | None:
     # the index condition (2.2 s instead of 0.5 ms for a word common in another run).
     run_id = Cast(Value(run.id), BigIntegerField())
     with _plan(enable_seqscan="off", enable_indexscan="off"):
-        ids = list(Rollout.objects.filter(run_id=run_id).filter(_search_q(search, ""))
-                   .values_list("id", flat=True)[:SEARCH_PROBE + 1])
+        ids = list(
+            Rollout.objects.filter(run_id=run_id)
+            .filter(_search_q(search, ""))
+            .values_list("id", flat=True)[: SEARCH_PROBE + 1]
+        )
     return ids if len(ids) <= SEARCH_PROBE else None
 
 
-WALK_FIRST, WALK_MAX = 100, 3000  # rows checked per round of _walk: doubling from the first to the last
+WALK_FIRST, WALK_MAX = (
+    100,
+    3000,
+)  # rows checked per round of _walk: doubling from the first to the last
 
 
-def _walk(qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, search: SearchQuery | None
-          ) -> list[tuple[int, Any]]:
+def _walk(
+    qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, search: SearchQuery | None
+) -> list[tuple[int, Any]]:
     """keyset_fetch of q.limit + 1 rows; with `search`, rows in keyset order are fetched without it, in
     rounds, and kept when their rollout matches: the plan cannot turn into a recheck of every hit."""
     if search is None:
@@ -281,9 +309,14 @@ def _walk(qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, searc
     cursor, n = q.cursor, WALK_FIRST
     while len(hits) <= q.limit:
         chunk = keyset_fetch(qs, value_field, id_field, q.order, cursor, n)
-        with _plan(enable_bitmapscan="off", enable_seqscan="off"):  # by primary key, never the trigram index
-            found = set(Rollout.objects.filter(id__in=[c[0] for c in chunk]).filter(_search_q(search, ""))
-                        .values_list("id", flat=True))
+        with _plan(
+            enable_bitmapscan="off", enable_seqscan="off"
+        ):  # by primary key, never the trigram index
+            found = set(
+                Rollout.objects.filter(id__in=[c[0] for c in chunk])
+                .filter(_search_q(search, ""))
+                .values_list("id", flat=True)
+            )
         hits += [c for c in chunk if c[0] in found]
         if len(chunk) < n:
             break
@@ -291,8 +324,14 @@ def _walk(qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, searc
     return hits[: q.limit + 1]
 
 
-def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], prefix: str,
-             matched: list[int] | None = None, step_field: str = "step") -> Q:
+def _filters(
+    run: Run,
+    q: ExplorerQuery,
+    comps: dict[str, RewardComponent],
+    prefix: str,
+    matched: list[int] | None = None,
+    step_field: str = "step",
+) -> Q:
     """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for RewardScore.
     `matched`: the search's hits when _probe found few (else _walk checks the search row by row).
     `step_field`: Rollout and RewardScore carry step; ReplayScore does not ("rollout__step")."""
@@ -310,8 +349,12 @@ def _filters(run: Run, q: ExplorerQuery, comps: dict[str, RewardComponent], pref
     return cond
 
 
-def _range_exists(ranges: dict[str, tuple[float | None, float | None]], scores: QuerySet,
-                  comps: dict[str, RewardComponent], outer: str) -> list[Exists]:
+def _range_exists(
+    ranges: dict[str, tuple[float | None, float | None]],
+    scores: QuerySet,
+    comps: dict[str, RewardComponent],
+    outer: str,
+) -> list[Exists]:
     """One EXISTS per component range over `scores` (RewardScore, or one replay's ReplayScore rows)."""
     out = []
     for name, (lo, hi) in ranges.items():
@@ -328,18 +371,25 @@ def _replay(run: Run, q: ExplorerQuery) -> Any:
     """The query's replay, checked: one of this run's, with stored values for what the query uses."""
     from webapp.replays.models import Replay  # replays build on rollouts, not the other way round
 
-    used = set(q.replay_ranges) | ({q.sort[len(REPLAY_PREFIX):]} if q.sort.startswith(REPLAY_PREFIX) else set())
+    used = set(q.replay_ranges) | (
+        {q.sort[len(REPLAY_PREFIX) :]} if q.sort.startswith(REPLAY_PREFIX) else set()
+    )
     if q.replay is None:
         if used:
-            raise FieldError("replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>")
+            raise FieldError(
+                "replay", f"required (a replay id) to sort or filter by {REPLAY_PREFIX}<component>"
+            )
         return None
     replay = Replay.objects.filter(id=q.replay, run=run).first()
     if replay is None:
         raise FieldError("replay", f"no replay {q.replay} of this run")
     missing = sorted(used - set(replay.components()))
     if missing:
-        raise FieldError("replay", f"replay {replay.id} does not replay {missing[0]!r} "
-                                   f"(it replays {', '.join(replay.components())})")
+        raise FieldError(
+            "replay",
+            f"replay {replay.id} does not replay {missing[0]!r} "
+            f"(it replays {', '.join(replay.components())})",
+        )
     return replay
 
 
@@ -352,7 +402,9 @@ def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
         if not Label.objects.filter(slug=q.label).exists():
             slugs = ", ".join(Label.objects.values_list("slug", flat=True))
             raise FieldError("label", f"no label {q.label[:60]!r}; labels are: {slugs}")
-        out.append(Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__label__slug=q.label)))
+        out.append(
+            Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__label__slug=q.label))
+        )
     if q.annotated is not None:
         any_ann = Exists(Rollout.objects.filter(id=OuterRef(outer), annotations__isnull=False))
         out.append(any_ann if q.annotated else ~any_ann)
@@ -367,9 +419,13 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
     walk = q.search if q.search is not None and matched is None else None
     replay = _replay(run, q)
     if replay is not None and q.sort.startswith(REPLAY_PREFIX):
-        from webapp.replays.models import ReplayScore  # the (replay, component, value, rollout) index
+        from webapp.replays.models import (
+            ReplayScore,
+        )  # the (replay, component, value, rollout) index
 
-        qs = ReplayScore.objects.filter(replay=replay, component=comps[q.sort[len(REPLAY_PREFIX):]])
+        qs = ReplayScore.objects.filter(
+            replay=replay, component=comps[q.sort[len(REPLAY_PREFIX) :]]
+        )
         qs = qs.filter(_filters(run, q, comps, "rollout__", matched, step_field="rollout__step"))
         outer = "rollout_id"
     elif q.sort in comps:
@@ -379,9 +435,14 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
     else:
         qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, "", matched))
         outer = "id"
-    replay_ranges = _range_exists(q.replay_ranges, replay.scores.all(), comps, outer) if replay else []
-    for ex in [*_range_exists(q.ranges, RewardScore.objects.all(), comps, outer), *replay_ranges,
-               *_annotation_filters(q, outer)]:
+    replay_ranges = (
+        _range_exists(q.replay_ranges, replay.scores.all(), comps, outer) if replay else []
+    )
+    for ex in [
+        *_range_exists(q.ranges, RewardScore.objects.all(), comps, outer),
+        *replay_ranges,
+        *_annotation_filters(q, outer),
+    ]:
         qs = qs.filter(ex)
     hits = _walk(qs, "value" if outer == "rollout_id" else q.sort, outer, q, walk)
     more = len(hits) > q.limit
@@ -397,43 +458,59 @@ def _list_rollouts(ids: list[int], search: SearchQuery | None) -> dict[int, Roll
     qs = Rollout.objects.only(*Rollout.LIST_FIELDS)
     if search is not None:
         pos = StrIndex(Upper("search_text"), Value(search.first.upper()))
-        qs = qs.annotate(match_at=pos, doc_chars=Length("search_text")).annotate(
-            snippet_from=Greatest(F("match_at") - SNIPPET_BEFORE, Value(1)),
-        ).annotate(snippet_text=Substr("search_text", F("snippet_from"), SNIPPET_CHARS))
+        qs = (
+            qs.annotate(match_at=pos, doc_chars=Length("search_text"))
+            .annotate(
+                snippet_from=Greatest(F("match_at") - SNIPPET_BEFORE, Value(1)),
+            )
+            .annotate(snippet_text=Substr("search_text", F("snippet_from"), SNIPPET_CHARS))
+        )
     return qs.in_bulk(ids)
 
 
 def _snippet(r: Rollout, search: SearchQuery | None) -> SafeString | None:
     if search is None:
         return None
-    return highlight(r.snippet_text, search, r.snippet_from > 1, r.snippet_from + SNIPPET_CHARS - 1 < r.doc_chars)
+    return highlight(
+        r.snippet_text, search, r.snippet_from > 1, r.snippet_from + SNIPPET_CHARS - 1 < r.doc_chars
+    )
 
 
 def _hydrate(
-    hits: list[tuple[int, Any]], comps: list[RewardComponent], sorted_comp: RewardComponent | None,
+    hits: list[tuple[int, Any]],
+    comps: list[RewardComponent],
+    sorted_comp: RewardComponent | None,
     search: SearchQuery | None = None,
 ) -> list[ExplorerRow]:
     ids = [h[0] for h in hits]
     by_id = _list_rollouts(ids, search)
     values: dict[int, dict[str, float | None]] = {i: {} for i in ids}
     names = {c.id: c.name for c in comps}
-    scores = RewardScore.objects.filter(rollout_id__in=ids).values_list("rollout_id", "component_id", "value")
+    scores = RewardScore.objects.filter(rollout_id__in=ids).values_list(
+        "rollout_id", "component_id", "value"
+    )
     for rid, cid, v in scores:
         values[rid][names.get(cid, str(cid))] = v
     group_ids = {r.group_id for r in by_id.values()}
     stds: dict[int, float | None] = {}
     if sorted_comp is not None:
         stds = dict(
-            GroupComponentStat.objects.filter(group_id__in=group_ids, component=sorted_comp)
-            .values_list("group_id", "std")
+            GroupComponentStat.objects.filter(
+                group_id__in=group_ids, component=sorted_comp
+            ).values_list("group_id", "std")
         )
     else:
         from webapp.rollouts.models import Group
 
         stds = dict(Group.objects.filter(id__in=group_ids).values_list("id", "reward_std"))
     return [
-        ExplorerRow(rollout=by_id[rid], sort_value=v, values=values[rid], group_std=stds.get(by_id[rid].group_id),
-                    snippet=_snippet(by_id[rid], search))
+        ExplorerRow(
+            rollout=by_id[rid],
+            sort_value=v,
+            values=values[rid],
+            group_std=stds.get(by_id[rid].group_id),
+            snippet=_snippet(by_id[rid], search),
+        )
         for rid, v in hits
         if rid in by_id
     ]

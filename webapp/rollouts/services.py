@@ -17,7 +17,15 @@ KINDS = {k for k, _ in RewardComponent.Kind.choices}
 
 
 ENVIRONMENT_FIELDS = ("name", "components")
-COMPONENT_FIELDS = ("name", "weight", "kind", "min_value", "max_value", "description", "source_hash")
+COMPONENT_FIELDS = (
+    "name",
+    "weight",
+    "kind",
+    "min_value",
+    "max_value",
+    "description",
+    "source_hash",
+)
 
 
 def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> None:
@@ -27,7 +35,9 @@ def _no_unknown_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -
             raise FieldError(f"{path}.{name}", f"unknown field; expected {', '.join(allowed)}")
 
 
-def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str, list[dict[str, Any]]]:
+def validate_environment_spec(
+    spec: Any, path: str = "environment"
+) -> tuple[str, list[dict[str, Any]]]:
     if not isinstance(spec, dict):
         raise FieldError(path, "must be an object with name and components")
     _no_unknown_keys(spec, ENVIRONMENT_FIELDS, path)
@@ -59,11 +69,21 @@ def validate_environment_spec(spec: Any, path: str = "environment") -> tuple[str
             raise FieldError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
         for key in ("min_value", "max_value"):
             v = c.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            ):
                 raise FieldError(f"{p}.{key}", "must be a finite number or null")
-        out.append({"name": c["name"], "weight": float(w), "kind": kind, "min_value": c.get("min_value"),
-                    "max_value": c.get("max_value"), "description": str(c.get("description", ""))[:2000],
-                    "source_hash": str(c.get("source_hash", ""))[:64]})
+        out.append(
+            {
+                "name": c["name"],
+                "weight": float(w),
+                "kind": kind,
+                "min_value": c.get("min_value"),
+                "max_value": c.get("max_value"),
+                "description": str(c.get("description", ""))[:2000],
+                "source_hash": str(c.get("source_hash", ""))[:64],
+            }
+        )
     return name.strip(), out
 
 
@@ -81,14 +101,18 @@ def lock_name(namespace: int, name: str) -> None:
     transaction with BEGIN IMMEDIATE, which takes the database's single write lock, so writers are
     already serialised whole (across processes too)."""
     if not connection.in_atomic_block:
-        raise RuntimeError("lock_name must run inside transaction.atomic: the lock ends with the transaction")
+        raise RuntimeError(
+            "lock_name must run inside transaction.atomic: the lock ends with the transaction"
+        )
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [namespace, name])
 
 
 @transaction.atomic
-def ensure_environment(name: str, components: list[dict[str, Any]], description: str = "") -> Environment:
+def ensure_environment(
+    name: str, components: list[dict[str, Any]], description: str = ""
+) -> Environment:
     """Get or create the environment and add any component it lacks. Existing components keep their
     stored weight (a run's own weights live in run.config["reward_weights"]). Safe to call from two
     processes at once (two importers of one new run): the name lock makes the second see the first's rows."""
@@ -111,25 +135,52 @@ def environment_from_training(env: Any) -> Environment:
     return ensure_environment(
         env.name,
         [
-            {"name": c.name, "weight": c.weight, "kind": c.kind, "min_value": c.min_value, "max_value": c.max_value,
-             "description": c.description, "source_hash": c.source_hash()}
+            {
+                "name": c.name,
+                "weight": c.weight,
+                "kind": c.kind,
+                "min_value": c.min_value,
+                "max_value": c.max_value,
+                "description": c.description,
+                "source_hash": c.source_hash(),
+            }
             for c in env.components
         ],
         getattr(env, "description", ""),
     )
 
 
-def create_run(*, name: str, kind: str, environment: Environment | None, config: dict, owner=None,
-               base_model: str = "", parent: Run | None = None, status: str = Run.Status.QUEUED) -> Run:
+def create_run(
+    *,
+    name: str,
+    kind: str,
+    environment: Environment | None,
+    config: dict,
+    owner=None,
+    base_model: str = "",
+    parent: Run | None = None,
+    status: str = Run.Status.QUEUED,
+) -> Run:
     weights = {c.name: c.weight for c in environment.components.all()} if environment else {}
     cfg = dict(config)
     cfg.setdefault("reward_weights", weights)
     provenance = {
-        "components": {c.name: c.source_hash for c in environment.components.all()} if environment else {},
+        "components": {c.name: c.source_hash for c in environment.components.all()}
+        if environment
+        else {},
         "git_commit": git_commit(),
     }
-    return Run.objects.create(name=name, kind=kind, environment=environment, config=cfg, owner=owner,
-                              base_model=base_model, parent=parent, status=status, provenance=provenance)
+    return Run.objects.create(
+        name=name,
+        kind=kind,
+        environment=environment,
+        config=cfg,
+        owner=owner,
+        base_model=base_model,
+        parent=parent,
+        status=status,
+        provenance=provenance,
+    )
 
 
 class RunNameConflict(Conflict):
@@ -137,9 +188,17 @@ class RunNameConflict(Conflict):
 
 
 @transaction.atomic
-def get_or_create_run(*, name: str, kind: str, environment: Environment | None, config: dict | None = None,
-                      owner=None, base_model: str = "", parent: Run | None = None,
-                      status: str = Run.Status.RUNNING) -> tuple[Run, bool]:
+def get_or_create_run(
+    *,
+    name: str,
+    kind: str,
+    environment: Environment | None,
+    config: dict | None = None,
+    owner=None,
+    base_model: str = "",
+    parent: Run | None = None,
+    status: str = Run.Status.RUNNING,
+) -> tuple[Run, bool]:
     """The run named `name`, or a new one: (run, created). The one way to find-or-create a run by name
     (the API's `get_or_create`, `import_rollouts`, recorders and reward wrappers naming a run).
 
@@ -154,12 +213,23 @@ def get_or_create_run(*, name: str, kind: str, environment: Environment | None, 
     lock_name(RUN_NAME_LOCK, name)
     found = list(Run.objects.filter(name=name).select_related("environment").order_by("id")[:2])
     if len(found) > 1:
-        raise RunNameConflict("name", f"more than one run is named {name[:200]!r}; rename all but one to use it "
-                                      "by name, or use the run id")
+        raise RunNameConflict(
+            "name",
+            f"more than one run is named {name[:200]!r}; rename all but one to use it "
+            "by name, or use the run id",
+        )
     if found:
         return found[0], False
-    run = create_run(name=name, kind=kind, environment=environment, config=config or {}, owner=owner,
-                     base_model=base_model, parent=parent, status=status)
+    run = create_run(
+        name=name,
+        kind=kind,
+        environment=environment,
+        config=config or {},
+        owner=owner,
+        base_model=base_model,
+        parent=parent,
+        status=status,
+    )
     return run, True
 
 
@@ -168,8 +238,13 @@ def git_commit() -> str:
     from pathlib import Path
 
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[2],
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -204,14 +279,31 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
     groups = []
     for gi, gid in enumerate(uniq.tolist()):
         std = fz(agg.std[gi])
-        groups.append(Group(id=gid, reward_mean=fz(agg.mean[gi]), reward_std=std,
-                            zero_std=agg.count[gi] == 0 or std is None or std <= stats.ZERO_STD_ATOL,
-                            all_unscorable=bool(agg.count[gi] == 0)))
-    Group.objects.bulk_update(groups, ["reward_mean", "reward_std", "zero_std", "all_unscorable"], batch_size=1000)
+        groups.append(
+            Group(
+                id=gid,
+                reward_mean=fz(agg.mean[gi]),
+                reward_std=std,
+                zero_std=agg.count[gi] == 0 or std is None or std <= stats.ZERO_STD_ATOL,
+                all_unscorable=bool(agg.count[gi] == 0),
+            )
+        )
+    Group.objects.bulk_update(
+        groups, ["reward_mean", "reward_std", "zero_std", "all_unscorable"], batch_size=1000
+    )
     new_stats = [
-        GroupComponentStat(group_id=gid, component=comp, run=run, step=steps[gid], count=int(cs.count[gi, j]),
-                           mean=fz(cs.mean[gi, j]), std=fz(cs.std[gi, j]), min=fz(cs.min[gi, j]),
-                           max=fz(cs.max[gi, j]), zero_std=bool(cs.zero_std[gi, j]))
+        GroupComponentStat(
+            group_id=gid,
+            component=comp,
+            run=run,
+            step=steps[gid],
+            count=int(cs.count[gi, j]),
+            mean=fz(cs.mean[gi, j]),
+            std=fz(cs.std[gi, j]),
+            min=fz(cs.min[gi, j]),
+            max=fz(cs.max[gi, j]),
+            zero_std=bool(cs.zero_std[gi, j]),
+        )
         for gi, gid in enumerate(uniq.tolist())
         for j, comp in enumerate(comps)
         if cs.count[gi, j] > 0
@@ -222,6 +314,12 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
 
     StepStat.objects.filter(run=run).delete()
     group_steps = np.array([steps[g] for g in uniq.tolist()])
-    upsert_step_stats(run.id, step_stat_rows(group_steps, comps, {
-        "gid": inv, "reward": rewards, "matrix": matrix, "agg": agg, "comp": cs}))
+    upsert_step_stats(
+        run.id,
+        step_stat_rows(
+            group_steps,
+            comps,
+            {"gid": inv, "reward": rewards, "matrix": matrix, "agg": agg, "comp": cs},
+        ),
+    )
     return {"groups": len(uniq), "rollouts": int(len(gids))}

@@ -46,7 +46,9 @@ def _arguments(call: Any) -> tuple[str, str]:
     if not isinstance(fn, dict):
         return "", str(fn)
     args = fn.get("arguments", "")
-    return str(fn.get("name", "")), args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return str(fn.get("name", "")), args if isinstance(args, str) else json.dumps(
+        args, ensure_ascii=False
+    )
 
 
 def message_texts(m: dict[str, Any]) -> list[str]:
@@ -62,7 +64,7 @@ def agent_messages(transcript: list[dict[str, Any]], prompt: Any) -> list[dict[s
     """The transcript after its prompt: after the group's prompt messages when it starts with them,
     else after its leading system/user/developer messages; the whole transcript when nothing is left."""
     if isinstance(prompt, list) and prompt and transcript[: len(prompt)] == prompt:
-        rest = transcript[len(prompt):]
+        rest = transcript[len(prompt) :]
     else:
         start = 0
         while start < len(transcript) and transcript[start].get("role") in PROMPT_ROLES:
@@ -82,12 +84,14 @@ def summarize(transcript: list[dict[str, Any]], prompt: Any) -> TextSummary:
     return TextSummary(text[:PREVIEW_CHARS], text[-PREVIEW_CHARS:], turns, calls, len(text))
 
 
-def search_document(prompt_text: str, prompt: Any, transcript: list[dict[str, Any]], reasons: list[str]) -> str:
+def search_document(
+    prompt_text: str, prompt: Any, transcript: list[dict[str, Any]], reasons: list[str]
+) -> str:
     """Everything search finds: the prompt, every message (tool calls and results too), the reasons.
     A transcript that repeats the prompt messages does not store them twice."""
     messages = transcript
     if isinstance(prompt, list) and prompt and transcript[: len(prompt)] == prompt:
-        messages = transcript[len(prompt):]
+        messages = transcript[len(prompt) :]
     parts = [prompt_text]
     for m in messages:
         parts.extend(message_texts(m))
@@ -127,7 +131,10 @@ def parse_query(raw: str) -> SearchQuery | None:
         if term:
             (exclude if negative else include).append(term)
     if not include:
-        raise FieldError("q", "give at least one word to look for (a query of only -exclusions would scan every row)")
+        raise FieldError(
+            "q",
+            "give at least one word to look for (a query of only -exclusions would scan every row)",
+        )
     if len(include) + len(exclude) > MAX_TERMS:
         raise FieldError("q", f"at most {MAX_TERMS} terms")
     if max(len(t) for t in include) < MIN_TERM_CHARS:
@@ -136,13 +143,17 @@ def parse_query(raw: str) -> SearchQuery | None:
     return SearchQuery(tuple(dict.fromkeys(include)), tuple(dict.fromkeys(exclude)))
 
 
-def highlight(snippet: str, query: SearchQuery, clipped_start: bool, clipped_end: bool) -> SafeString:
+def highlight(
+    snippet: str, query: SearchQuery, clipped_start: bool, clipped_end: bool
+) -> SafeString:
     """The snippet as HTML: model text escaped, every included term wrapped in <mark>."""
     text = " ".join(snippet.split())
-    pattern = re.compile("|".join(re.escape(t) for t in sorted(query.include, key=len, reverse=True)), re.I)
+    pattern = re.compile(
+        "|".join(re.escape(t) for t in sorted(query.include, key=len, reverse=True)), re.I
+    )
     out, pos = [], 0
     for m in pattern.finditer(text):
-        out.append(escape(text[pos:m.start()]))
+        out.append(escape(text[pos : m.start()]))
         out.append(f"<mark>{escape(m.group(0))}</mark>")
         pos = m.end()
     out.append(escape(text[pos:]))

@@ -38,12 +38,17 @@ from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 
 NO_SIGNAL_PAGE = 50
-FOLD_CHARS, FOLD_HEAD = 3000, 1200  # messages longer than FOLD_CHARS show FOLD_HEAD characters, then unfold
+FOLD_CHARS, FOLD_HEAD = (
+    3000,
+    1200,
+)  # messages longer than FOLD_CHARS show FOLD_HEAD characters, then unfold
 
 
 def _is_partial(request: HttpRequest) -> bool:
     # A history restore (back button after a cache miss) needs the whole page, not the fragment.
-    return bool(request.headers.get("HX-Request")) and not request.headers.get("HX-History-Restore-Request")
+    return bool(request.headers.get("HX-Request")) and not request.headers.get(
+        "HX-History-Restore-Request"
+    )
 
 
 def _labels() -> list[Any]:
@@ -67,10 +72,17 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
         error = exc
     qs = urlencode(q.params())
     ctx = {
-        "run": run, "components": components, "q": q, "page": page, "error": error,
+        "run": run,
+        "components": components,
+        "q": q,
+        "page": page,
+        "error": error,
         "rows": _table_rows(page, components, q, qs) if page else [],
-        "base_url": request.path, "qs": qs,
-        "next_qs": urlencode(q.params(cursor=page.next_cursor)) if page and page.next_cursor else "",
+        "base_url": request.path,
+        "qs": qs,
+        "next_qs": urlencode(q.params(cursor=page.next_cursor))
+        if page and page.next_cursor
+        else "",
         "sort_links": _sort_links(q, components),
         "sorted_component": next((c for c in components if c.name == q.sort), None),
         "labels": _labels(),
@@ -82,23 +94,38 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
     return response
 
 
-def _table_rows(page: Any, components: list[RewardComponent], q: ExplorerQuery, qs: str) -> list[dict[str, Any]]:
+def _table_rows(
+    page: Any, components: list[RewardComponent], q: ExplorerQuery, qs: str
+) -> list[dict[str, Any]]:
     """Rows with their links and bars prepared here: per-cell template lookups and URL reversals
     were most of the page's render time at 50 rows x K components."""
-    transcript_url = reverse("rollouts-transcript", args=[0]).replace("/0/", "/{}/") + ("?" + qs if qs else "")
+    transcript_url = reverse("rollouts-transcript", args=[0]).replace("/0/", "/{}/") + (
+        "?" + qs if qs else ""
+    )
     group_url = reverse("rollouts-group", args=[0]).replace("/0/", "/{}/")
     rows = []
     for row in page.rows:
         r = row.rollout
-        rows.append({
-            "id": r.id, "step": r.step, "holdout": r.split == "holdout", "preview": _preview(r),
-            "snippet": row.snippet, "turns": r.n_turns, "tool_calls": r.n_tool_calls,
-            "reward": r.reward, "advantage": r.advantage, "length": r.length, "group_std": row.group_std,
-            "zero_group": row.group_std is not None and row.group_std <= ZERO_STD_ATOL,
-            "sort_value": "" if row.sort_value is None else row.sort_value,
-            "href": transcript_url.format(r.id), "group_href": group_url.format(r.group_id),
-            "bars": [(c.name == q.sort, bar(row.values.get(c.name), c)) for c in components],
-        })
+        rows.append(
+            {
+                "id": r.id,
+                "step": r.step,
+                "holdout": r.split == "holdout",
+                "preview": _preview(r),
+                "snippet": row.snippet,
+                "turns": r.n_turns,
+                "tool_calls": r.n_tool_calls,
+                "reward": r.reward,
+                "advantage": r.advantage,
+                "length": r.length,
+                "group_std": row.group_std,
+                "zero_group": row.group_std is not None and row.group_std <= ZERO_STD_ATOL,
+                "sort_value": "" if row.sort_value is None else row.sort_value,
+                "href": transcript_url.format(r.id),
+                "group_href": group_url.format(r.group_id),
+                "bars": [(c.name == q.sort, bar(row.values.get(c.name), c)) for c in components],
+            }
+        )
     return rows
 
 
@@ -129,7 +156,9 @@ def _scores_by_rollout(rollout_ids: list[int]) -> dict[int, dict[int, RewardScor
 
 
 def separating_component(
-    best: dict[int, float | None], worst: dict[int, float | None], components: list[RewardComponent],
+    best: dict[int, float | None],
+    worst: dict[int, float | None],
+    components: list[RewardComponent],
     weights: list[float],
 ) -> RewardComponent | None:
     """The component with the largest |weight x (best - worst)|: what tells the two apart."""
@@ -149,24 +178,35 @@ def group_view(request: HttpRequest, group_id: int) -> HttpResponse:
     require_role(request, "viewer")
     group = get_object_or_404(Group.objects.select_related("run", "run__environment"), id=group_id)
     components = group.run.components()
-    rollouts = sorted(group.rollouts.only(*Rollout.LIST_FIELDS),
-                      key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index))
+    rollouts = sorted(
+        group.rollouts.only(*Rollout.LIST_FIELDS),
+        key=lambda r: (r.reward is None, -(r.reward or 0.0), r.index),
+    )
     scores = _scores_by_rollout([r.id for r in rollouts])
     values = {r.id: {cid: s.value for cid, s in scores[r.id].items()} for r in rollouts}
     stats = {s.component_id: s for s in GroupComponentStat.objects.filter(group=group)}
     best, worst = (rollouts[0], rollouts[-1]) if rollouts else (None, None)
     separator = None
     if best is not None and best.id != worst.id:
-        separator = separating_component(values[best.id], values[worst.id], components,
-                                         run_weights(group.run, components).tolist())
+        separator = separating_component(
+            values[best.id],
+            values[worst.id],
+            components,
+            run_weights(group.run, components).tolist(),
+        )
     cards = [
-        {"rollout": r, "rank": i + 1,
-         "scores": [(c, scores[r.id].get(c.id)) for c in components]}
+        {"rollout": r, "rank": i + 1, "scores": [(c, scores[r.id].get(c.id)) for c in components]}
         for i, r in enumerate(rollouts)
     ]
     ctx = {
-        "group": group, "run": group.run, "components": components, "cards": cards, "separator": separator,
-        "stats": [(c, stats.get(c.id)) for c in components], "best": best, "worst": worst,
+        "group": group,
+        "run": group.run,
+        "components": components,
+        "cards": cards,
+        "separator": separator,
+        "stats": [(c, stats.get(c.id)) for c in components],
+        "best": best,
+        "worst": worst,
     }
     return render(request, "rollouts/group.html", ctx)
 
@@ -179,7 +219,9 @@ def _no_signal_page(run: Run, cond: Q, limit: int) -> list[Group]:
     probe every group of the run (1.2 s at 125k groups). A group whose advantages are all 0 has a
     rollout with advantage = 0, found on the (run, advantage, id) index, so only those are checked."""
     tied = Group.objects.filter(run=run, zero_std=True).filter(cond)
-    nonzero_adv = Rollout.objects.filter(group_id=OuterRef("pk")).filter(Q(advantage__gt=0) | Q(advantage__lt=0))
+    nonzero_adv = Rollout.objects.filter(group_id=OuterRef("pk")).filter(
+        Q(advantage__gt=0) | Q(advantage__lt=0)
+    )
     zero_adv = (
         Group.objects.filter(run=run, zero_std=False)
         .filter(id__in=Rollout.objects.filter(run=run, advantage=0).values("group_id"))
@@ -223,12 +265,28 @@ def no_signal(request: HttpRequest, run_id: int) -> HttpResponse:
     stats: dict[int, dict[int, GroupComponentStat]] = {g.id: {} for g in groups}
     for s in GroupComponentStat.objects.filter(group_id__in=[g.id for g in groups]):
         stats[s.group_id][s.component_id] = s
-    rows = [{"group": g, "reason": no_signal_reason(g), "stats": [(c, stats[g.id].get(c.id)) for c in components]}
-            for g in groups]
+    rows = [
+        {
+            "group": g,
+            "reason": no_signal_reason(g),
+            "stats": [(c, stats[g.id].get(c.id)) for c in components],
+        }
+        for g in groups
+    ]
     keep = {k: v for k, v in (("step_min", step_min), ("step_max", step_max)) if v is not None}
-    next_qs = urlencode({**keep, "cursor": encode_cursor(groups[-1].step, groups[-1].id)}) if more else ""
-    ctx = {"run": run, "rows": rows, "components": components, "error": error, "next_qs": next_qs,
-           "step_min": step_min, "step_max": step_max, "paged": after is not None}
+    next_qs = (
+        urlencode({**keep, "cursor": encode_cursor(groups[-1].step, groups[-1].id)}) if more else ""
+    )
+    ctx = {
+        "run": run,
+        "rows": rows,
+        "components": components,
+        "error": error,
+        "next_qs": next_qs,
+        "step_min": step_min,
+        "step_max": step_max,
+        "paged": after is not None,
+    }
     return render(request, "rollouts/no_signal.html", ctx, status=400 if error else 200)
 
 
@@ -247,7 +305,9 @@ def _environment(name: str) -> Any:
     return get_environment(name)  # KeyError for environments registered only through the API
 
 
-def state_image(run: Run, group: Group, rollout: Rollout) -> tuple[str | None, list[str], int | None]:
+def state_image(
+    run: Run, group: Group, rollout: Rollout
+) -> tuple[str | None, list[str], int | None]:
     """Re-render the environment state with OUR renderer: (data: URI of the SVG, canvas errors, shapes)."""
     if run.environment is None:
         return None, [], None
@@ -262,7 +322,11 @@ def state_image(run: Run, group: Group, rollout: Rollout) -> tuple[str | None, l
         return None, [], None
     uri = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
     shapes = state.get("n_shapes")
-    return uri, [str(e) for e in state.get("errors", [])], shapes if isinstance(shapes, int) else None
+    return (
+        uri,
+        [str(e) for e in state.get("errors", [])],
+        shapes if isinstance(shapes, int) else None,
+    )
 
 
 def neighbours(
@@ -275,7 +339,11 @@ def neighbours(
         return None, None
     comp = next((c for c in components if c.name == q.sort), None)
     if comp is not None:
-        found = list(RewardScore.objects.filter(rollout=rollout, component=comp).values_list("value", flat=True))
+        found = list(
+            RewardScore.objects.filter(rollout=rollout, component=comp).values_list(
+                "value", flat=True
+            )
+        )
         if not found:
             return None, None  # not scored by the sort component: not in that explorer listing
         value = found[0]
@@ -298,34 +366,56 @@ def _messages(transcript: Any) -> list[dict[str, Any]]:
         calls = []
         for call in m.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else {}
-            calls.append({"name": str(fn.get("name", "")) if isinstance(fn, dict) else "",
-                          "arguments": fn.get("arguments", fn) if isinstance(fn, dict) else call,
-                          "id": str(call.get("id", "")) if isinstance(call, dict) else ""})
+            calls.append(
+                {
+                    "name": str(fn.get("name", "")) if isinstance(fn, dict) else "",
+                    "arguments": fn.get("arguments", fn) if isinstance(fn, dict) else call,
+                    "id": str(call.get("id", "")) if isinstance(call, dict) else "",
+                }
+            )
         content = m.get("content") if isinstance(m.get("content"), str) else ""
         # A long message (a tool result of a whole file or log) shows its head; the rest unfolds.
         folded = len(content) > FOLD_CHARS
-        out.append({"role": str(m.get("role", "")), "content": content[:FOLD_HEAD] if folded else content,
-                    "rest": content[FOLD_HEAD:] if folded else "", "rest_chars": len(content) - FOLD_HEAD,
-                    "name": str(m.get("name") or m.get("tool_call_id") or ""), "tool_calls": calls})
+        out.append(
+            {
+                "role": str(m.get("role", "")),
+                "content": content[:FOLD_HEAD] if folded else content,
+                "rest": content[FOLD_HEAD:] if folded else "",
+                "rest_chars": len(content) - FOLD_HEAD,
+                "name": str(m.get("name") or m.get("tool_call_id") or ""),
+                "tool_calls": calls,
+            }
+        )
     return out
 
 
 @require_safe
 def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
     require_role(request, "viewer")
-    rollout = get_object_or_404(Rollout.objects.select_related("group", "run", "run__environment")
-                                .defer("search_text"), id=rollout_id)
+    rollout = get_object_or_404(
+        Rollout.objects.select_related("group", "run", "run__environment").defer("search_text"),
+        id=rollout_id,
+    )
     run, group = rollout.run, rollout.group
     components = run.components()
     scores = _scores_by_rollout([rollout.id])[rollout.id]
     svg_uri, canvas_errors, n_shapes = state_image(run, group, rollout)
     prev_id, next_id = neighbours(run, rollout, request.GET, components)
-    chat = _messages(rollout.transcript)  # not "messages": base.html shows django.contrib.messages under that name
+    chat = _messages(
+        rollout.transcript
+    )  # not "messages": base.html shows django.contrib.messages under that name
     ctx = {
-        "rollout": rollout, "run": run, "group": group, "chat": chat,
+        "rollout": rollout,
+        "run": run,
+        "group": group,
+        "chat": chat,
         "show_prompt": not any(m["role"] in ("system", "user") for m in chat),
-        "scores": [(c, scores.get(c.id)) for c in components], "svg_uri": svg_uri,
-        "canvas_errors": canvas_errors, "n_shapes": n_shapes, "prev_id": prev_id, "next_id": next_id,
+        "scores": [(c, scores.get(c.id)) for c in components],
+        "svg_uri": svg_uri,
+        "canvas_errors": canvas_errors,
+        "n_shapes": n_shapes,
+        "prev_id": prev_id,
+        "next_id": next_id,
         "qs": request.GET.urlencode(),
     }
     return render(request, "rollouts/transcript.html", ctx)

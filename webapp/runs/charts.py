@@ -28,8 +28,9 @@ BATCH_VS_GROUP = (
 
 # Keys whose strings plotly draws as (HTML-interpreting) text: trace and legend names, figure, axis,
 # legend and colorbar titles, annotation, hover and bar texts, category labels on axes, tick labels.
-TEXT_KEYS = frozenset({"name", "text", "title", "hovertext", "x", "y", "z", "labels", "ticktext",
-                       "legendgrouptitle"})
+TEXT_KEYS = frozenset(
+    {"name", "text", "title", "hovertext", "x", "y", "z", "labels", "ticktext", "legendgrouptitle"}
+)
 
 
 def escape_figure(value: Any, text: bool = False) -> Any:
@@ -41,7 +42,9 @@ def escape_figure(value: Any, text: bool = False) -> Any:
     if isinstance(value, dict):
         return {k: escape_figure(v, k in TEXT_KEYS) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if all(type(v) in _PLAIN for v in value):  # a series of numbers (most of a figure): nothing to escape
+        if all(
+            type(v) in _PLAIN for v in value
+        ):  # a series of numbers (most of a figure): nothing to escape
             return list(value)
         return [escape_figure(v, text) for v in value]
     return value
@@ -52,6 +55,7 @@ _PLAIN = (int, float, type(None))
 
 def escaped(builder: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for figure builders: what they return is passed through `escape_figure`."""
+
     @functools.wraps(builder)
     def build(*args: Any, **kwargs: Any) -> Any:
         return escape_figure(builder(*args, **kwargs))
@@ -61,13 +65,27 @@ def escaped(builder: Callable[..., Any]) -> Callable[..., Any]:
 
 def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
-        "title": {"text": title, "font": {"size": 13}, "x": 0.01, "xanchor": "left", "y": 0.97, "yanchor": "top"},
+        "title": {
+            "text": title,
+            "font": {"size": 13},
+            "x": 0.01,
+            "xanchor": "left",
+            "y": 0.97,
+            "yanchor": "top",
+        },
         "margin": {"l": 48, "r": 16, "t": 44, "b": 24},
         "height": 240,
         "xaxis": {"zeroline": False, "hoverformat": "d"},  # no axis title: it is always the step
         "yaxis": {"title": {"text": y_title}, "zeroline": False},
-        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.01, "yanchor": "bottom",
-                   "font": {"size": 10}, "bgcolor": "rgba(255,255,255,0)"},
+        "legend": {
+            "orientation": "h",
+            "x": 1,
+            "xanchor": "right",
+            "y": 1.01,
+            "yanchor": "bottom",
+            "font": {"size": 10},
+            "bgcolor": "rgba(255,255,255,0)",
+        },
         "hovermode": "x unified",
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "#fbfbfa",
@@ -84,10 +102,17 @@ def _short(values: list[float | None]) -> list[float | None]:
     return [None if v is None else float(f"{v:.{SIGNIFICANT}g}") for v in values]
 
 
-def _line(x: list[int], y: list[float | None], name: str, color: str, **extra: Any) -> dict[str, Any]:
+def _line(
+    x: list[int], y: list[float | None], name: str, color: str, **extra: Any
+) -> dict[str, Any]:
     trace: dict[str, Any] = {
-        "type": "scatter", "mode": "lines+markers" if len(x) <= 60 else "lines", "x": list(x), "y": _short(y),
-        "name": name, "line": {"color": color, "width": 1.8}, "marker": {"size": 4},
+        "type": "scatter",
+        "mode": "lines+markers" if len(x) <= 60 else "lines",
+        "x": list(x),
+        "y": _short(y),
+        "name": name,
+        "line": {"color": color, "width": 1.8},
+        "marker": {"size": 4},
     }
     trace.update(extra)
     return trace
@@ -102,27 +127,68 @@ def reward_figure(reward: Series) -> Figure:
     return {
         "data": [
             _line(reward.steps, upper, "mean + std", PALETTE[0], **band),
-            _line(reward.steps, lower, "mean − std", PALETTE[0], fill="tonexty",
-                  fillcolor="rgba(37,99,235,0.12)", **band),
+            _line(
+                reward.steps,
+                lower,
+                "mean − std",
+                PALETTE[0],
+                fill="tonexty",
+                fillcolor="rgba(37,99,235,0.12)",
+                **band,
+            ),
             _line(reward.steps, reward.mean, "reward mean", PALETTE[0]),
-            _line(reward.steps, reward.std, "reward std (batch)", PALETTE[1], yaxis="y2",
-                  line={"color": PALETTE[1], "width": 1.2, "dash": "dot"}),
+            _line(
+                reward.steps,
+                reward.std,
+                "reward std (batch)",
+                PALETTE[1],
+                yaxis="y2",
+                line={"color": PALETTE[1], "width": 1.2, "dash": "dot"},
+            ),
         ],
-        "layout": _layout("Aggregate reward", "mean", margin={"l": 48, "r": 48, "t": 44, "b": 24},
-                          yaxis2={"title": {"text": "std"}, "overlaying": "y", "side": "right",
-                                  "zeroline": False, "showgrid": False}),
+        "layout": _layout(
+            "Aggregate reward",
+            "mean",
+            margin={"l": 48, "r": 48, "t": 44, "b": 24},
+            yaxis2={
+                "title": {"text": "std"},
+                "overlaying": "y",
+                "side": "right",
+                "zeroline": False,
+                "showgrid": False,
+            },
+        ),
     }
 
 
 @escaped
-def zero_std_figure(steps: list[int], overall: list[float | None], components: list[ComponentSeries]) -> Figure:
+def zero_std_figure(
+    steps: list[int], overall: list[float | None], components: list[ComponentSeries]
+) -> Figure:
     """Fraction of groups with no signal per step: the aggregate (no advantage at all) and each component."""
-    data = [_line(steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4})]
+    data = [
+        _line(
+            steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4}
+        )
+    ]
     for i, cs in enumerate(components):
-        data.append(_line(cs.steps, cs.zero_std_frac, cs.name, PALETTE[i % len(PALETTE)],
-                          line={"color": PALETTE[i % len(PALETTE)], "width": 1.2, "dash": "dot"}))
-    return {"data": data, "layout": _layout("Zero-std groups (fraction)", "fraction",
-                                            yaxis={"range": [0, 1.02], "title": {"text": "fraction"}})}
+        data.append(
+            _line(
+                cs.steps,
+                cs.zero_std_frac,
+                cs.name,
+                PALETTE[i % len(PALETTE)],
+                line={"color": PALETTE[i % len(PALETTE)], "width": 1.2, "dash": "dot"},
+            )
+        )
+    return {
+        "data": data,
+        "layout": _layout(
+            "Zero-std groups (fraction)",
+            "fraction",
+            yaxis={"range": [0, 1.02], "title": {"text": "fraction"}},
+        ),
+    }
 
 
 @escaped
@@ -136,12 +202,21 @@ def component_mean_figure(cs: ComponentSeries, color: str) -> Figure:
 @escaped
 def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
     """Within-group std (drives advantages) beside the batch std (what TRL logs), same axis."""
-    batch_label = "batch std (trainer log)" if cs.batch_std_source == "trainer" else "batch std (over the step)"
+    batch_label = (
+        "batch std (trainer log)"
+        if cs.batch_std_source == "trainer"
+        else "batch std (over the step)"
+    )
     return {
         "data": [
             _line(cs.steps, cs.within_std, "within-group std (mean over groups)", color),
-            _line(cs.steps, cs.batch_std, batch_label, "#6b7280",
-                  line={"color": "#6b7280", "width": 1.2, "dash": "dash"}),
+            _line(
+                cs.steps,
+                cs.batch_std,
+                batch_label,
+                "#6b7280",
+                line={"color": "#6b7280", "width": 1.2, "dash": "dash"},
+            ),
         ],
         "layout": _layout(f"{cs.name} · std: within-group vs batch", "std"),
     }
@@ -149,7 +224,10 @@ def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
 
 @escaped
 def metric_figure(name: str, steps: list[int], values: list[float | None], color: str) -> Figure:
-    return {"data": [_line(steps, values, name, color)], "layout": _layout(name, "", showlegend=False)}
+    return {
+        "data": [_line(steps, values, name, color)],
+        "layout": _layout(name, "", showlegend=False),
+    }
 
 
 def dashboard_figures(data: DashboardData) -> dict[str, Any]:
@@ -165,14 +243,30 @@ def dashboard_figures(data: DashboardData) -> dict[str, Any]:
         color = PALETTE[i % len(PALETTE)]
         figures[f"mean-{i}"] = component_mean_figure(cs, color)
         figures[f"std-{i}"] = component_std_figure(cs, color)
-        components.append({"name": cs.name, "mean": f"mean-{i}", "std": f"std-{i}",
-                           "batch_std_source": cs.batch_std_source})
+        components.append(
+            {
+                "name": cs.name,
+                "mean": f"mean-{i}",
+                "std": f"std-{i}",
+                "batch_std_source": cs.batch_std_source,
+            }
+        )
     metrics, scalars = [], []
-    several = len(data.reward.steps) > 1 or any(len(steps) > 1 for steps, _ in data.metrics.values())
+    several = len(data.reward.steps) > 1 or any(
+        len(steps) > 1 for steps, _ in data.metrics.values()
+    )
     for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items())):
-        if len(steps) == 1 and several:  # end-of-training numbers (train_runtime, total_flos): a row, not a dot
-            scalars.append({"name": name, "step": steps[0], "value": values[0],
-                            "text": "—" if values[0] is None else f"{values[0]:.6g}"})
+        if (
+            len(steps) == 1 and several
+        ):  # end-of-training numbers (train_runtime, total_flos): a row, not a dot
+            scalars.append(
+                {
+                    "name": name,
+                    "step": steps[0],
+                    "value": values[0],
+                    "text": "—" if values[0] is None else f"{values[0]:.6g}",
+                }
+            )
             continue
         # The id is the metric's name: stable when a live run starts logging a new metric.
         figures[f"metric:{name}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
@@ -180,7 +274,9 @@ def dashboard_figures(data: DashboardData) -> dict[str, Any]:
     return {"all": figures, "components": components, "metrics": metrics, "scalars": scalars}
 
 
-def sparkline_points(values: list[float], width: int = 120, height: int = 28, pad: float = 2.0) -> str:
+def sparkline_points(
+    values: list[float], width: int = 120, height: int = 28, pad: float = 2.0
+) -> str:
     """SVG polyline points for a curve scaled into width x height (numbers only: safe to inline)."""
     if not values:
         return ""

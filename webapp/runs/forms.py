@@ -23,22 +23,64 @@ CHOICES: dict[str, list[str]] = {
     "multi_objective_aggregation": ["sum_then_normalize", "normalize_then_sum"],
     "split": ["holdout", "train"],
 }
-HIDDEN = {"output_dir", "env", "base_model", "device", "reward_weights"}  # set by the app, not typed in
-CHOICE_KINDS = {"loss_type": {"grpo"}}  # DPO's loss_type names TRL's DPO losses: a free text field there
+HIDDEN = {
+    "output_dir",
+    "env",
+    "base_model",
+    "device",
+    "reward_weights",
+}  # set by the app, not typed in
+CHOICE_KINDS = {
+    "loss_type": {"grpo"}
+}  # DPO's loss_type names TRL's DPO losses: a free text field there
 
 # The launch form's sections, in page order: (title, fields shown, fields folded under "advanced").
 # Config fields missing here land in "Algorithm · advanced", so a new dataclass field is never lost.
 SECTIONS: list[tuple[str, list[str], list[str]]] = [
     ("Model", ["name", "environment", "base_model", "parent", "init_from"], ["num_gpus", "seed"]),
-    ("Data", ["data", "num_prompts", "split", "teacher", "teacher_model", "samples_per_prompt"],
-     ["max_nodes", "max_length", "api_key_env", "scripted_skill", "scripted_faults", "min_reward", "min_scores",
-      "request_timeout", "step"]),
-    ("Optimisation", ["max_steps", "learning_rate", "per_device_batch_size"],
-     ["gradient_accumulation_steps", "gradient_checkpointing", "num_train_epochs", "batch_size"]),
-    ("Algorithm", ["num_generations", "beta", "loss_type", "scale_rewards", "temperature", "outcome_component"],
-     ["max_completion_length", "epsilon", "num_iterations", "multi_objective_aggregation",
-      "mask_truncated_completions", "multi_turn", "max_turns", "max_turn_tokens", "pass_threshold",
-      "min_pass_at_k"]),
+    (
+        "Data",
+        ["data", "num_prompts", "split", "teacher", "teacher_model", "samples_per_prompt"],
+        [
+            "max_nodes",
+            "max_length",
+            "api_key_env",
+            "scripted_skill",
+            "scripted_faults",
+            "min_reward",
+            "min_scores",
+            "request_timeout",
+            "step",
+        ],
+    ),
+    (
+        "Optimisation",
+        ["max_steps", "learning_rate", "per_device_batch_size"],
+        ["gradient_accumulation_steps", "gradient_checkpointing", "num_train_epochs", "batch_size"],
+    ),
+    (
+        "Algorithm",
+        [
+            "num_generations",
+            "beta",
+            "loss_type",
+            "scale_rewards",
+            "temperature",
+            "outcome_component",
+        ],
+        [
+            "max_completion_length",
+            "epsilon",
+            "num_iterations",
+            "multi_objective_aggregation",
+            "mask_truncated_completions",
+            "multi_turn",
+            "max_turns",
+            "max_turn_tokens",
+            "pass_threshold",
+            "min_pass_at_k",
+        ],
+    ),
     ("Reward weights", [], []),
     ("LoRA", ["use_lora", "lora_rank"], ["lora_alpha", "lora_dropout", "full_finetune"]),
     ("Recording", ["record", "logging_steps", "save_steps"], ["record_state", "log_completions"]),
@@ -48,7 +90,9 @@ WEIGHT_PREFIX = "weight_"
 
 def _types(tp: Any) -> set[Any]:
     """The concrete types a hint admits: `int | None` -> {int}; `str | list[dict]` -> {str, list}."""
-    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    args = (
+        typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    )
     return {typing.get_origin(a) or a for a in args if a is not type(None)}
 
 
@@ -59,36 +103,55 @@ def _form_field(f: dataclasses.Field, hints: dict[str, Any], kind: str = "") -> 
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         initial = f.default_factory()  # type: ignore[misc]
     if f.name in CHOICES and kind in CHOICE_KINDS.get(f.name, {kind}):
-        return forms.ChoiceField(choices=[(c, c) for c in CHOICES[f.name]], initial=initial, help_text=help_text)
+        return forms.ChoiceField(
+            choices=[(c, c) for c in CHOICES[f.name]], initial=initial, help_text=help_text
+        )
     if kinds == {bool}:
         return forms.BooleanField(required=False, initial=initial, help_text=help_text)
     if kinds == {int}:
-        return forms.IntegerField(initial=initial, help_text=help_text, required=initial is not None)
+        return forms.IntegerField(
+            initial=initial, help_text=help_text, required=initial is not None
+        )
     if kinds <= {int, float}:
         return forms.FloatField(initial=initial, help_text=help_text, required=initial is not None)
     if kinds & {list, dict}:
-        return forms.CharField(required=False, initial=json.dumps(initial) if initial not in (None, "") else "",
-                               help_text=help_text + " (JSON)")
+        return forms.CharField(
+            required=False,
+            initial=json.dumps(initial) if initial not in (None, "") else "",
+            help_text=help_text + " (JSON)",
+        )
     return forms.CharField(required=False, initial=initial or "", help_text=help_text)
 
 
 class LaunchForm(forms.Form):
     name = forms.CharField(max_length=200)
     environment = forms.ChoiceField(choices=())
-    base_model = forms.CharField(max_length=500, required=False,
-                                 help_text="'tiny:<env>' (offline tiny model), 'run:<id>' (a run's output), "
-                                           "a model folder or a hub id")
-    parent = forms.ModelChoiceField(queryset=Run.objects.none(), required=False,
-                                    help_text="start after this run succeeds (chains: SFT -> GRPO -> eval)")
-    num_gpus = forms.IntegerField(min_value=1, max_value=64, initial=1,
-                                  help_text="GPUs on one host; >1 runs under accelerate launch")
+    base_model = forms.CharField(
+        max_length=500,
+        required=False,
+        help_text="'tiny:<env>' (offline tiny model), 'run:<id>' (a run's output), "
+        "a model folder or a hub id",
+    )
+    parent = forms.ModelChoiceField(
+        queryset=Run.objects.none(),
+        required=False,
+        help_text="start after this run succeeds (chains: SFT -> GRPO -> eval)",
+    )
+    num_gpus = forms.IntegerField(
+        min_value=1,
+        max_value=64,
+        initial=1,
+        help_text="GPUs on one host; >1 runs under accelerate launch",
+    )
 
     def clean_num_gpus(self) -> int:
         from training.jobs import runs_on_several_gpus
 
         gpus = self.cleaned_data.get("num_gpus") or 1
         if gpus > 1 and not runs_on_several_gpus(self.kind):
-            raise forms.ValidationError("only SFT, GRPO and DPO jobs run on several GPUs; this job uses one")
+            raise forms.ValidationError(
+                "only SFT, GRPO and DPO jobs run on several GPUs; this job uses one"
+            )
         return gpus
 
     def __init__(self, kind: str, *args: Any, **kwargs: Any) -> None:
@@ -98,7 +161,9 @@ class LaunchForm(forms.Form):
         self.kind = kind
         self.config_cls = config_class(kind)
         self.fields["environment"].choices = [(e, e) for e in available_environments()]
-        self.fields["parent"].queryset = Run.objects.exclude(status__in=[Run.Status.FAILED, Run.Status.CANCELLED])
+        self.fields["parent"].queryset = Run.objects.exclude(
+            status__in=[Run.Status.FAILED, Run.Status.CANCELLED]
+        )
         hints = typing.get_type_hints(self.config_cls)
         self.job_fields = []
         for f in dataclasses.fields(self.config_cls):
@@ -126,7 +191,8 @@ class LaunchForm(forms.Form):
             return []  # an unknown environment: the environment field reports it
         for c in components:
             self.fields[f"{WEIGHT_PREFIX}{c.name}"] = forms.FloatField(
-                label=c.name, initial=c.weight, help_text=f"{c.kind}: {c.description}"[:200])
+                label=c.name, initial=c.weight, help_text=f"{c.kind}: {c.description}"[:200]
+            )
         return [c.name for c in components]
 
     def sections(self) -> list[dict[str, Any]]:
@@ -141,7 +207,13 @@ class LaunchForm(forms.Form):
                 continue
             shown = [k for k in map(self._key, main) if k]
             folded = [k for k in map(self._key, advanced) if k]
-            out.append({"title": title, "fields": [self[k] for k in shown], "advanced": [self[k] for k in folded]})
+            out.append(
+                {
+                    "title": title,
+                    "fields": [self[k] for k in shown],
+                    "advanced": [self[k] for k in folded],
+                }
+            )
             placed.update(shown + folded)
         rest = [self[name] for name in self.fields if name not in placed]
         out[3]["advanced"].extend(rest)  # "Algorithm": anything a config class adds later
@@ -154,8 +226,11 @@ class LaunchForm(forms.Form):
         return None
 
     def reward_weights(self) -> dict[str, float]:
-        return {n: float(self.cleaned_data[f"{WEIGHT_PREFIX}{n}"]) for n in self.weight_names
-                if self.cleaned_data.get(f"{WEIGHT_PREFIX}{n}") is not None}
+        return {
+            n: float(self.cleaned_data[f"{WEIGHT_PREFIX}{n}"])
+            for n in self.weight_names
+            if self.cleaned_data.get(f"{WEIGHT_PREFIX}{n}") is not None
+        }
 
     def job_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -183,8 +258,12 @@ class LaunchForm(forms.Form):
         config = self.job_config()
         if self.errors:
             return data
-        trial = dict(config, output_dir="/tmp/validate-only", base_model=data.get("base_model") or "x",
-                     env=data.get("environment") or "diagram")
+        trial = dict(
+            config,
+            output_dir="/tmp/validate-only",
+            base_model=data.get("base_model") or "x",
+            env=data.get("environment") or "diagram",
+        )
         names = {f.name for f in dataclasses.fields(self.config_cls)}
         try:
             self.config_cls.from_dict({k: v for k, v in trial.items() if k in names})
@@ -193,6 +272,8 @@ class LaunchForm(forms.Form):
             target = f"cfg_{field}" if f"cfg_{field}" in self.fields else None
             self.add_error(target, message or str(e))
         if self.weight_names:
-            config["reward_weights"] = self.reward_weights()  # by name: workers.jobs orders them per component
+            config["reward_weights"] = (
+                self.reward_weights()
+            )  # by name: workers.jobs orders them per component
         data["config"] = config
         return data

@@ -30,32 +30,46 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     require_role(request, "trainer")
     if kind not in JOBS:
         raise Http404("unknown job kind")
-    env = request.GET.get("environment", "diagram")  # the launch page reloads with it: weights are per environment
+    env = request.GET.get(
+        "environment", "diagram"
+    )  # the launch page reloads with it: weights are per environment
     initial = {"environment": env, "base_model": request.GET.get("base_model", f"tiny:{env}")}
     if request.GET.get("parent"):
         initial["parent"] = request.GET["parent"]
     form = LaunchForm(kind, request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         run = start_job(kind, form.cleaned_data, request.user)
-        messages.success(request, f"Run {run.id} {'queued' if run.status == 'queued' else run.status}.")
+        messages.success(
+            request, f"Run {run.id} {'queued' if run.status == 'queued' else run.status}."
+        )
         return redirect("jobs-detail", run_id=run.id)
-    return render(request, "jobs/launch.html", {"form": form, "kind": kind, "title": KIND_TITLES[kind],
-                                                "kinds": KIND_TITLES})
+    return render(
+        request,
+        "jobs/launch.html",
+        {"form": form, "kind": kind, "title": KIND_TITLES[kind], "kinds": KIND_TITLES},
+    )
 
 
 def start_job(kind: str, data: dict, owner) -> Run:
     """Create the run and queue it now, or behind its parent when the parent has not finished."""
     env = environment_from_training(get_environment(data["environment"]))
     config = dict(data["config"], num_gpus=data.get("num_gpus") or 1)
-    return launch_run(name=data["name"], kind=kind, environment=env, config=config, owner=owner,
-                      base_model=data.get("base_model") or "", parent=data.get("parent"))
+    return launch_run(
+        name=data["name"],
+        kind=kind,
+        environment=env,
+        config=config,
+        owner=owner,
+        base_model=data.get("base_model") or "",
+        parent=data.get("parent"),
+    )
 
 
 TRAINED_KINDS = ("sft", "grpo", "dpo")  # kinds whose output is a model another job can start from
 
 
 def checkpoint_state(run: Run) -> str | None:
-    """"ready" when the run saved a model, "pending" when it may still (a chain can queue behind it), None
+    """ "ready" when the run saved a model, "pending" when it may still (a chain can queue behind it), None
     when it never will (failed, cancelled, being cancelled, or a kind that trains nothing)."""
     if run.kind not in TRAINED_KINDS:
         return None
@@ -78,20 +92,36 @@ def queue_info(run: Run) -> dict | None:
     max_age = settings.WORKER_HEARTBEAT_SECONDS * 3
     alive = [w for w in WorkerHeartbeat.objects.order_by("name") if w.is_alive(max_age)]
     listening = [w for w in alive if queue in [q.strip() for q in (w.queues or "").split(",")]]
-    return {"queue": queue, "listening": listening, "others": [w for w in alive if w not in listening]}
+    return {
+        "queue": queue,
+        "listening": listening,
+        "others": [w for w in alive if w not in listening],
+    }
 
 
 def job_context(run: Run) -> dict:
-    return {"run": run, "queue": queue_info(run), "checkpoint": checkpoint_state(run),
-            "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str) if run.summary else ""}
+    return {
+        "run": run,
+        "queue": queue_info(run),
+        "checkpoint": checkpoint_state(run),
+        "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str)
+        if run.summary
+        else "",
+    }
 
 
 @require_safe
 def detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(request, run_id, related=("environment", "parent", "owner"))
-    return render(request, "jobs/detail.html", {
-        **job_context(run), "children": run.children.all(),
-        "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True, default=str)})
+    return render(
+        request,
+        "jobs/detail.html",
+        {
+            **job_context(run),
+            "children": run.children.all(),
+            "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True, default=str),
+        },
+    )
 
 
 @require_safe
@@ -99,7 +129,9 @@ def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(request, run_id, related=())
     finished = run.is_finished and request.headers.get("HX-Request")
     # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what the end changed.
-    response = render(request, "jobs/_progress.html", job_context(run), status=286 if finished else 200)
+    response = render(
+        request, "jobs/_progress.html", job_context(run), status=286 if finished else 200
+    )
     if finished:
         response["HX-Trigger"] = "run-finished"
     return response
@@ -115,7 +147,9 @@ def cancel(request: HttpRequest, run_id: int) -> HttpResponse:
         if run.is_finished:
             messages.success(request, f"Run {run.id} cancelled before it started.")
         else:
-            messages.success(request, f"Cancelling run {run.id}: its worker stops the job at the next check.")
+            messages.success(
+                request, f"Cancelling run {run.id}: its worker stops the job at the next check."
+            )
     return redirect("jobs-detail", run_id=run.id)
 
 
@@ -125,7 +159,9 @@ def workers(request: HttpRequest) -> HttpResponse:
 
     beats = WorkerHeartbeat.objects.select_related("current_run").order_by("-last_seen")[:50]
     max_age = settings.WORKER_HEARTBEAT_SECONDS * 3
-    return render(request, "jobs/_workers.html", {"workers": [(w, w.is_alive(max_age)) for w in beats]})
+    return render(
+        request, "jobs/_workers.html", {"workers": [(w, w.is_alive(max_age)) for w in beats]}
+    )
 
 
 @require_safe
@@ -135,15 +171,25 @@ def compare(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return render(request, "jobs/compare.html", {"error": "run: must be run ids"}, status=400)
     runs = list(Run.objects.filter(id__in=ids).select_related("environment"))
-    runs.sort(key=lambda r: ids.index(r.id))  # the order asked for: before / after reads left to right
+    runs.sort(
+        key=lambda r: ids.index(r.id)
+    )  # the order asked for: before / after reads left to right
     evals = eval_summary([r for r in runs if r.kind == Run.Kind.EVAL])
     # Evals are one step each: their table and bars say it all; per-step curves of one dot per run do not.
     curves = [r for r in runs if r.kind != Run.Kind.EVAL]
     figures = compare_figures(curves) if curves else []
-    return render(request, "jobs/compare.html", {
-        "runs": runs, "all_runs": Run.objects.order_by("-created_at")[:200], "selected": ids,
-        "figures": figures, "evals": evals, "weights": weights_differ(curves),
-    })
+    return render(
+        request,
+        "jobs/compare.html",
+        {
+            "runs": runs,
+            "all_runs": Run.objects.order_by("-created_at")[:200],
+            "selected": ids,
+            "figures": figures,
+            "evals": evals,
+            "weights": weights_differ(curves),
+        },
+    )
 
 
 def eval_summary(runs: list[Run]) -> dict | None:
@@ -153,51 +199,137 @@ def eval_summary(runs: list[Run]) -> dict | None:
     if not runs:
         return None
     ids = [r.id for r in runs]
-    totals = {g["run"]: g for g in RolloutGroup.objects.filter(run_id__in=ids).values("run").annotate(
-        groups=Count("id"), rollouts=Sum("size"), weighted=Sum(F("reward_mean") * F("size")))}
+    totals = {
+        g["run"]: g
+        for g in RolloutGroup.objects.filter(run_id__in=ids)
+        .values("run")
+        .annotate(
+            groups=Count("id"), rollouts=Sum("size"), weighted=Sum(F("reward_mean") * F("size"))
+        )
+    }
     means: dict[int, dict[str, float | None]] = {i: {} for i in ids}
     names: list[str] = []
-    stats = (GroupComponentStat.objects.filter(run_id__in=ids).values("run", "component__name")
-             .annotate(weighted=Sum(F("mean") * F("count")), n=Sum("count")).order_by("component__name"))
+    stats = (
+        GroupComponentStat.objects.filter(run_id__in=ids)
+        .values("run", "component__name")
+        .annotate(weighted=Sum(F("mean") * F("count")), n=Sum("count"))
+        .order_by("component__name")
+    )
     for s in stats:
         if s["component__name"] not in names:
             names.append(s["component__name"])
-        means[s["run"]][s["component__name"]] = s["weighted"] / s["n"] if s["n"] and s["weighted"] is not None else None
+        means[s["run"]][s["component__name"]] = (
+            s["weighted"] / s["n"] if s["n"] and s["weighted"] is not None else None
+        )
     rows = []
     for run in runs:
         t = totals.get(run.id) or {}
-        reward = t["weighted"] / t["rollouts"] if t.get("rollouts") and t.get("weighted") is not None else None
-        rows.append({"run": run, "groups": t.get("groups", 0), "rollouts": t.get("rollouts") or 0,
-                     "reward": reward, "means": [means[run.id].get(n) for n in names]})
-    figure = {"data": [{"type": "bar", "name": f"{r['run'].id} {r['run'].name}"[:40], "x": names, "y": r["means"]}
-                       for r in rows],
-              "layout": {"title": {"text": "held-out component means"}, "barmode": "group", "height": 320,
-                         "margin": {"t": 40, "r": 10}}}
-    return {"names": names, "rows": rows, "figure": escape_figure(figure)}  # run and component names
+        reward = (
+            t["weighted"] / t["rollouts"]
+            if t.get("rollouts") and t.get("weighted") is not None
+            else None
+        )
+        rows.append(
+            {
+                "run": run,
+                "groups": t.get("groups", 0),
+                "rollouts": t.get("rollouts") or 0,
+                "reward": reward,
+                "means": [means[run.id].get(n) for n in names],
+            }
+        )
+    figure = {
+        "data": [
+            {
+                "type": "bar",
+                "name": f"{r['run'].id} {r['run'].name}"[:40],
+                "x": names,
+                "y": r["means"],
+            }
+            for r in rows
+        ],
+        "layout": {
+            "title": {"text": "held-out component means"},
+            "barmode": "group",
+            "height": 320,
+            "margin": {"t": 40, "r": 10},
+        },
+    }
+    return {
+        "names": names,
+        "rows": rows,
+        "figure": escape_figure(figure),
+    }  # run and component names
 
 
 @escaped
 def compare_figures(runs: list[Run]) -> list[dict]:
     """Overlay per-step curves: the aggregate reward mean (from groups) and each component's mean."""
-    reward = {"data": [], "layout": {"title": {"text": "reward mean per step"}, "xaxis": {"title": {"text": "step"}},
-                                     "height": 320, "margin": {"t": 40, "r": 10}}}
+    reward = {
+        "data": [],
+        "layout": {
+            "title": {"text": "reward mean per step"},
+            "xaxis": {"title": {"text": "step"}},
+            "height": 320,
+            "margin": {"t": 40, "r": 10},
+        },
+    }
     per_comp: dict[str, dict] = {}
     for run in runs:
-        rows = (RolloutGroup.objects.filter(run=run).values("step").annotate(m=Avg("reward_mean")).order_by("step"))
-        reward["data"].append({"type": "scatter", "mode": "lines+markers", "name": f"{run.id} {run.name}"[:40],
-                               "x": [r["step"] for r in rows], "y": [r["m"] for r in rows]})
-        stats = (GroupComponentStat.objects.filter(run=run).values("component__name", "step")
-                 .annotate(m=Avg("mean")).order_by("component__name", "step"))
+        rows = (
+            RolloutGroup.objects.filter(run=run)
+            .values("step")
+            .annotate(m=Avg("reward_mean"))
+            .order_by("step")
+        )
+        reward["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{run.id} {run.name}"[:40],
+                "x": [r["step"] for r in rows],
+                "y": [r["m"] for r in rows],
+            }
+        )
+        stats = (
+            GroupComponentStat.objects.filter(run=run)
+            .values("component__name", "step")
+            .annotate(m=Avg("mean"))
+            .order_by("component__name", "step")
+        )
         for s in stats:
-            fig = per_comp.setdefault(s["component__name"], {
-                "data": {}, "layout": {"title": {"text": f"{s['component__name']} mean"}, "height": 260,
-                                       "margin": {"t": 40, "r": 10}}})
-            trace = fig["data"].setdefault(run.id, {"type": "scatter", "mode": "lines+markers", "name": f"{run.id}",
-                                                    "x": [], "y": []})
+            fig = per_comp.setdefault(
+                s["component__name"],
+                {
+                    "data": {},
+                    "layout": {
+                        "title": {"text": f"{s['component__name']} mean"},
+                        "height": 260,
+                        "margin": {"t": 40, "r": 10},
+                    },
+                },
+            )
+            trace = fig["data"].setdefault(
+                run.id,
+                {"type": "scatter", "mode": "lines+markers", "name": f"{run.id}", "x": [], "y": []},
+            )
             trace["x"].append(s["step"])
             trace["y"].append(s["m"])
         if not rows:  # a run fed only metrics (e.g. SFT): its logged loss instead
-            loss = StepMetric.objects.filter(run=run, name="loss").order_by("step").values_list("step", "value")
-            reward["data"].append({"type": "scatter", "mode": "lines", "name": f"{run.id} loss",
-                                   "x": [s for s, _ in loss], "y": [v for _, v in loss]})
-    return [reward] + [{"data": list(f["data"].values()), "layout": f["layout"]} for f in per_comp.values()]
+            loss = (
+                StepMetric.objects.filter(run=run, name="loss")
+                .order_by("step")
+                .values_list("step", "value")
+            )
+            reward["data"].append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": f"{run.id} loss",
+                    "x": [s for s, _ in loss],
+                    "y": [v for _, v in loss],
+                }
+            )
+    return [reward] + [
+        {"data": list(f["data"].values()), "layout": f["layout"]} for f in per_comp.values()
+    ]

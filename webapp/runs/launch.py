@@ -16,8 +16,12 @@ from training.jobs import get_job
 from webapp.runs.models import Run
 
 RUN_JOB_TASK = "workers.tasks.run_job"
-TINY_PREFIX = "tiny:"  # base_model "tiny:diagram" = the offline tiny model built for that environment
-RUN_PREFIX = "run:"  # base_model "run:12" = the model that run 12 trained (chains: SFT -> GRPO -> eval)
+TINY_PREFIX = (
+    "tiny:"  # base_model "tiny:diagram" = the offline tiny model built for that environment
+)
+RUN_PREFIX = (
+    "run:"  # base_model "run:12" = the model that run 12 trained (chains: SFT -> GRPO -> eval)
+)
 DEMO_TAG = "demo_chain"  # config marker: the chain is queued once, however often `make demo` runs
 
 
@@ -37,16 +41,31 @@ def enqueue_run(run_id: int) -> str:
     return queue
 
 
-def launch_run(*, name: str, kind: str, environment, config: dict, owner=None, base_model: str = "",
-               parent: Run | None = None) -> Run:
+def launch_run(
+    *,
+    name: str,
+    kind: str,
+    environment,
+    config: dict,
+    owner=None,
+    base_model: str = "",
+    parent: Run | None = None,
+) -> Run:
     """Create a job run and queue it now, or behind its parent when the parent has not succeeded
     (the worker queues it when the parent finishes; see workers.tasks._after)."""
     from webapp.rollouts.services import create_run
 
     get_job(kind)
     waits = parent is not None and parent.status != Run.Status.SUCCEEDED
-    run = create_run(name=name, kind=kind, environment=environment, owner=owner, base_model=base_model,
-                     parent=parent, config=dict(config, start_after_parent=waits))
+    run = create_run(
+        name=name,
+        kind=kind,
+        environment=environment,
+        owner=owner,
+        base_model=base_model,
+        parent=parent,
+        config=dict(config, start_after_parent=waits),
+    )
     if not waits:
         enqueue_run(run.id)
     return run
@@ -61,9 +80,9 @@ def resolve_model(base_model: str) -> str:
     if base_model.startswith(TINY_PREFIX):
         from training.tiny import ensure_tiny_model
 
-        return str(ensure_tiny_model(base_model[len(TINY_PREFIX):], Path(settings.MODELS_DIR)))
+        return str(ensure_tiny_model(base_model[len(TINY_PREFIX) :], Path(settings.MODELS_DIR)))
     if base_model.startswith(RUN_PREFIX):
-        run = Run.objects.get(id=int(base_model[len(RUN_PREFIX):]))
+        run = Run.objects.get(id=int(base_model[len(RUN_PREFIX) :]))
         out = Path(run.output_dir or output_dir(run))
         return str(out / "model") if (out / "model").is_dir() else str(out)
     return base_model
@@ -83,7 +102,10 @@ def queue_demo_chain(env_name: str = "diagram") -> list[str]:
 
     existing = list(Run.objects.filter(config__demo_chain=True).order_by("id"))
     if existing:
-        return [f"demo training chain already queued ({len(existing)} runs)", _compare_line(existing)]
+        return [
+            f"demo training chain already queued ({len(existing)} runs)",
+            _compare_line(existing),
+        ]
     env = environment_from_training(get_environment(env_name))
     owner = get_user_model().objects.filter(username="demo").first()
     runs: dict[str, Run] = {}
@@ -91,10 +113,18 @@ def queue_demo_chain(env_name: str = "diagram") -> list[str]:
     for stage in demo_chain_stages(env_name):
         parent = runs.get(stage.data_from or "") or runs.get(stage.model_from or "")
         tiny = stage.model_from in (None, "tiny")
-        base_model = f"{TINY_PREFIX}{env_name}" if tiny else f"{RUN_PREFIX}{runs[stage.model_from].id}"
-        run = launch_run(name=f"demo · {stage.name.replace('_', ' ')}", kind=stage.kind, environment=env,
-                         config=dict(stage.config, demo_chain=True), owner=owner, base_model=base_model,
-                         parent=parent)
+        base_model = (
+            f"{TINY_PREFIX}{env_name}" if tiny else f"{RUN_PREFIX}{runs[stage.model_from].id}"
+        )
+        run = launch_run(
+            name=f"demo · {stage.name.replace('_', ' ')}",
+            kind=stage.kind,
+            environment=env,
+            config=dict(stage.config, demo_chain=True),
+            owner=owner,
+            base_model=base_model,
+            parent=parent,
+        )
         runs[stage.name] = run
         after = f", after run {parent.id}" if parent else ""
         lines.append(f"queued run {run.id}: {run.name} ({stage.kind}){after}")

@@ -20,8 +20,12 @@ def _unknown(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> list[d
     for key in obj:
         if key not in allowed:
             name = str(key)[:100] or '""'
-            out.append({"field": f"{path}.{name}" if path else name,
-                        "error": f"unknown field; expected {', '.join(allowed)}"})
+            out.append(
+                {
+                    "field": f"{path}.{name}" if path else name,
+                    "error": f"unknown field; expected {', '.join(allowed)}",
+                }
+            )
     return out
 
 
@@ -38,19 +42,31 @@ def validate_metrics(body: Any) -> list[tuple[int, str, float | None]]:
         errors += _unknown(m, ("step", "values"), p)
         step, values = m.get("step"), m.get("values")
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_INT:
-            errors.append({"field": f"{p}.step", "error": f"must be a non-negative integer (at most {MAX_INT})"})
+            errors.append(
+                {
+                    "field": f"{p}.step",
+                    "error": f"must be a non-negative integer (at most {MAX_INT})",
+                }
+            )
         if not isinstance(values, dict):
             errors.append({"field": f"{p}.values", "error": "must be an object of name -> number"})
             continue
         for name, v in values.items():
             if not name or len(name) > MAX_NAME:
-                errors.append({"field": f"{p}.values", "error": f"metric names must be 1..{MAX_NAME} characters"})
+                errors.append(
+                    {
+                        "field": f"{p}.values",
+                        "error": f"metric names must be 1..{MAX_NAME} characters",
+                    }
+                )
             elif v is None:
                 rows.append((step, name, None))
             elif isinstance(v, bool) or not isinstance(v, (int, float)):
                 errors.append({"field": f"{p}.values.{name}", "error": "must be a number or null"})
             elif not math.isfinite(v):
-                rows.append((step, name, None))  # trainers do log inf/NaN (a diverged loss): kept as missing
+                rows.append(
+                    (step, name, None)
+                )  # trainers do log inf/NaN (a diverged loss): kept as missing
             else:
                 rows.append((step, name, float(v)))
     if errors:
@@ -67,9 +83,16 @@ def record_metrics(run: Run, body: Any) -> int:
     latest = {(step, name): v for step, name, v in rows}
     objs = [StepMetric(run=run, step=s, name=n, value=v) for (s, n), v in latest.items()]
     if connection.vendor in ("postgresql", "sqlite"):
-        StepMetric.objects.bulk_create(objs, update_conflicts=True, unique_fields=["run", "name", "step"],
-                                       update_fields=["value"], batch_size=1000)
+        StepMetric.objects.bulk_create(
+            objs,
+            update_conflicts=True,
+            unique_fields=["run", "name", "step"],
+            update_fields=["value"],
+            batch_size=1000,
+        )
     else:  # pragma: no cover
         for o in objs:
-            StepMetric.objects.update_or_create(run=run, step=o.step, name=o.name, defaults={"value": o.value})
+            StepMetric.objects.update_or_create(
+                run=run, step=o.step, name=o.name, defaults={"value": o.value}
+            )
     return len(objs)

@@ -37,17 +37,27 @@ class Run(models.Model):
 
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.IMPORT)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    environment = models.ForeignKey("rollouts.Environment", null=True, blank=True, on_delete=models.PROTECT)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    environment = models.ForeignKey(
+        "rollouts.Environment", null=True, blank=True, on_delete=models.PROTECT
+    )
     config = models.JSONField(default=dict, blank=True)  # the resolved job config
-    provenance = models.JSONField(default=dict, blank=True)  # git commit, component source hashes, versions
+    provenance = models.JSONField(
+        default=dict, blank=True
+    )  # git commit, component source hashes, versions
     # What the rewards and advantages of this run were computed with (webapp/runs/reward_settings.py):
     # weights by component, scale_rewards, aggregation, advantage epsilon, group size, and the trainer's
     # own settings as its recorder read them. Set at creation, overwritten by the trainer's values.
     reward_settings = models.JSONField(default=dict, blank=True)
     base_model = models.CharField(max_length=500, blank=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     progress = models.FloatField(default=0.0)  # 0..1
     current_step = models.IntegerField(default=0)
     total_steps = models.IntegerField(null=True, blank=True)
@@ -82,7 +92,11 @@ class Run(models.Model):
 
         if self.environment_id is None:
             return []
-        return list(RewardComponent.objects.filter(environment_id=self.environment_id).order_by("position", "id"))
+        return list(
+            RewardComponent.objects.filter(environment_id=self.environment_id).order_by(
+                "position", "id"
+            )
+        )
 
     def reward_weights(self, components: list | None = None) -> dict[str, float]:
         """{component: weight} this run's rewards were summed with: the trainer's (or creation-time)
@@ -121,8 +135,12 @@ class Run(models.Model):
 
     def _finish(self, status: str, error: str = "") -> bool:
         # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice versa.
-        n = Run.objects.filter(id=self.id).exclude(status__in=self.FINISHED).update(
-            status=status, finished_at=timezone.now(), error=error[-LOG_TAIL_CHARS:], pid=None
+        n = (
+            Run.objects.filter(id=self.id)
+            .exclude(status__in=self.FINISHED)
+            .update(
+                status=status, finished_at=timezone.now(), error=error[-LOG_TAIL_CHARS:], pid=None
+            )
         )
         self._refresh()
         return n == 1
@@ -155,7 +173,11 @@ class Run(models.Model):
     def set_progress(self, step: int, total: int | None, eta: float | None = None) -> None:
         progress = min(1.0, step / total) if total else 0.0
         Run.objects.filter(id=self.id).update(
-            current_step=step, total_steps=total, progress=progress, eta_seconds=eta, heartbeat_at=timezone.now()
+            current_step=step,
+            total_steps=total,
+            progress=progress,
+            eta_seconds=eta,
+            heartbeat_at=timezone.now(),
         )
 
 
@@ -168,7 +190,9 @@ class StepMetric(models.Model):
     value = models.FloatField(null=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "name", "step"], name="stepmetric_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name", "step"], name="stepmetric_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.step} {self.name}={self.value}"

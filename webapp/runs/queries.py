@@ -37,7 +37,9 @@ class ComponentSeries:
     name: str
     steps: list[int] = field(default_factory=list)
     mean: list[float | None] = field(default_factory=list)
-    batch_std: list[float | None] = field(default_factory=list)  # std over the step's rollouts (TRL's)
+    batch_std: list[float | None] = field(
+        default_factory=list
+    )  # std over the step's rollouts (TRL's)
     within_std: list[float | None] = field(default_factory=list)  # mean of per-group stds (GRPO's)
     zero_std_frac: list[float | None] = field(default_factory=list)
     batch_std_source: str = "sql"  # "trainer" when StepMetric rewards/<name>/std replaced it
@@ -54,7 +56,9 @@ class DashboardData:
     n_rollouts: int
 
 
-def _pooled(n: float | None, s1: float | None, s2: float | None) -> tuple[float | None, float | None]:
+def _pooled(
+    n: float | None, s1: float | None, s2: float | None
+) -> tuple[float | None, float | None]:
     """(mean, Bessel std) from the count, sum and sum of squares."""
     if not n or s1 is None or s2 is None or not (math.isfinite(s1) and math.isfinite(s2)):
         return None, None
@@ -77,7 +81,9 @@ def _batch(r: dict) -> tuple[float | None, float | None]:
     return _pooled(r["n_values"], r["sum_values"], r["sum_squares"])
 
 
-def reward_series(run: Run, rows: dict[int, list[dict]] | None = None) -> tuple[Series, list[float | None], int, int]:
+def reward_series(
+    run: Run, rows: dict[int, list[dict]] | None = None
+) -> tuple[Series, list[float | None], int, int]:
     """Aggregate reward mean/std per step, the fraction of zero-std groups, and totals."""
     rows = _step_rows(run) if rows is None else rows
     series, zero = Series(), []
@@ -93,8 +99,9 @@ def reward_series(run: Run, rows: dict[int, list[dict]] | None = None) -> tuple[
     return series, zero, n_groups, n_rollouts
 
 
-def component_series(run: Run, components: list[RewardComponent],
-                     rows: dict[int, list[dict]] | None = None) -> list[ComponentSeries]:
+def component_series(
+    run: Run, components: list[RewardComponent], rows: dict[int, list[dict]] | None = None
+) -> list[ComponentSeries]:
     """Per component and step: mean, batch std, mean within-group std, zero-std fraction."""
     rows = _step_rows(run) if rows is None else rows
     out = []
@@ -108,7 +115,9 @@ def component_series(run: Run, components: list[RewardComponent],
             cs.mean.append(mean)
             cs.batch_std.append(std)
             within = r["sum_group_std"]
-            cs.within_std.append(within / r["n_group_std"] if r["n_group_std"] and within is not None else None)
+            cs.within_std.append(
+                within / r["n_group_std"] if r["n_group_std"] and within is not None else None
+            )
             cs.zero_std_frac.append(r["n_zero_std"] / r["n_groups"])
         out.append(cs)
     return out
@@ -116,8 +125,10 @@ def component_series(run: Run, components: list[RewardComponent],
 
 def step_metrics(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:
     out: dict[str, tuple[list[int], list[float | None]]] = {}
-    for name, step, value in StepMetric.objects.filter(run=run).order_by("name", "step").values_list(
-        "name", "step", "value"
+    for name, step, value in (
+        StepMetric.objects.filter(run=run)
+        .order_by("name", "step")
+        .values_list("name", "step", "value")
     ):
         steps, values = out.setdefault(name, ([], []))
         steps.append(step)
@@ -138,9 +149,18 @@ def dashboard_data(run: Run) -> DashboardData:
             at = dict(zip(*logged))
             cs.batch_std = [at.get(s, b) for s, b in zip(cs.steps, cs.batch_std)]
             cs.batch_std_source = "trainer"
-        metrics.pop(f"rewards/{cs.name}/mean", None)  # same number as our mean: charting it twice adds noise
-    return DashboardData(reward=reward, zero_std_steps=reward.steps, zero_std_frac=zero, components=comps,
-                         metrics=metrics, n_groups=n_groups, n_rollouts=n_rollouts)
+        metrics.pop(
+            f"rewards/{cs.name}/mean", None
+        )  # same number as our mean: charting it twice adds noise
+    return DashboardData(
+        reward=reward,
+        zero_std_steps=reward.steps,
+        zero_std_frac=zero,
+        components=comps,
+        metrics=metrics,
+        n_groups=n_groups,
+        n_rollouts=n_rollouts,
+    )
 
 
 @dataclass
@@ -153,8 +173,11 @@ class RunSummary:
 
 def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
     """Steps, rollouts, last reward mean and the reward curve of many runs in ONE query (StepStat)."""
-    rows = (StepStat.objects.filter(run_id__in=run_ids, component_id=0)
-            .values_list("run_id", "n_rollouts", "n_values", "sum_values").order_by("run_id", "step"))
+    rows = (
+        StepStat.objects.filter(run_id__in=run_ids, component_id=0)
+        .values_list("run_id", "n_rollouts", "n_values", "sum_values")
+        .order_by("run_id", "step")
+    )
     curves: dict[int, list[float | None]] = defaultdict(list)
     out: dict[int, RunSummary] = {rid: RunSummary() for rid in run_ids}
     for run_id, n_rollouts, n_values, sum_values in rows:
@@ -176,4 +199,3 @@ def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
             ]
         out[rid].curve = points
     return out
-

@@ -23,9 +23,21 @@ from typing import Any
 from training import stats
 from webapp.errors import FieldError
 
-DEFAULTS: dict[str, Any] = {"scale_rewards": "group", "aggregation": "sum_then_normalize",
-                            "advantage_epsilon": stats.EPS, "group_size": None}
-KEYS = ("weights", "scale_rewards", "aggregation", "advantage_epsilon", "group_size", "trainer", "source")
+DEFAULTS: dict[str, Any] = {
+    "scale_rewards": "group",
+    "aggregation": "sum_then_normalize",
+    "advantage_epsilon": stats.EPS,
+    "group_size": None,
+}
+KEYS = (
+    "weights",
+    "scale_rewards",
+    "aggregation",
+    "advantage_epsilon",
+    "group_size",
+    "trainer",
+    "source",
+)
 MAX_TRAINER_KEYS = 100
 
 
@@ -40,7 +52,9 @@ def validate(raw: Any, components: list[str], path: str = "reward_settings") -> 
         raise FieldError(path, f"must be an object with any of {', '.join(KEYS)}")
     extra = sorted(set(raw) - set(KEYS))
     if extra:
-        raise FieldError(f"{path}.{str(extra[0])[:80]}", f"unknown setting; expected {', '.join(KEYS)}")
+        raise FieldError(
+            f"{path}.{str(extra[0])[:80]}", f"unknown setting; expected {', '.join(KEYS)}"
+        )
     out: dict[str, Any] = {}
     if raw.get("weights") is not None:
         out["weights"] = _weights(raw["weights"], components, f"{path}.weights")
@@ -75,7 +89,10 @@ def _weights(raw: Any, components: list[str], path: str) -> dict[str, float]:
     for name, w in raw.items():
         if name not in components:
             have = ", ".join(components) or "none"
-            raise FieldError(f"{path}.{str(name)[:80]}", f"unknown component (this run's environment has: {have})")
+            raise FieldError(
+                f"{path}.{str(name)[:80]}",
+                f"unknown component (this run's environment has: {have})",
+            )
         if not _finite(w):
             raise FieldError(f"{path}.{name}", "must be a finite number")
         out[name] = float(w)
@@ -88,7 +105,9 @@ def _trainer(raw: Any, path: str) -> dict[str, Any]:
     out = {}
     for k, v in raw.items():
         if v is not None and not isinstance(v, (str, bool)) and not _finite(v):
-            raise FieldError(f"{path}.{str(k)[:80]}", "must be a string, a finite number, true/false or null")
+            raise FieldError(
+                f"{path}.{str(k)[:80]}", "must be a string, a finite number, true/false or null"
+            )
         out[str(k)[:100]] = v[:500] if isinstance(v, str) else v
     return out
 
@@ -96,14 +115,19 @@ def _trainer(raw: Any, path: str) -> dict[str, Any]:
 def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The run's own settings over the job config's (scale_rewards, multi_objective_aggregation,
     num_generations: what a launched job was configured with) over TRL's defaults."""
-    from_config = {"scale_rewards": config.get("scale_rewards"),
-                   "aggregation": config.get("multi_objective_aggregation"),
-                   "group_size": config.get("num_generations")}
+    from_config = {
+        "scale_rewards": config.get("scale_rewards"),
+        "aggregation": config.get("multi_objective_aggregation"),
+        "group_size": config.get("num_generations"),
+    }
     out = {}
     for key, default in DEFAULTS.items():
         value = own.get(key)
-        out[key] = value if value is not None else (from_config.get(key) if from_config.get(key) is not None
-                                                    else default)
+        out[key] = (
+            value
+            if value is not None
+            else (from_config.get(key) if from_config.get(key) is not None else default)
+        )
     return out
 
 
@@ -123,7 +147,10 @@ def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
             changes.append(f"{key}: {settings[key]!r} replaces {before[key]!r}")
     merged = {**(run.reward_settings or {}), **settings, "source": source}
     if "weights" in settings:
-        merged["weights"] = {**((run.reward_settings or {}).get("weights") or {}), **settings["weights"]}
+        merged["weights"] = {
+            **((run.reward_settings or {}).get("weights") or {}),
+            **settings["weights"],
+        }
     type(run).objects.filter(id=run.id).update(reward_settings=merged)
     run.reward_settings = merged
     if changes:

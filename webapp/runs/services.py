@@ -18,10 +18,14 @@ def reap_stale_runs() -> int:
     Import runs are fed by the API from elsewhere and have no worker heartbeat: they are left alone.
     """
     cutoff = timezone.now() - timedelta(seconds=settings.WORKER_HEARTBEAT_SECONDS * STALE_BEATS)
-    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff).exclude(kind=Run.Kind.IMPORT)
+    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff).exclude(
+        kind=Run.Kind.IMPORT
+    )
     n = 0
     for run in stale:
-        if run.mark_failed(f"worker lost: no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"):
+        if run.mark_failed(
+            f"worker lost: no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+        ):
             n += 1
     return n
 

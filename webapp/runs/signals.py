@@ -22,7 +22,9 @@ from webapp.runs.models import Run
 @receiver(pre_delete, sender=Run, dispatch_uid="runs-fail-children-and-remove-output")
 def _before_run_delete(sender: type[Run], instance: Run, **kwargs) -> None:
     for child in Run.objects.filter(parent_id=instance.id, status=Run.Status.QUEUED):
-        child.mark_failed(f"not started: its parent run {instance.id} ({instance.name}) was deleted")
+        child.mark_failed(
+            f"not started: its parent run {instance.id} ({instance.name}) was deleted"
+        )
     if instance.status != Run.Status.RUNNING:
         folder = output_folder(instance)
         transaction.on_commit(lambda: remove_output(folder))

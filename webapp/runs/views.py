@@ -20,13 +20,26 @@ from webapp.runs.queries import dashboard_data, run_summaries
 from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
-LAUNCH_KINDS = [("teacher", "Teacher"), ("sft", "SFT"), ("grpo", "GRPO"), ("dpo", "DPO"), ("eval", "Eval"),
-                ("probe", "Probe")]
+LAUNCH_KINDS = [
+    ("teacher", "Teacher"),
+    ("sft", "SFT"),
+    ("grpo", "GRPO"),
+    ("dpo", "DPO"),
+    ("eval", "Eval"),
+    ("probe", "Probe"),
+]
 # Kinds whose rollouts show reward health (training or evaluation): only they get the verdict slot.
 ROLLOUT_KINDS = (Run.Kind.GRPO, Run.Kind.EVAL, Run.Kind.IMPORT)
 DATA_KINDS = (Run.Kind.SFT, Run.Kind.DPO)  # train on a dataset: no rollouts at all, by design
-KIND_TITLES = {"sft": "SFT", "dpo": "DPO", "grpo": "GRPO", "eval": "Eval", "probe": "Signal probe",
-               "teacher": "Teacher", "import": "Import"}
+KIND_TITLES = {
+    "sft": "SFT",
+    "dpo": "DPO",
+    "grpo": "GRPO",
+    "eval": "Eval",
+    "probe": "Signal probe",
+    "teacher": "Teacher",
+    "import": "Import",
+}
 NO_VERDICT = {
     "sft": "SFT runs train on a dataset and store no rollouts by design: there is no reward-health verdict.",
     "dpo": "DPO runs train on preference pairs and store no rollouts by design: there is no reward-health verdict.",
@@ -36,7 +49,9 @@ NO_VERDICT = {
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
-def _choice(request: HttpRequest, name: str, choices: list[tuple[str, str]]) -> tuple[str, str | None]:
+def _choice(
+    request: HttpRequest, name: str, choices: list[tuple[str, str]]
+) -> tuple[str, str | None]:
     """(value, error) for an optional filter; an unknown value is an error naming the parameter."""
     value = request.GET.get(name, "")
     if value and value not in {c for c, _ in choices}:
@@ -57,13 +72,22 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         runs = runs.filter(status=status)
     runs = list(runs[:RUNS_PER_PAGE])
     summaries = run_summaries([r.id for r in runs])  # one query for every row's counts and curve
-    for r in runs:  # SFT/DPO store no groups: their steps are the trainer's (progress), not StepStat rows
+    for r in (
+        runs
+    ):  # SFT/DPO store no groups: their steps are the trainer's (progress), not StepStat rows
         summaries[r.id].steps = max(summaries[r.id].steps, r.current_step or 0)
     rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
-    ctx = {"rows": rows, "kinds": Run.Kind.choices, "statuses": Run.Status.choices, "kind": kind,
-           "status": status, "errors": errors, "launch_kinds": LAUNCH_KINDS,
-           "any_live": any(r.status == Run.Status.RUNNING and r.kind != Run.Kind.IMPORT for r in runs)}
+    ctx = {
+        "rows": rows,
+        "kinds": Run.Kind.choices,
+        "statuses": Run.Status.choices,
+        "kind": kind,
+        "status": status,
+        "errors": errors,
+        "launch_kinds": LAUNCH_KINDS,
+        "any_live": any(r.status == Run.Status.RUNNING and r.kind != Run.Kind.IMPORT for r in runs),
+    }
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
 
 
@@ -92,9 +116,14 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "figures": figures,
         "provenance": provenance,
         "git_commit": (run.provenance or {}).get("git_commit", ""),
-        "config_json": json.dumps({**(run.config or {}), "reward_settings": run.reward_settings or {}}, indent=2,
-                                  sort_keys=True),
-        "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str) if run.summary else "",
+        "config_json": json.dumps(
+            {**(run.config or {}), "reward_settings": run.reward_settings or {}},
+            indent=2,
+            sort_keys=True,
+        ),
+        "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str)
+        if run.summary
+        else "",
         "explanation": charts.BATCH_VS_GROUP,
         "has_rollouts_kind": run.kind in ROLLOUT_KINDS,
         "trains_on_data": run.kind in DATA_KINDS,
@@ -108,7 +137,9 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
 
 def live_version(run: Run) -> str:
     """Changes whenever the run gains a step of rollouts or a logged metric (two index-only aggregates)."""
-    stats = StepStat.objects.filter(run=run, component_id=0).aggregate(n=Count("id"), g=Sum("n_groups"))
+    stats = StepStat.objects.filter(run=run, component_id=0).aggregate(
+        n=Count("id"), g=Sum("n_groups")
+    )
     metrics = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
     return f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
 
@@ -119,8 +150,14 @@ def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
     the version the page holds, every chart's figure (the page redraws each chart in place)."""
     run = get_run_for(request, run_id, related=())
     version = live_version(run)
-    body: dict = {"status": run.status, "finished": run.is_finished, "version": version,
-                  "step": run.current_step, "progress": run.progress, "figures": None}
+    body: dict = {
+        "status": run.status,
+        "finished": run.is_finished,
+        "version": version,
+        "step": run.current_step,
+        "progress": run.progress,
+        "figures": None,
+    }
     if version != request.GET.get("version"):
         figures = charts.dashboard_figures(dashboard_data(run))
         body["figures"] = figures["all"]

@@ -18,12 +18,19 @@ register = template.Library()
 def initial_from(ann: Annotation | None) -> dict[str, Any]:
     if ann is None:
         return {}
-    return {"label": ann.label.slug, "note": ann.note, "corrected_completion": ann.corrected_completion,
-            "first_wrong_turn": ann.first_wrong_turn, "error_category": ann.error_category}
+    return {
+        "label": ann.label.slug,
+        "note": ann.note,
+        "corrected_completion": ann.corrected_completion,
+        "first_wrong_turn": ann.first_wrong_turn,
+        "error_category": ann.error_category,
+    }
 
 
 @register.simple_tag(takes_context=True)
-def rollout_annotations(context: template.Context, rollout: Any, form: AnnotationForm | None = None) -> dict:
+def rollout_annotations(
+    context: template.Context, rollout: Any, form: AnnotationForm | None = None
+) -> dict:
     request = context["request"]
     user = request.user
     # Once per request (a group page holds one slot per rollout): the label list and the stylesheet link.

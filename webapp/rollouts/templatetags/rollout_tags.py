@@ -16,7 +16,9 @@ from django.utils.safestring import SafeString, mark_safe
 register = template.Library()
 
 PREVIEW_CHARS = 140
-DIFF_MAX_CHARS = 20_000  # difflib is quadratic in the worst case; past this the tail is cut (and said so)
+DIFF_MAX_CHARS = (
+    20_000  # difflib is quadratic in the worst case; past this the tail is cut (and said so)
+)
 _WS_RE = re.compile(r"\s+")
 _TOKEN_RE = re.compile(r"\s+|\w+|[^\w\s]")
 
@@ -62,13 +64,19 @@ def bar_fraction(value: Any, lo: float | None, hi: float | None) -> float | None
 def bar(value: float | None, component: Any) -> SafeString:
     """A small horizontal bar for one component value; the exact value in the title (hover)."""
     name = getattr(component, "name", "")
-    frac = bar_fraction(value, getattr(component, "min_value", None), getattr(component, "max_value", None))
+    frac = bar_fraction(
+        value, getattr(component, "min_value", None), getattr(component, "max_value", None)
+    )
     if frac is None:
         return format_html('<span class="bar none" title="{}: not scored">—</span>', name)
     kind = getattr(component, "kind", "")
     return format_html(
         '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span><span class="bar-num">{}</span>',
-        "penalty" if kind == "penalty" else "", name, f"{value:.4g}", f"{frac * 100:.1f}", f"{value:.3g}",
+        "penalty" if kind == "penalty" else "",
+        name,
+        f"{value:.4g}",
+        f"{frac * 100:.1f}",
+        f"{value:.3g}",
     )
 
 

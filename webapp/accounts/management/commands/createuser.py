@@ -24,14 +24,21 @@ def _interactive() -> bool:
 
 
 class Command(BaseCommand):
-    help = ("Create or update a user with a role (viewer, annotator, trainer, admin). The password is read "
-            f"from --password-env NAME, else ${DEFAULT_VARIABLE}, else a prompt.")
+    help = (
+        "Create or update a user with a role (viewer, annotator, trainer, admin). The password is read "
+        f"from --password-env NAME, else ${DEFAULT_VARIABLE}, else a prompt."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--password-env", metavar="NAME",
-                            help=f"read the password from this environment variable (default {DEFAULT_VARIABLE})")
-        parser.add_argument("--password", help="discouraged: visible to every user of the machine in `ps`")
+        parser.add_argument(
+            "--password-env",
+            metavar="NAME",
+            help=f"read the password from this environment variable (default {DEFAULT_VARIABLE})",
+        )
+        parser.add_argument(
+            "--password", help="discouraged: visible to every user of the machine in `ps`"
+        )
         parser.add_argument("--role", default="viewer", choices=ROLES)
 
     def handle(self, *args, username: str, role: str, **options):
@@ -48,8 +55,10 @@ class Command(BaseCommand):
 
     def _password(self, given: str | None, variable: str | None) -> str:
         if given is not None:
-            self.stderr.write("--password is visible to every user of the machine while the command runs; "
-                              f"prefer {DEFAULT_VARIABLE}=... or --password-env NAME, or the prompt")
+            self.stderr.write(
+                "--password is visible to every user of the machine while the command runs; "
+                f"prefer {DEFAULT_VARIABLE}=... or --password-env NAME, or the prompt"
+            )
             return given
         if variable:
             value = os.environ.get(variable)
@@ -59,8 +68,10 @@ class Command(BaseCommand):
         if os.environ.get(DEFAULT_VARIABLE):
             return os.environ[DEFAULT_VARIABLE]
         if not _interactive():
-            raise CommandError(f"no password: set {DEFAULT_VARIABLE} (or --password-env NAME), or run on a "
-                               "terminal to be prompted")
+            raise CommandError(
+                f"no password: set {DEFAULT_VARIABLE} (or --password-env NAME), or run on a "
+                "terminal to be prompted"
+            )
         first = getpass("Password: ")
         if getpass("Password (again): ") != first:
             raise CommandError("password: the two entries did not match")

@@ -32,18 +32,37 @@ def _run(ref: str) -> Run:
 
 
 class Command(BaseCommand):
-    help = "Diagnose a run: findings with their onset step; exit 1 on findings at the --fail-on level."
+    help = (
+        "Diagnose a run: findings with their onset step; exit 1 on findings at the --fail-on level."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("run", metavar="RUN", help="run id or name")
-        parser.add_argument("--window", default=None, help="last N steps, or 'all' (default: the page's window)")
-        parser.add_argument("--fail-on", choices=["critical", "warning"], default=None,
-                            help="exit 1 when a finding of this severity or worse is present")
-        parser.add_argument("--json", action="store_true", dest="as_json",
-                            help="print the diagnosis as JSON (the API's document)")
+        parser.add_argument(
+            "--window", default=None, help="last N steps, or 'all' (default: the page's window)"
+        )
+        parser.add_argument(
+            "--fail-on",
+            choices=["critical", "warning"],
+            default=None,
+            help="exit 1 when a finding of this severity or worse is present",
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            dest="as_json",
+            help="print the diagnosis as JSON (the API's document)",
+        )
 
-    def handle(self, *args: Any, run: str, window: str | None, fail_on: str | None, as_json: bool,
-               **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        run: str,
+        window: str | None,
+        fail_on: str | None,
+        as_json: bool,
+        **options: Any,
+    ) -> None:
         target = _run(run)
         try:
             steps = report.parse_window(window)
@@ -62,14 +81,19 @@ def _json_text(doc: dict[str, Any]) -> str:
 def _text(doc: dict[str, Any]) -> str:
     window = "the whole run" if doc["window"] is None else f"the last {doc['window']} steps"
     steps = doc["steps"]
-    lines = [f"run {doc['run']} ({doc['run_name']}): {doc['status']} over {window} "
-             f"(steps {steps['min']}-{steps['max']}, {doc['n_groups']} groups, {doc['n_rollouts']} rollouts)"]
+    lines = [
+        f"run {doc['run']} ({doc['run_name']}): {doc['status']} over {window} "
+        f"(steps {steps['min']}-{steps['max']}, {doc['n_groups']} groups, {doc['n_rollouts']} rollouts)"
+    ]
     if doc["note"]:
         lines.append(f"  {doc['note']}")
     for f in doc["findings"]:
         since = f" [from step {f['onset_step']}]" if f.get("onset_step") is not None else ""
-        lines += [f"- {f['severity'].upper()} {f['code']}{since}: {f['title']}", f"    try: {f['fix']}",
-                  f"    transcripts: {f['link']}"]
+        lines += [
+            f"- {f['severity'].upper()} {f['code']}{since}: {f['title']}",
+            f"    try: {f['fix']}",
+            f"    transcripts: {f['link']}",
+        ]
     if not doc["findings"] and not doc["note"]:
         lines.append("  no problems found")
     return "\n".join(lines)

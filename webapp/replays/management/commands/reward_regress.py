@@ -32,22 +32,30 @@ class Command(BaseCommand):
         if replay is None:
             raise CommandError(f"replay: no replay {opts['replay']}", returncode=2)
         if replay.run_id != opts["run"]:
-            raise CommandError(f"replay: replay {replay.id} replays run {replay.run_id}, not {opts['run']}",
-                               returncode=2)
+            raise CommandError(
+                f"replay: replay {replay.id} replays run {replay.run_id}, not {opts['run']}",
+                returncode=2,
+            )
         try:
             result = services.regress(replay)
         except FieldError as e:
             raise CommandError(f"{e.field}: {e.message}", returncode=2) from None
         h = result.headline
         self.stdout.write(f"replay {replay.id} ({replay.name}): {replay.summary}")
-        self.stdout.write(f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}; "
-                          f"above their group's median: {h['hacks_above_median']} of {h['hacks']}")
+        self.stdout.write(
+            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}; "
+            f"above their group's median: {h['hacks_above_median']} of {h['hacks']}"
+        )
         for r in result.rows:
             mark = "FAIL" if r["regression"] else "ok  "
-            self.stdout.write(f"{mark} rollout {r['rollout_id']} ({r['kind']}, step {r['step']}): rank "
-                              f"{r['rank_before']} -> {r['rank_after']} of {r['size']}, reward "
-                              f"{_f(r['reward_before'])} -> {_f(r['reward_after'])}, median {_f(r['median_after'])}")
+            self.stdout.write(
+                f"{mark} rollout {r['rollout_id']} ({r['kind']}, step {r['step']}): rank "
+                f"{r['rank_before']} -> {r['rank_after']} of {r['size']}, reward "
+                f"{_f(r['reward_before'])} -> {_f(r['reward_after'])}, median {_f(r['median_after'])}"
+            )
         if not result.ok:
             n = sum(r["regression"] for r in result.rows)
-            raise CommandError(f"{n} annotated reward hack(s) still outrank their group's median", returncode=1)
+            raise CommandError(
+                f"{n} annotated reward hack(s) still outrank their group's median", returncode=1
+            )
         self.stdout.write("ok: no annotated reward hack outranks its group's median")

@@ -24,20 +24,30 @@ class Command(BaseCommand):
         parser.add_argument("--run", required=True, help="run name (or id)")
         parser.add_argument("--format", choices=("jsonl", "hf"), default="jsonl")
         parser.add_argument("--out", help="file (jsonl; default stdout) or folder (hf, required)")
-        parser.add_argument("--sort", help="hf only: reward, advantage, length, step or a component name")
+        parser.add_argument(
+            "--sort", help="hf only: reward, advantage, length, step or a component name"
+        )
         parser.add_argument("--order", choices=("asc", "desc"), default="desc")
         parser.add_argument("--step-min", type=int)
         parser.add_argument("--step-max", type=int)
         parser.add_argument("--split", choices=("train", "holdout"))
-        parser.add_argument("--zero-std-only", action="store_true", help="only groups whose reward has no spread")
+        parser.add_argument(
+            "--zero-std-only", action="store_true", help="only groups whose reward has no spread"
+        )
 
     def handle(self, *args: Any, **o: Any) -> None:
         run = self._run(o["run"])
-        filters = GroupFilter(step_min=o["step_min"], step_max=o["step_max"], split=o["split"],
-                              zero_std_only=o["zero_std_only"])
+        filters = GroupFilter(
+            step_min=o["step_min"],
+            step_max=o["step_max"],
+            split=o["split"],
+            zero_std_only=o["zero_std_only"],
+        )
         if o["format"] == "jsonl":
             if o["sort"]:
-                raise CommandError("--sort: JSONL exports whole groups (in id order); use --format hf to sort rollouts")
+                raise CommandError(
+                    "--sort: JSONL exports whole groups (in id order); use --format hf to sort rollouts"
+                )
             if o["out"]:
                 with open(o["out"], "w", encoding="utf-8") as f:
                     n = write_jsonl(run, f, filters)
@@ -50,7 +60,9 @@ class Command(BaseCommand):
         query = self._query(run, o) if o["sort"] else None
         n = write_hf(run, o["out"], filters, query)
         if n == 0:
-            raise CommandError("no rollouts match: nothing written (a datasets folder needs at least one row)")
+            raise CommandError(
+                "no rollouts match: nothing written (a datasets folder needs at least one row)"
+            )
         self.stdout.write(f"exported {n} rollouts to {o['out']}")
 
     def _run(self, ref: str) -> Run:
@@ -64,10 +76,19 @@ class Command(BaseCommand):
         return runs[0]
 
     def _query(self, run: Run, o: dict[str, Any]) -> ExplorerQuery:
-        params = {"sort": o["sort"], "order": o["order"], "step_min": o["step_min"], "step_max": o["step_max"],
-                  "split": o["split"], "zero_std": "1" if o["zero_std_only"] else None, "limit": 500}
+        params = {
+            "sort": o["sort"],
+            "order": o["order"],
+            "step_min": o["step_min"],
+            "step_max": o["step_max"],
+            "split": o["split"],
+            "zero_std": "1" if o["zero_std_only"] else None,
+            "limit": 500,
+        }
         comps = [c.name for c in run.components()]
         try:
-            return ExplorerQuery.from_params({k: v for k, v in params.items() if v is not None}, comps)
+            return ExplorerQuery.from_params(
+                {k: v for k, v in params.items() if v is not None}, comps
+            )
         except FieldError as e:
             raise CommandError(f"--{e.field.replace('_', '-')}: {e.message}") from None

@@ -57,7 +57,9 @@ class ImportStats:
     already_stored: int = 0
     skipped_records: int = 0
     errors: list[str] = field(default_factory=list)
-    settings_changed: list[str] = field(default_factory=list)  # what the trainer's settings replaced
+    settings_changed: list[str] = field(
+        default_factory=list
+    )  # what the trainer's settings replaced
 
     def line(self) -> str:
         return f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} skipped records)"
@@ -67,8 +69,16 @@ class Importer:
     """Feeds a reader's items to the ingestion service for one run. Usable outside the command (a
     worker task importing an uploaded file calls the same `run()`)."""
 
-    def __init__(self, run: Run, reader: Reader, *, on_error: str = "stop", batch_groups: int = 200,
-                 grow_components: bool = True, report: Any = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        reader: Reader,
+        *,
+        on_error: str = "stop",
+        batch_groups: int = 200,
+        grow_components: bool = True,
+        report: Any = None,
+    ) -> None:
         self.run = run
         self.reader = reader
         self.on_error = on_error
@@ -81,7 +91,9 @@ class Importer:
     def run_import(self, progress: Any = None) -> ImportStats:
         groups: list[GroupItem] = []
         metrics: list[MetricsItem] = []
-        known = self.reader.settings()  # the trainer's settings found beside the dump, or given by the user
+        known = (
+            self.reader.settings()
+        )  # the trainer's settings found beside the dump, or given by the user
         if known:
             where = getattr(self.reader, "settings_file", None) or "--weights/--group-size"
             self._settings(SettingsItem(known, str(where), None))
@@ -94,7 +106,9 @@ class Importer:
             elif isinstance(item, MetricsItem):
                 metrics.append(item)
             elif isinstance(item, SettingsItem):
-                self._flush(groups, metrics)  # settings apply from here on: store what came before first
+                self._flush(
+                    groups, metrics
+                )  # settings apply from here on: store what came before first
                 groups, metrics = [], []
                 self._settings(item)
             else:
@@ -160,9 +174,13 @@ class Importer:
             if self.on_error == "stop":
                 raise ImportStopped(f"{item.where()}: {e.field}: {e.message}") from None
             return
-        self.stats.settings_changed += reward_settings.apply(self.run, clean, clean.get("source") or "import")
+        self.stats.settings_changed += reward_settings.apply(
+            self.run, clean, clean.get("source") or "import"
+        )
 
-    def _attribute(self, e: FieldError, kind: str, batch: list[Any]) -> dict[int, list[tuple[int | None, str]]]:
+    def _attribute(
+        self, e: FieldError, kind: str, batch: list[Any]
+    ) -> dict[int, list[tuple[int | None, str]]]:
         """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items, report
         each with its file and line, and count what is skipped."""
         bad: dict[int, list[tuple[int | None, str]]] = {}
@@ -172,12 +190,16 @@ class Importer:
                 raise CommandError(f"ingestion refused the batch: {err['field']}: {err['error']}")
             i = int(m.group(2))
             rollout = int(m.group(3)) if m.group(3) is not None else None
-            rest = err["field"][m.end():].lstrip(".")
+            rest = err["field"][m.end() :].lstrip(".")
             bad.setdefault(i, []).append((rollout, f"{rest + ': ' if rest else ''}{err['error']}"))
         for i, errs in sorted(bad.items()):
             item = batch[i]
             for rollout, message in errs:
-                where = item.where(rollout) if isinstance(item, GroupItem) else f"{item.file}:{item.line}"
+                where = (
+                    item.where(rollout)
+                    if isinstance(item, GroupItem)
+                    else f"{item.file}:{item.line}"
+                )
                 self._bad(where, message, 0)
             self.stats.skipped_records += item.records if isinstance(item, GroupItem) else 1
         return bad
@@ -201,7 +223,9 @@ class Importer:
         new: dict[str, None] = {}
         for item in batch:
             rollouts = item.record.get("rollouts")
-            for r in rollouts if isinstance(rollouts, list) else []:  # a malformed one fails at its line
+            for r in (
+                rollouts if isinstance(rollouts, list) else []
+            ):  # a malformed one fails at its line
                 rewards = r.get("rewards") if isinstance(r, dict) else None
                 if isinstance(rewards, dict):
                     new.update((str(k), None) for k in rewards if k not in self._known)
@@ -256,7 +280,12 @@ def _weights(raw: str) -> dict[str, float]:
             weight = float(value)
         except ValueError:
             weight = float("nan")
-        if not eq or not name.strip() or weight != weight or weight in (float("inf"), float("-inf")):
+        if (
+            not eq
+            or not name.strip()
+            or weight != weight
+            or weight in (float("inf"), float("-inf"))
+        ):
             raise argparse.ArgumentTypeError(f"expected name=number, comma-separated; got {part!r}")
         out[name.strip()] = weight
     if not out:
@@ -268,37 +297,78 @@ class Command(BaseCommand):
     help = "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) into a run."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("file",
-                            help="the dump: a file, or a folder of them (TRL output_dir, verl rollout_data_dir)")
-        parser.add_argument("--run", required=True, help="run name; created (kind import) when no run has it")
+        parser.add_argument(
+            "file",
+            help="the dump: a file, or a folder of them (TRL output_dir, verl rollout_data_dir)",
+        )
+        parser.add_argument(
+            "--run", required=True, help="run name; created (kind import) when no run has it"
+        )
         parser.add_argument("--format", required=True, choices=list(READERS))
-        parser.add_argument("--environment", help="environment of a new run (default: the run name)")
-        parser.add_argument("--components", type=_names,
-                            help="comma-separated reward components (default: inferred from the first records)")
-        parser.add_argument("--on-error", choices=("stop", "skip"), default="stop",
-                            help="a bad record stops the import (default) or is skipped with its group")
-        parser.add_argument("--batch-groups", type=_positive, default=200, help="groups per transaction")
-        parser.add_argument("--group-size", type=_positive,
-                            help="expected rollouts per group (num_generations); splits repeated prompts")
-        parser.add_argument("--weights", type=_weights,
-                            help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
-                                 "reward_settings.json in the output_dir gives them)")
-        parser.add_argument("--scale-rewards", choices=("group", "batch", "none"),
-                            help="the trainer's advantage scaling (verl: none when norm_adv_by_std_in_grpo=False)")
+        parser.add_argument(
+            "--environment", help="environment of a new run (default: the run name)"
+        )
+        parser.add_argument(
+            "--components",
+            type=_names,
+            help="comma-separated reward components (default: inferred from the first records)",
+        )
+        parser.add_argument(
+            "--on-error",
+            choices=("stop", "skip"),
+            default="stop",
+            help="a bad record stops the import (default) or is skipped with its group",
+        )
+        parser.add_argument(
+            "--batch-groups", type=_positive, default=200, help="groups per transaction"
+        )
+        parser.add_argument(
+            "--group-size",
+            type=_positive,
+            help="expected rollouts per group (num_generations); splits repeated prompts",
+        )
+        parser.add_argument(
+            "--weights",
+            type=_weights,
+            help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
+            "reward_settings.json in the output_dir gives them)",
+        )
+        parser.add_argument(
+            "--scale-rewards",
+            choices=("group", "batch", "none"),
+            help="the trainer's advantage scaling (verl: none when norm_adv_by_std_in_grpo=False)",
+        )
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handle(self, *args: Any, **o: Any) -> None:
         try:
-            reader = open_reader(o["format"], o["file"], components=o["components"], group_size=o["group_size"],
-                                 weights=o["weights"], scale_rewards=o["scale_rewards"])
+            reader = open_reader(
+                o["format"],
+                o["file"],
+                components=o["components"],
+                group_size=o["group_size"],
+                weights=o["weights"],
+                scale_rewards=o["scale_rewards"],
+            )
             reader.files()  # a folder without files of the format fails here, before a run is created
         except ReaderError as e:
             raise CommandError(str(e)) from None
         run = self._run(o, reader)
-        importer = Importer(run, reader, on_error=o["on_error"], batch_groups=o["batch_groups"],
-                            grow_components=o["components"] is None, report=self._report)
-        bar = tqdm(total=reader.total_bytes(), unit="B", unit_scale=True, desc=f"import {o['format']}",
-                   disable=True if o["no_progress"] else None)  # None: off when stderr is not a terminal
+        importer = Importer(
+            run,
+            reader,
+            on_error=o["on_error"],
+            batch_groups=o["batch_groups"],
+            grow_components=o["components"] is None,
+            report=self._report,
+        )
+        bar = tqdm(
+            total=reader.total_bytes(),
+            unit="B",
+            unit_scale=True,
+            desc=f"import {o['format']}",
+            disable=True if o["no_progress"] else None,
+        )  # None: off when stderr is not a terminal
         stopped = None
         try:
             importer.run_import(bar.update)
@@ -313,7 +383,9 @@ class Command(BaseCommand):
         for line in importer.stats.settings_changed:
             self.stdout.write(f"the trainer's reward settings win: {line}")
         if importer.stats.already_stored:
-            self.stdout.write(f"{importer.stats.already_stored} groups were already stored (not imported twice)")
+            self.stdout.write(
+                f"{importer.stats.already_stored} groups were already stored (not imported twice)"
+            )
         self.stdout.write(importer.stats.line())
         if stopped:
             raise CommandError(f"stopped at the first bad record (--on-error stop): {stopped}")
@@ -326,26 +398,46 @@ class Command(BaseCommand):
         once (two shells, two workers) end in the same run: get_or_create_run is atomic."""
         run = Run.objects.filter(name=o["run"]).select_related("environment").first()
         created = False
-        if run is None:  # the common re-import skips sampling components and touching the environment
+        if (
+            run is None
+        ):  # the common re-import skips sampling components and touching the environment
             names = o["components"] if o["components"] is not None else reader.sample_components()
             env_name = o["environment"] or o["run"]
-            env = ensure_environment(env_name, self._spec(env_name, names, given=o["components"] is not None))
-            config = {"import": {**reader.notes(), "source": str(o["file"]),
-                                 "components": "given" if o["components"] else "inferred from the first records"}}
-            run, created = self._get_or_create(name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config)
+            env = ensure_environment(
+                env_name, self._spec(env_name, names, given=o["components"] is not None)
+            )
+            config = {
+                "import": {
+                    **reader.notes(),
+                    "source": str(o["file"]),
+                    "components": "given" if o["components"] else "inferred from the first records",
+                }
+            }
+            run, created = self._get_or_create(
+                name=o["run"], kind=Run.Kind.IMPORT, environment=env, config=config
+            )
             if created:
-                self.stdout.write(f"created run {run.id} {run.name!r} "
-                                  f"(environment {env.name!r}: {', '.join(names) or 'none'})")
+                self.stdout.write(
+                    f"created run {run.id} {run.name!r} "
+                    f"(environment {env.name!r}: {', '.join(names) or 'none'})"
+                )
                 return run
         if Run.objects.filter(name=o["run"]).count() > 1:
-            raise CommandError(f"--run: more than one run is named {o['run']!r}; rename one to import into it")
+            raise CommandError(
+                f"--run: more than one run is named {o['run']!r}; rename one to import into it"
+            )
         if run.environment_id is None:
-            raise CommandError(f"--run: run {o['run']!r} has no environment, so it cannot hold reward scores")
+            raise CommandError(
+                f"--run: run {o['run']!r} has no environment, so it cannot hold reward scores"
+            )
         if o["environment"] and run.environment.name != o["environment"]:
-            raise CommandError(f"--environment: run {o['run']!r} already uses environment "
-                               f"{run.environment.name!r}")
+            raise CommandError(
+                f"--environment: run {o['run']!r} already uses environment {run.environment.name!r}"
+            )
         if o["components"]:
-            ensure_environment(run.environment.name, self._spec(run.environment.name, o["components"]))
+            ensure_environment(
+                run.environment.name, self._spec(run.environment.name, o["components"])
+            )
         if _created_by_import(run) and run.status == Run.Status.FAILED:
             resume(run)  # an import that stopped at a bad record goes on from where it stopped
         return run
@@ -358,19 +450,32 @@ class Command(BaseCommand):
 
     def _spec(self, env_name: str, names: list[str], given: bool = True) -> list[dict[str, Any]]:
         try:
-            return validate_environment_spec({"name": env_name, "components": [{"name": n} for n in names]})[1]
+            return validate_environment_spec(
+                {"name": env_name, "components": [{"name": n} for n in names]}
+            )[1]
         except FieldError as e:
-            source = "--components" if given else f"components found in the first records ({', '.join(names)})"
+            source = (
+                "--components"
+                if given
+                else f"components found in the first records ({', '.join(names)})"
+            )
             raise CommandError(f"{source}: {e.field}: {e.message}") from None
 
-    def _save(self, run: Run, reader: Reader, stats: ImportStats, o: dict[str, Any], stopped: str | None) -> None:
+    def _save(
+        self, run: Run, reader: Reader, stats: ImportStats, o: dict[str, Any], stopped: str | None
+    ) -> None:
         if not run._refresh():
             return  # the run was deleted during the import: nothing left to record on
         summary = dict(run.summary or {})
         summary["import"] = {
-            **reader.notes(), "source": str(o["file"]), "groups": stats.groups, "rollouts": stats.rollouts,
-            "already_stored": stats.already_stored, "skipped_records": stats.skipped_records,
-            "errors": stats.errors, "stopped": stopped,
+            **reader.notes(),
+            "source": str(o["file"]),
+            "groups": stats.groups,
+            "rollouts": stats.rollouts,
+            "already_stored": stats.already_stored,
+            "skipped_records": stats.skipped_records,
+            "errors": stats.errors,
+            "stopped": stopped,
             "duplicate_files": getattr(reader, "duplicates", []),
         }
         Run.objects.filter(id=run.id).update(summary=summary)
@@ -382,8 +487,10 @@ class Command(BaseCommand):
             run.mark_succeeded()
 
 
-RESUMABLE = ("The groups read before it are stored. Fix or drop the record and run the same import again "
-             "(stored groups are skipped), or re-run it with --on-error skip.")
+RESUMABLE = (
+    "The groups read before it are stored. Fix or drop the record and run the same import again "
+    "(stored groups are skipped), or re-run it with --on-error skip."
+)
 
 
 def _created_by_import(run: Run) -> bool:
@@ -392,6 +499,7 @@ def _created_by_import(run: Run) -> bool:
 
 def resume(run: Run) -> None:
     """A failed import run goes back to running for another import into it (its stored groups stay)."""
-    Run.objects.filter(id=run.id, status=Run.Status.FAILED).update(status=Run.Status.RUNNING, error="",
-                                                                   finished_at=None)
+    Run.objects.filter(id=run.id, status=Run.Status.FAILED).update(
+        status=Run.Status.RUNNING, error="", finished_at=None
+    )
     run.refresh_from_db()

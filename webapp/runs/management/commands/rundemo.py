@@ -16,11 +16,15 @@ from webapp.runs.launch import queue_demo_chain
 
 
 class Command(BaseCommand):
-    help = "Run the whole demo on embedded defaults (SQLite, filesystem broker, tiny offline model)."
+    help = (
+        "Run the whole demo on embedded defaults (SQLite, filesystem broker, tiny offline model)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1:8000")
-        parser.add_argument("--no-training", action="store_true", help="skip queueing the SFT -> GRPO -> eval chain")
+        parser.add_argument(
+            "--no-training", action="store_true", help="skip queueing the SFT -> GRPO -> eval chain"
+        )
 
     def handle(self, *args, addr: str, no_training: bool, **options):
         call_command("migrate", interactive=False, verbosity=0)
@@ -32,12 +36,32 @@ class Command(BaseCommand):
         log = Path(settings.VAR_DIR) / "worker.log"
         with open(log, "ab") as fh:
             worker = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "default,gpu", "--pool", "solo",
-                 "-n", "demo@%h", "--loglevel", "INFO"],
-                cwd=root, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ),
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "workers",
+                    "worker",
+                    "-Q",
+                    "default,gpu",
+                    "--pool",
+                    "solo",
+                    "-n",
+                    "demo@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                cwd=root,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(os.environ),
             )
         self.stdout.write(f"worker started (pid {worker.pid}), log: {log}")
-        self.stdout.write(self.style.SUCCESS(f"open http://{addr}/  (log in as demo / demo-password)"))
+        self.stdout.write(
+            self.style.SUCCESS(f"open http://{addr}/  (log in as demo / demo-password)")
+        )
         # SIGTERM (a supervisor, `timeout`) must also stop the worker: turn it into SystemExit so the
         # finally clause runs, as it does for Ctrl-C.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -37,24 +37,45 @@ QUEUE_NAME = "ask_to_code · first review (demo)"
 DATASET_NAME = "ask_to_code-dpo-demo"
 # What each annotator calls a transcript, by the scripted policy's style (the rollout's state); the
 # annotator differs on every fourth item so the queue shows real (dis)agreement.
-LABEL_BY_STYLE = {"loop": "loop-repetition", "guess": "premature-completion", "irrelevant": "premature-completion",
-                  "ask_late": "good", "solve": "good"}
-SECOND_OPINION = {"loop-repetition": "premature-completion", "premature-completion": "ignores-prompt",
-                  "ignores-prompt": "premature-completion", "good": "false-negative-reward"}
+LABEL_BY_STYLE = {
+    "loop": "loop-repetition",
+    "guess": "premature-completion",
+    "irrelevant": "premature-completion",
+    "ask_late": "good",
+    "solve": "good",
+}
+SECOND_OPINION = {
+    "loop-repetition": "premature-completion",
+    "premature-completion": "ignores-prompt",
+    "ignores-prompt": "premature-completion",
+    "good": "false-negative-reward",
+}
 
 
-def trl_style_metrics(groups: list[dict], names: list[str], weights: dict[str, float]) -> list[dict]:
+def trl_style_metrics(
+    groups: list[dict], names: list[str], weights: dict[str, float]
+) -> list[dict]:
     """Per-step metrics under TRL's keys, computed as GRPOTrainer logs them (batch mean/std)."""
     by_step: dict[int, list[dict]] = {}
     for g in groups:
         by_step.setdefault(g["step"], []).extend(g["rollouts"])
     out = []
     for step, rollouts in sorted(by_step.items()):
-        m = np.array([[np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"] for n in names]
-                      for r in rollouts])
+        m = np.array(
+            [
+                [
+                    np.nan if r["rewards"][n]["value"] is None else r["rewards"][n]["value"]
+                    for n in names
+                ]
+                for r in rollouts
+            ]
+        )
         reward = np.nansum(m * np.array([weights[n] for n in names]), axis=1)
-        values = {"reward": float(reward.mean()), "reward_std": float(reward.std(ddof=1)),
-                  "completion_length": float(np.mean([r["length"] for r in rollouts]))}
+        values = {
+            "reward": float(reward.mean()),
+            "reward_std": float(reward.std(ddof=1)),
+            "completion_length": float(np.mean([r["length"] for r in rollouts])),
+        }
         for j, n in enumerate(names):
             values[f"rewards/{n}/mean"] = float(np.nanmean(m[:, j]))
             values[f"rewards/{n}/std"] = float(np.nanstd(m[:, j], ddof=1))
@@ -75,19 +96,39 @@ class Command(BaseCommand):
         env = get_environment("diagram")
         db_env = environment_from_training(env)
         run, _ = get_or_create_run(
-            name=RUN_NAME, kind=Run.Kind.IMPORT, environment=db_env, owner=user, status=Run.Status.RUNNING,
-            config={"policy": "ScriptedDiagramPolicy", "skill": "0.2 -> 0.9", "steps": steps, "G": G,
-                    "groups_per_step": groups_per_step, "scale_rewards": "group"},
+            name=RUN_NAME,
+            kind=Run.Kind.IMPORT,
+            environment=db_env,
+            owner=user,
+            status=Run.Status.RUNNING,
+            config={
+                "policy": "ScriptedDiagramPolicy",
+                "skill": "0.2 -> 0.9",
+                "steps": steps,
+                "G": G,
+                "groups_per_step": groups_per_step,
+                "scale_rewards": "group",
+            },
         )
         holdout = 4
         if Group.objects.filter(run=run).count() >= steps * (groups_per_step + holdout):
-            self.stdout.write(f"demo run {run.id}: already stored")  # a re-run of make demo generates nothing
+            self.stdout.write(
+                f"demo run {run.id}: already stored"
+            )  # a re-run of make demo generates nothing
         else:
-            groups = generate_groups(env, ScriptedDiagramPolicy(seed=0, skill=0.2), steps, groups_per_step, G=G,
-                                     seed=0, skill_schedule=linear_schedule(0.2, 0.9, steps), holdout_groups=holdout)
+            groups = generate_groups(
+                env,
+                ScriptedDiagramPolicy(seed=0, skill=0.2),
+                steps,
+                groups_per_step,
+                G=G,
+                seed=0,
+                skill_schedule=linear_schedule(0.2, 0.9, steps),
+                holdout_groups=holdout,
+            )
             stored = 0
             for i in tqdm(range(0, len(groups), 50), desc="ingesting demo groups", unit="batch"):
-                stored += ingest_groups(run, {"groups": groups[i:i + 50]}).groups
+                stored += ingest_groups(run, {"groups": groups[i : i + 50]}).groups
             names = [c.name for c in env.components]
             weights = {c.name: c.weight for c in env.components}
             record_metrics(run, {"metrics": trl_style_metrics(groups, names, weights)})
@@ -95,7 +136,9 @@ class Command(BaseCommand):
             run.mark_succeeded()
             self.stdout.write(f"demo run {run.id}: {stored} new groups ({len(groups)} in all)")
         self._stories(user)
-        self.stdout.write(f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}")
+        self.stdout.write(
+            f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}"
+        )
 
     def _stories(self, user) -> None:
         annotator = _user(ANNOTATOR, ANNOTATOR_PASSWORD, "annotator")
@@ -105,13 +148,19 @@ class Command(BaseCommand):
         for run in (broken, fixed):
             ablation = _drop_correctness(run, user)
             verdict = (ablation.results.get("verdict") or {}).get("text", "")
-            self.stdout.write(f"story run {run.id} ({run.name}): /diagnostics/runs/{run.id}/  ablation: {verdict}")
+            self.stdout.write(
+                f"story run {run.id} ({run.name}): /diagnostics/runs/{run.id}/  ablation: {verdict}"
+            )
         self.stdout.write(f"side by side: /diagnostics/runs/{broken.id}/overlay/{fixed.id}/")
         queue = _review_queue(fixed, user, annotator)
-        self.stdout.write(f"review queue {queue.id} ({queue.name}), annotated by {DEMO_USER} and {ANNOTATOR}")
+        self.stdout.write(
+            f"review queue {queue.id} ({queue.name}), annotated by {DEMO_USER} and {ANNOTATOR}"
+        )
         dataset = _dpo_dataset(queue, user)
         if dataset is not None:
-            self.stdout.write(f"DPO dataset {dataset.name} v{dataset.version}: {dataset.records.count()} records")
+            self.stdout.write(
+                f"DPO dataset {dataset.name} v{dataset.version}: {dataset.records.count()} records"
+            )
 
 
 def _user(username: str, password: str, role: str):
@@ -127,9 +176,18 @@ def _user(username: str, password: str, role: str):
 def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None) -> Run:
     """The story's run, generated and ingested once (a re-run finds every group stored and skips it)."""
     run, _ = get_or_create_run(
-        name=name, kind=Run.Kind.IMPORT, environment=db_env, owner=user, status=Run.Status.RUNNING, parent=parent,
-        config={"policy": "ScriptedAskPolicy", "story": "broken verifier" if broken else "fixed verifier",
-                "scale_rewards": "group", **STORY},
+        name=name,
+        kind=Run.Kind.IMPORT,
+        environment=db_env,
+        owner=user,
+        status=Run.Status.RUNNING,
+        parent=parent,
+        config={
+            "policy": "ScriptedAskPolicy",
+            "story": "broken verifier" if broken else "fixed verifier",
+            "scale_rewards": "group",
+            **STORY,
+        },
     )
     expected = STORY["steps"] * STORY["groups_per_step"]
     if Group.objects.filter(run=run).count() < expected:
@@ -137,7 +195,14 @@ def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None)
         ingest_groups(run, {"groups": groups})
         env = get_environment("ask_to_code")
         names = [c.name for c in env.components]
-        record_metrics(run, {"metrics": trl_style_metrics(groups, names, {c.name: c.weight for c in env.components})})
+        record_metrics(
+            run,
+            {
+                "metrics": trl_style_metrics(
+                    groups, names, {c.name: c.weight for c in env.components}
+                )
+            },
+        )
         run.set_progress(STORY["steps"], STORY["steps"])
         run.mark_succeeded()
     return run
@@ -151,8 +216,13 @@ def _drop_correctness(run: Run, user):
     if found is not None:
         return found
     spec = services.parse_spec({"drop": ["correctness"]}, run)
-    return Ablation.objects.create(run=run, name=ABLATION_NAME, spec=spec.as_dict(),
-                                   results=services.run_ablation(run, spec), created_by=user)
+    return Ablation.objects.create(
+        run=run,
+        name=ABLATION_NAME,
+        spec=spec.as_dict(),
+        results=services.run_ablation(run, spec),
+        created_by=user,
+    )
 
 
 def _label_for(rollout, position: int, second: bool) -> str:
@@ -160,7 +230,11 @@ def _label_for(rollout, position: int, second: bool) -> str:
     style = state.get("policy_style", "")
     tests = state.get("tests") or {}
     if style == "ask_first":
-        label = "good" if tests.get("total") and tests.get("passed") == tests.get("total") else "ignores-prompt"
+        label = (
+            "good"
+            if tests.get("total") and tests.get("passed") == tests.get("total")
+            else "ignores-prompt"
+        )
     else:
         label = LABEL_BY_STYLE.get(style, "good")
     return SECOND_OPINION.get(label, label) if second and position % 4 == 3 else label
@@ -170,16 +244,34 @@ def _review_queue(run: Run, user, annotator):
     from webapp.annotations import services as annotations
     from webapp.annotations.models import Annotation, Label, ReviewQueue
 
-    queue = ReviewQueue.objects.filter(run=run, name=QUEUE_NAME).first() or annotations.create_queue(
-        name=QUEUE_NAME, run=run, source=ReviewQueue.Source.RANDOM, params={}, limit=16, seed=0, overlap=2,
-        created_by=user, assignees=[user, annotator])
+    queue = ReviewQueue.objects.filter(
+        run=run, name=QUEUE_NAME
+    ).first() or annotations.create_queue(
+        name=QUEUE_NAME,
+        run=run,
+        source=ReviewQueue.Source.RANDOM,
+        params={},
+        limit=16,
+        seed=0,
+        overlap=2,
+        created_by=user,
+        assignees=[user, annotator],
+    )
     labels = {lab.slug: lab for lab in Label.objects.all()}
-    done = set(Annotation.objects.filter(rollout__queue_items__queue=queue).values_list("rollout_id", "author_id"))
+    done = set(
+        Annotation.objects.filter(rollout__queue_items__queue=queue).values_list(
+            "rollout_id", "author_id"
+        )
+    )
     for item in queue.items.select_related("rollout").order_by("position"):
         for author, second in ((user, False), (annotator, True)):
             slug = _label_for(item.rollout, item.position, second)
-            if slug in labels and (item.rollout_id, author.id) not in done:  # a re-run annotates nothing again
-                annotations.save_annotation(item.rollout, author, label=labels[slug], note=f"demo: {slug}")
+            if (
+                slug in labels and (item.rollout_id, author.id) not in done
+            ):  # a re-run annotates nothing again
+                annotations.save_annotation(
+                    item.rollout, author, label=labels[slug], note=f"demo: {slug}"
+                )
     return queue
 
 
@@ -191,8 +283,14 @@ def _dpo_dataset(queue, user):
     if found is not None:
         return found
     try:
-        return export_dataset(name=DATASET_NAME, kind=Dataset.Kind.DPO, fmt=Dataset.Format.CONVERSATIONAL,
-                              source="queue", user=user, queue=queue)
+        return export_dataset(
+            name=DATASET_NAME,
+            kind=Dataset.Kind.DPO,
+            fmt=Dataset.Format.CONVERSATIONAL,
+            source="queue",
+            user=user,
+            queue=queue,
+        )
     except FieldError as e:  # the demo still works without it; say why
         log.warning("demo DPO dataset not exported: %s", e)
         return None
