@@ -15,6 +15,7 @@ from webapp.annotations.models import Annotation, Dataset, ReviewQueue
 from webapp.annotations.services import queue_agreement
 from webapp.diagnostics.models import Ablation
 from webapp.diagnostics.report import run_report
+from webapp.replays.models import Replay
 from webapp.rollouts.models import Group, RewardScore
 from webapp.runs.management.commands import seed_demo
 from webapp.runs.models import Run
@@ -124,6 +125,32 @@ def test_it_seeds_an_annotator_a_queue_both_annotated_and_a_dpo_dataset(db_acces
     assert dataset.kind == "dpo" and dataset.records.count() > 0
 
 
+def test_it_replays_the_diagram_run_against_the_hacks_the_annotator_labelled(db_access):
+    """The replay loop on demo data: extra-shape winners labelled as reward hacks, a replay with the
+    stricter registered version, and a regression table that follows exactly those rollouts."""
+    from webapp.replays import services as replays
+
+    run = Run.objects.get(name=seed_demo.RUN_NAME)
+    hacks = set(
+        Annotation.objects.filter(rollout__run=run, label__slug="reward-hacking").values_list(
+            "rollout_id", flat=True
+        )
+    )
+    assert hacks, "the seeded diagram run has no extra-shape winner to label"
+    for rid in hacks:
+        score = RewardScore.objects.get(rollout_id=rid, component__name="semantic_coverage")
+        assert "extra" in score.reason
+    replay = Replay.objects.get(run=run, name=seed_demo.REPLAY_NAME)
+    assert replay.status == Replay.Status.SUCCEEDED and replay.done == replay.total > 0
+    assert replay.versions[0]["name"] == seed_demo.REPLAY_VERSION
+    regression = replays.regress(replay)
+    assert {row["rollout_id"] for row in regression.rows} == hacks
+    assert all(row["rank_before"] == 1 for row in regression.rows)
+    # extras now cost more: no labelled hack keeps a reward as high as before
+    assert all(row["reward_after"] < row["reward_before"] for row in regression.rows)
+    assert f"/replays/{replay.id}/" in db_access["out"]
+
+
 def test_it_neither_fails_nor_duplicates_when_run_again(db_access):
     def counts():
         return (
@@ -133,6 +160,7 @@ def test_it_neither_fails_nor_duplicates_when_run_again(db_access):
             Ablation.objects.count(),
             Dataset.objects.count(),
             ReviewQueue.objects.count(),
+            Replay.objects.count(),
         )
 
     before = counts()

@@ -20,7 +20,7 @@ from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.accounts.roles import set_role
 from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
-from webapp.rollouts.models import Group
+from webapp.rollouts.models import Group, RewardScore
 from webapp.rollouts.services import environment_from_training, get_or_create_run
 from webapp.runs.metrics import record_metrics
 from webapp.runs.models import Run
@@ -35,6 +35,9 @@ STORY = {"steps": 30, "groups_per_step": 4, "G": 6, "saturate_at": 5}
 ABLATION_NAME = "drop correctness"
 QUEUE_NAME = "ask_to_code · first review (demo)"
 DATASET_NAME = "ask_to_code-dpo-demo"
+REPLAY_NAME = "semantic_coverage: extras cost more (demo)"
+REPLAY_VERSION = "semantic_coverage@no_extras"
+HACK_NOTE = "demo: an extra shape, and still the best of its group"
 # What each annotator calls a transcript, by the scripted policy's style (the rollout's state); the
 # annotator differs on every fourth item so the queue shows real (dis)agreement.
 LABEL_BY_STYLE = {
@@ -136,6 +139,9 @@ class Command(BaseCommand):
             run.mark_succeeded()
             self.stdout.write(f"demo run {run.id}: {stored} new groups ({len(groups)} in all)")
         self._stories(user)
+        replay = _replay_story(run, user)
+        if replay is not None:
+            self.stdout.write(f"reward replay {replay.id}: /replays/{replay.id}/  {replay.summary}")
         self.stdout.write(
             f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}"
         )
@@ -273,6 +279,57 @@ def _review_queue(run: Run, user, annotator):
                     item.rollout, author, label=labels[slug], note=f"demo: {slug}"
                 )
     return queue
+
+
+def _replay_story(run: Run, user):
+    """The replay loop on the diagram run: the annotator labels as reward hacks the rollouts that drew an
+    extra shape and still scored best in their group, then a replay re-scores the run with
+    `semantic_coverage@no_extras` (extras cost 4x more) so the replay page's regression table shows which
+    hacks the new version fixes and which still outrank their group's median. Run here, synchronously
+    (a few seconds); nothing is replayed again on a re-run."""
+    from webapp.annotations import services as annotations
+    from webapp.annotations.models import Label
+    from webapp.replays import services as replays
+    from webapp.replays.models import Replay
+
+    found = Replay.objects.filter(run=run, name=REPLAY_NAME).first()
+    if found is not None:
+        return found
+    hack = Label.objects.filter(slug="reward-hacking").first()
+    annotator = get_user_model().objects.filter(username=ANNOTATOR).first()
+    if hack is None or annotator is None:
+        return None
+    for rollout in _extra_shape_winners(run):
+        annotations.save_annotation(rollout, annotator, label=hack, note=HACK_NOTE)
+    replay = replays.create_replay(
+        run, {"versions": [{"version": REPLAY_VERSION}], "name": REPLAY_NAME}, user
+    )
+    replays.work(replay.id, "seed_demo")
+    replay.refresh_from_db()
+    return replay
+
+
+def _extra_shape_winners(run: Run, limit: int = 8) -> list:
+    """Rollouts whose semantic_coverage reason counts extra shapes and that have the highest reward of
+    their group, above the group's median: what a reviewer would call a reward hack."""
+    from webapp.rollouts.models import Rollout
+
+    rows = Rollout.objects.filter(run=run).values_list("id", "group_id", "reward")
+    groups: dict[int, list[tuple[float, int]]] = {}
+    for rid, gid, reward in rows:
+        groups.setdefault(gid, []).append((reward, rid))
+    extra = set(
+        RewardScore.objects.filter(
+            rollout__run=run, component__name="semantic_coverage", reason__contains="extra"
+        ).values_list("rollout_id", flat=True)
+    )
+    winners = []
+    for members in groups.values():
+        members.sort(reverse=True)
+        best, median = members[0], float(np.median([r for r, _ in members]))
+        if best[1] in extra and best[0] > median and best[0] > members[1][0]:
+            winners.append(best[1])
+    return list(Rollout.objects.filter(id__in=sorted(winners)[:limit]).order_by("id"))
 
 
 def _dpo_dataset(queue, user):
