@@ -190,7 +190,7 @@ def ablate(
         eps=baseline.eps,
     )
     keep, w = resolve_weights(data.components, spec)
-    kept = [c for c, k in zip(data.components, keep) if k]
+    kept = [c for c, k in zip(data.components, keep, strict=True) if k]
     new = stats.compute_advantages(
         data.matrix[:, keep],
         w,
@@ -221,7 +221,7 @@ def ablate(
     out = {
         "n_rollouts": data.n,
         "n_groups": m,
-        "weights": {c.name: float(wj) for c, wj in zip(kept, w)},
+        "weights": {c.name: float(wj) for c, wj in zip(kept, w, strict=True)},
         "dropped": list(spec.drop),
         "mean_abs_delta": float(delta.mean()) if data.n else 0.0,
         "max_abs_delta": float(delta.max()) if data.n else 0.0,
@@ -325,10 +325,12 @@ def python_loop_advantages(
         groups.setdefault(gid, []).append(i)
     out = [0.0] * len(rows)
     for idx in groups.values():
-        rewards = [sum(w * v for w, v in zip(weights, rows[i][1]) if v == v) for i in idx]
+        rewards = [
+            sum(w * v for w, v in zip(weights, rows[i][1], strict=True) if v == v) for i in idx
+        ]
         n = len(rewards)
         mean = sum(rewards) / n
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1)) if n > 1 else 0.0
-        for i, r in zip(idx, rewards):
+        for i, r in zip(idx, rewards, strict=True):
             out[i] = (r - mean) / (std + stats.EPS)
     return out

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from training.environments.base import Environment
@@ -104,7 +105,7 @@ def save_final(trainer, tokenizer, output_dir: str | os.PathLike) -> None:
 # Environments
 
 
-def get_env(name: str) -> "Environment":
+def get_env(name: str) -> Environment:
     """A fresh instance of the registered environment `name` (KeyError naming the known ones)."""
     from training.environments import get_environment
 
@@ -112,7 +113,7 @@ def get_env(name: str) -> "Environment":
 
 
 def env_prompts(
-    env: "Environment", split: str, n: int, seed: int = 0, max_nodes: int = 0
+    env: Environment, split: str, n: int, seed: int = 0, max_nodes: int = 0
 ) -> list[Any]:
     """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0 (an environment
     whose prompts() takes a `max_nodes` argument, e.g. diagram); 0 means every request."""
@@ -160,7 +161,7 @@ def load_records(data: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def make_reporting_callback(
-    sink: "Sink | None", progress: ProgressFn | None, *, metrics: bool = True
+    sink: Sink | None, progress: ProgressFn | None, *, metrics: bool = True
 ):
     """A TrainerCallback that forwards progress and (optionally) TRL's logged metrics to the sink.
 

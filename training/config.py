@@ -12,9 +12,10 @@ import argparse
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 C = TypeVar("C", bound="JobConfig")
 

@@ -67,9 +67,9 @@ class EvalJobConfig(JobConfig):
 
 
 def score_groups(
-    env: "Environment",
-    prompts: list["Prompt"],
-    samples: list[list["Sample"]],
+    env: Environment,
+    prompts: list[Prompt],
+    samples: list[list[Sample]],
     *,
     step: int,
     split: str,

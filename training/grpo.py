@@ -104,6 +104,17 @@ class GRPOJobConfig(TrainJobConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_sampling()
+        self._check_objective()
+        if self.max_turns < 1:
+            raise ValueError("max_turns: must be >= 1")
+        if self.max_turn_tokens < 1:
+            raise ValueError("max_turn_tokens: must be >= 1")
+        if self.reward_versions is not None:
+            _check_versions(self.reward_versions)
+
+    def _check_sampling(self) -> None:
+        """The prompts and the groups sampled for them."""
         if self.num_prompts < 1:
             raise ValueError("num_prompts: must be >= 1")
         if self.max_nodes < 0:
@@ -118,6 +129,9 @@ class GRPOJobConfig(TrainJobConfig):
             raise ValueError("max_completion_length: must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature: must be > 0")
+
+    def _check_objective(self) -> None:
+        """The loss and how rewards become advantages."""
         if self.beta < 0:
             raise ValueError("beta: must be >= 0")
         if self.num_iterations < 1:
@@ -135,12 +149,6 @@ class GRPOJobConfig(TrainJobConfig):
         ):
             raise ValueError(f"loss_type: unknown loss {self.loss_type!r}")
         require_choice(self, "multi_objective_aggregation", stats.AGGREGATIONS)
-        if self.max_turns < 1:
-            raise ValueError("max_turns: must be >= 1")
-        if self.max_turn_tokens < 1:
-            raise ValueError("max_turn_tokens: must be >= 1")
-        if self.reward_versions is not None:
-            _check_versions(self.reward_versions)
 
 
 VERSION_KEYS = {"target", "params", "source_hash", "name", "environment", "component"}

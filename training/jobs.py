@@ -8,8 +8,9 @@ Modules are imported on first use: listing the kinds must not load torch.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

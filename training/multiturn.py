@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from training.common import chat_prompt
 from training.rewards import environment_reward_funcs
@@ -130,7 +131,7 @@ def _cut_after_eos(ids: list[int], eos_ids: set[int]) -> list[int]:
 
 def run_episodes(
     env: Any,
-    prompts: Sequence["Prompt"],
+    prompts: Sequence[Prompt],
     tokenizer: Any,
     generate: GenerateFn,
     *,
@@ -253,8 +254,8 @@ def _messages_key(messages: Sequence[dict[str, Any]]) -> str:
 
 
 def make_rollout_func(
-    env: "Environment",
-    prompts: Sequence["Prompt"],
+    env: Environment,
+    prompts: Sequence[Prompt],
     *,
     max_turn_tokens: int,
     generate: GenerateFactory | None = None,
@@ -295,7 +296,7 @@ def make_rollout_func(
 
 
 def transcript_reward_funcs(
-    env: "Environment", prompts: Sequence["Prompt"]
+    env: Environment, prompts: Sequence[Prompt]
 ) -> tuple[list[Callable], list[float]]:
     """The environment's components as TRL reward functions that score the episode transcript (the
     rollout_func's `transcript` field) instead of TRL's decoded completion; named, weighted and

@@ -118,7 +118,7 @@ def batch_to_samples(
         if values is not None and len(values) == n:
             per_sample[component_name(k)] = values
     out = []
-    for i, (query, prompt) in enumerate(zip(queries, prompts)):
+    for i, (query, prompt) in enumerate(zip(queries, prompts, strict=True)):
         state: dict[str, Any] = {}
         if labels is not None and i < len(labels) and labels[i] is not None:
             state["label"] = _json_safe(labels[i])

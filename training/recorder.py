@@ -46,8 +46,9 @@ import inspect
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
@@ -145,7 +146,7 @@ class RolloutRecorder(TrainerCallback):
     # ---- binding to a trainer
 
     @classmethod
-    def attach(cls, trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> "RolloutRecorder":
+    def attach(cls, trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> RolloutRecorder:
         """Wrap `trainer`'s reward functions and add the callback: the whole recorder in one call."""
         recorder = cls(sink, **kwargs)
         recorder.bind(trainer)
@@ -316,13 +317,13 @@ class RolloutRecorder(TrainerCallback):
         # TRL releases before log_extra (as some Unsloth pins) have no "extra": record without reasons.
         extra = {col: list(vals) for col, vals in logs.get("extra", {}).items() if len(vals) == n}
         g = t.num_generations if t.model.training else t.num_generations_eval
-        if n == 0 or n % g or len(prompts) != n:
-            return []
+        weights = [float(w) for w in t.reward_weights.tolist()]
+        if n == 0 or n % g or len(prompts) != n or len(weights) != len(names):
+            return []  # not a batch this recorder can read: record nothing rather than guess
         keys = extra.get(KEY_COLUMN) or [prompt_key(p) for p in prompts]
         lengths = extra.get(LENGTH_COLUMN)
         truncated = extra.get(TRUNCATED_COLUMN)
         transcripts = extra.get(TRANSCRIPT_COLUMN)
-        weights = [float(w) for w in t.reward_weights.tolist()]
         seen: dict[str, int] = {}
         groups = []
         for start in range(0, n, g):
@@ -413,7 +414,7 @@ def trainer_settings(trainer: Any) -> dict[str, Any]:
     names = read("reward_func_names", lambda: list(trainer.reward_func_names))
     weights = read("reward_weights", lambda: [float(w) for w in trainer.reward_weights.tolist()])
     if names is not None and weights is not None and len(names) == len(weights):
-        out["weights"] = dict(zip(names, weights))
+        out["weights"] = dict(zip(names, weights, strict=True))
     scale = read("scale_rewards", lambda: trainer.scale_rewards)
     if isinstance(scale, bool):  # TRL before 0.22: True = divide by the group std, False = do not
         scale = "group" if scale else "none"
@@ -477,7 +478,9 @@ def _value(v: Any) -> float | None:
 def _aggregate(values: list[Any], weights: list[float]) -> float | None:
     """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when no function scored."""
     scored = [
-        (float(v), w) for v, w in zip(values, weights) if v is not None and not math.isnan(float(v))
+        (float(v), w)
+        for v, w in zip(values, weights, strict=True)
+        if v is not None and not math.isnan(float(v))
     ]
     return sum(v * w for v, w in scored) if scored else None
 

@@ -11,7 +11,8 @@ gathers across processes next to its own logs; the RolloutRecorder reads them fr
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from training.environments.base import Component, Environment, Prompt, Score
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 REASON_PREFIX = "reason/"
 
 
-def score_value(score: "Score") -> float | None:
+def score_value(score: Score) -> float | None:
     """Score -> TRL value: NaN (unscorable) becomes None, which TRL excludes from the sum.
 
     >>> from training.environments.base import Score
@@ -31,7 +32,7 @@ def score_value(score: "Score") -> float | None:
 
 
 def component_reward_func(
-    component: "Component", prompts_by_key: dict[str, "Prompt"]
+    component: Component, prompts_by_key: dict[str, Prompt]
 ) -> Callable[..., list[float | None]]:
     """A TRL reward function for one component. Named after the component, so TRL logs
     `rewards/<component>/mean` and the recorder stores scores under the component's name."""
@@ -65,7 +66,7 @@ def component_reward_func(
 
 
 def environment_reward_funcs(
-    env: "Environment", prompts: list["Prompt"]
+    env: Environment, prompts: list[Prompt]
 ) -> tuple[list[Callable], list[float]]:
     """(reward_funcs, reward_weights) for GRPOTrainer, one function per component in the env's order."""
     by_key = {p.key: p for p in prompts}

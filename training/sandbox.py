@@ -42,6 +42,7 @@ No Django here: this is plain Python used by the environments and the trainers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -58,9 +59,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 _STARTUP_GRACE_S = (
     2.0  # bwrap + interpreter start, on top of the user's wall budget (loaded 2-core CI)
@@ -618,18 +620,14 @@ class _Cgroup:
     def pids(self) -> set[int]:
         found: set[int] = set()
         for path in self.dirs.values():
-            try:
+            with contextlib.suppress(OSError):
                 found |= {int(x) for x in (path / "cgroup.procs").read_text().split()}
-            except OSError:
-                pass
         return found
 
     def kill_all(self) -> None:
         for pid in self.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def oom_killed(self) -> bool:
         try:
@@ -641,10 +639,8 @@ class _Cgroup:
 
     def remove(self) -> None:
         for path in self.dirs.values():
-            try:
+            with contextlib.suppress(OSError):
                 path.rmdir()
-            except OSError:
-                pass
 
 
 def _own_cgroup_v1(controller: str) -> Path | None:
@@ -662,10 +658,8 @@ def _own_cgroup_v1(controller: str) -> Path | None:
 
 
 def _try_write(path: Path, text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # memsw only exists with swap accounting on
         path.write_text(text)
-    except OSError:
-        pass  # memsw only exists with swap accounting on
 
 
 # ---------------------------------------------------------------------------------------------
@@ -687,15 +681,16 @@ class _Exchange:
         self.started = False
 
     def open_files(self) -> dict[str, Any]:
-        files = {
-            "stdin": open(self.base / "in.json", "rb"),
-            "stdout": open(self.base / "out", "wb"),
-            "stderr": open(self.base / "err", "wb"),
-            "info": open(self.base / "info", "wb"),
+        """The child's files, by role; they outlive this call: the caller closes them."""
+        names = {
+            "stdin": ("in.json", "rb"),
+            "stdout": ("out", "wb"),
+            "stderr": ("err", "wb"),
+            "info": ("info", "wb"),
         }
         if self.has_filter:
-            files["seccomp"] = open(self.base / "seccomp.bpf", "rb")
-        return files
+            names["seccomp"] = ("seccomp.bpf", "rb")
+        return {role: open(self.base / name, mode) for role, (name, mode) in names.items()}  # noqa: SIM115
 
     def child_pid(self) -> int | None:
         try:
@@ -866,14 +861,10 @@ def _execute(
 def _kill_group(proc: subprocess.Popen) -> None:
     """bwrap's outer process leads this group; its death SIGKILLs the sandbox init (die-with-parent),
     and the death of a PID namespace's init kills every process in it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable only in D state
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable only in D state
-        pass
 
 
 def _ensure_gone(init_pid: int | None, cgroup: _Cgroup | None, deadline_s: float = 5.0) -> bool:
@@ -1131,7 +1122,7 @@ def _same(a: Any, b: Any) -> bool:
             )
         return a == b
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b

@@ -145,7 +145,7 @@ class JsonlSink:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - the sink's lifetime; close()
         self._lock = threading.Lock()
 
     def _write(self, records: list[dict[str, Any]]) -> None:

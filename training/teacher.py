@@ -21,9 +21,10 @@ import json
 import os
 import random
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from training.common import ProgressFn, Sample, chat_prompt, env_prompts, get_env, write_jsonl
 from training.config import JobConfig, cli, help_field

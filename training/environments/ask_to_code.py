@@ -30,7 +30,8 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from training.environments.ask_to_code_tasks import (
     HOLDOUT_FAMILIES,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 ComponentKind = Literal["outcome", "process", "behavioural", "penalty"]
 Split = Literal["train", "holdout"]

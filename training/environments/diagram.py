@@ -560,19 +560,76 @@ SEED_REQUESTS: list[tuple[str, str, str, str]] = [
 FAMILIES = ("pipeline", "org_chart", "state_machine", "architecture", "flowchart")
 
 _PIPELINES = {  # stages in pipeline order; a prompt keeps an ordered subset
-    "a CI pipeline": "Checkout,Build,Lint,Unit tests,Package,Deploy staging,Smoke test,Release".split(
-        ","
-    ),
-    "a data pipeline": "Extract,Validate,Clean,Transform,Join,Aggregate,Load,Report".split(","),
-    "an ML pipeline": "Collect data,Label,Split,Train,Evaluate,Register,Serve,Monitor".split(","),
-    "a publishing workflow": "Draft,Edit,Review,Approve,Schedule,Publish,Promote".split(","),
-    "a hiring process": "Apply,Screen,Phone call,Interview,Reference check,Offer,Onboard".split(
-        ","
-    ),
+    "a CI pipeline": [
+        "Checkout",
+        "Build",
+        "Lint",
+        "Unit tests",
+        "Package",
+        "Deploy staging",
+        "Smoke test",
+        "Release",
+    ],
+    "a data pipeline": [
+        "Extract",
+        "Validate",
+        "Clean",
+        "Transform",
+        "Join",
+        "Aggregate",
+        "Load",
+        "Report",
+    ],
+    "an ML pipeline": [
+        "Collect data",
+        "Label",
+        "Split",
+        "Train",
+        "Evaluate",
+        "Register",
+        "Serve",
+        "Monitor",
+    ],
+    "a publishing workflow": [
+        "Draft",
+        "Edit",
+        "Review",
+        "Approve",
+        "Schedule",
+        "Publish",
+        "Promote",
+    ],
+    "a hiring process": [
+        "Apply",
+        "Screen",
+        "Phone call",
+        "Interview",
+        "Reference check",
+        "Offer",
+        "Onboard",
+    ],
 }
 _ORG_ROOTS = ["CEO", "Founder", "Director", "Principal", "Mayor", "Head chef"]
-_ORG_MIDS = "CTO,CFO,COO,VP Sales,VP Engineering,Head of Design,Head of HR,Deputy".split(",")
-_ORG_LEAVES = "Engineer,Accountant,Designer,Recruiter,Analyst,Sales rep,Assistant,Intern".split(",")
+_ORG_MIDS = [
+    "CTO",
+    "CFO",
+    "COO",
+    "VP Sales",
+    "VP Engineering",
+    "Head of Design",
+    "Head of HR",
+    "Deputy",
+]
+_ORG_LEAVES = [
+    "Engineer",
+    "Accountant",
+    "Designer",
+    "Recruiter",
+    "Analyst",
+    "Sales rep",
+    "Assistant",
+    "Intern",
+]
 _STATE_MACHINES = {
     "an order lifecycle": (["Created", "Paid", "Packed", "Shipped", "Delivered"], "Cancelled"),
     "a ticket workflow": (["New", "Triaged", "In progress", "In review", "Done"], "Rejected"),
@@ -868,7 +925,19 @@ class ScriptedDiagramPolicy:
         if self._hit(rng, "prose"):
             nodes = prompt.spec["nodes"]
             return f"Sure! I would draw {', '.join(nodes)} as boxes and connect them with arrows."
-        actions = solve_actions(prompt)
+        # The faults are drawn in a fixed order: a seeded policy writes the same answers.
+        actions = self._drop_parts(rng, solve_actions(prompt))
+        self._add_and_move_shapes(rng, actions)
+        self._bad_field(rng, actions)
+        text = self._break_json(rng, render_actions(actions))
+        if rng.random() < 0.2:  # fences are tolerated: cosmetic variety, never a fault
+            text = f"```json\n{text}\n```"
+        return text
+
+    def _drop_parts(
+        self, rng: random.Random, actions: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """drop_node, omit_edges, drop_edge: a node or edges the request asks for go missing."""
         shapes = [a for a in actions if a["action"] == "create_shape"]
         if self._hit(rng, "drop_node") and len(shapes) > 1:
             victim = rng.choice(shapes)
@@ -882,6 +951,10 @@ class ScriptedDiagramPolicy:
         edges = [a for a in actions if a["action"] == "connect"]
         if self._hit(rng, "drop_edge") and edges:
             actions.remove(rng.choice(edges))
+        return actions
+
+    def _add_and_move_shapes(self, rng: random.Random, actions: list[dict[str, Any]]) -> None:
+        """extra_node, duplicate, overlap, out_of_bounds: shapes added or moved, in place."""
         shapes = [a for a in actions if a["action"] == "create_shape"]
         if self._hit(rng, "extra_node"):
             actions.insert(
@@ -908,6 +981,9 @@ class ScriptedDiagramPolicy:
         if self._hit(rng, "out_of_bounds") and shapes:
             s = rng.choice(shapes)
             s["x"] = CANVAS_W - s["w"] // 2
+
+    def _bad_field(self, rng: random.Random, actions: list[dict[str, Any]]) -> None:
+        """bad_field: one action with a renamed key, a string coordinate or an unknown shape."""
         if self._hit(rng, "bad_field") and actions:
             i = rng.randrange(len(actions))
             a = dict(actions[i])  # a copy: a duplicated shape must not change with its original
@@ -917,7 +993,9 @@ class ScriptedDiagramPolicy:
             else:
                 a["type"] = a.pop("action")
             actions[i] = a
-        text = render_actions(actions)
+
+    def _break_json(self, rng: random.Random, text: str) -> str:
+        """break_json: the answer truncated, missing its closing bracket or with a trailing comma."""
         if self._hit(rng, "break_json"):
             how = rng.choice(["truncate", "drop_bracket", "trailing_comma"])
             if how == "truncate":
@@ -926,8 +1004,6 @@ class ScriptedDiagramPolicy:
                 text = text[:-1]
             else:
                 text = text[:-2] + ",\n]"
-        if rng.random() < 0.2:  # fences are tolerated: cosmetic variety, never a fault
-            text = f"```json\n{text}\n```"
         return text
 
 

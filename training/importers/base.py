@@ -20,6 +20,7 @@ Plain Python: no Django import (the web app's command drives these readers).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -335,7 +336,7 @@ def fill_advantages(
         scale_rewards="group" if scale else "none",
         eps=eps,
     )
-    for r, a in zip(rollouts, result.advantages.tolist()):
+    for r, a in zip(rollouts, result.advantages.tolist(), strict=True):
         r["advantage"] = a
     return "computed"
 
@@ -447,14 +448,13 @@ class GroupingJsonlReader(Reader):
         seen = 0
         for path in self.files():
             for _, _, raw in jsonl_lines(path):
-                try:
+                # A bad record is reported with its line number when the import reads it.
+                with contextlib.suppress(RecordError):
                     names.update(
                         dict.fromkeys(
                             self.parse_row(parse_json_object(raw)).rollout.get("rewards", {})
                         )
                     )
-                except RecordError:
-                    pass  # reported with its line number when the import reads it
                 seen += 1
                 if seen >= limit:
                     return list(names)

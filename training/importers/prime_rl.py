@@ -30,6 +30,7 @@ Records without "traces" are read in the flat format of earlier versions of this
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -115,10 +116,8 @@ class PrimeRLReader(GroupingJsonlReader):
             for n, (_, _, raw) in enumerate(jsonl_lines(path)):
                 if n >= 200:
                     break
-                try:
+                with contextlib.suppress(RecordError):  # reported with its line on import
                     self._trace_weights(parse_json_object(raw))
-                except RecordError:
-                    pass  # reported with its line when the import reads it
         own = super().settings() or {}
         found = {"weights": dict(self._weights), "scale_rewards": "none"} if self._weights else {}
         return {**found, **own} or None
