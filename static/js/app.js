@@ -21,31 +21,41 @@
     });
   }
 
-  // Charts in view are drawn at once; the ones below the fold when they come near (each plotly figure
-  // costs tens of ms: drawing thirty of them up front kept the dashboard busy for seconds).
+  // Charts in view are drawn first, one per frame (the page paints between them); only then are the
+  // ones below the fold watched, and drawn when they come near. Each plotly figure costs tens of ms:
+  // drawing thirty up front, or the ones just below the fold alongside those in view, kept the
+  // dashboard busy for seconds.
   function drawCharts(root) {
     var section = root.querySelector("[data-figures]");
     if (!section || typeof Plotly === "undefined") return;
     var blob = document.getElementById(section.getAttribute("data-figures"));
     if (!blob) return;
     section._figures = JSON.parse(blob.textContent);
+    var queue = [], later = [];
+    section.querySelectorAll("[data-chart]").forEach(function (el) {
+      (el.getBoundingClientRect().top < window.innerHeight ? queue : later).push(el);
+    });
+    function pump() {
+      var el = queue.shift();
+      if (el) { drawOne(section, el); window.requestAnimationFrame(pump); return; }
+      section._pumping = false;
+    }
+    section._draw = function (el) {
+      queue.push(el);
+      if (!section._pumping) { section._pumping = true; window.requestAnimationFrame(pump); }
+    };
+    section._pumping = true;
+    queue.length ? pump() : (section._pumping = false);
     var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
       entries.forEach(function (e) {
-        if (e.isIntersecting) { observer.unobserve(e.target); drawOne(section, e.target); }
+        if (e.isIntersecting) { observer.unobserve(e.target); section._draw(e.target); }
       });
     }, {rootMargin: "300px 0px"}) : null;
-    section._observer = observer;
-    var now = [];
-    section.querySelectorAll("[data-chart]").forEach(function (el) {
-      if (!observer || el.getBoundingClientRect().top < window.innerHeight) now.push(el);
-      else observer.observe(el);
-    });
-    // One chart per frame: the page paints and answers input between charts instead of after all of them.
-    (function next() {
-      var el = now.shift();
-      if (!el) return;
-      drawOne(section, el);
-      window.requestAnimationFrame(next);
+    section._observe = function (el) { if (observer) observer.observe(el); else section._draw(el); };
+    // Watching starts once the charts in view are drawn (they keep the CPU until then).
+    (function watch() {
+      if (section._pumping) { window.requestAnimationFrame(watch); return; }
+      later.forEach(section._observe);
     })();
     live(section);
   }
@@ -57,7 +67,7 @@
     el.className = "chart";
     el.setAttribute("data-chart", id);
     grid.appendChild(el);
-    if (section._observer) section._observer.observe(el); else drawOne(section, el);
+    section._observe(el);
     return el;
   }
 
@@ -68,27 +78,76 @@
     }
     section._figures = figures;
     Object.keys(figures).forEach(function (id) {
-      var el = null;
-      section.querySelectorAll("[data-chart]").forEach(function (c) { if (c.getAttribute("data-chart") === id) el = c; });
-      if (!el) el = addMetricChart(section, id);
+      var el = chartEl(section, id) || addMetricChart(section, id);
       if (el && el.getAttribute("data-drawn")) Plotly.react(el, figures[id].data, figures[id].layout, PLOT_CONFIG);
     });
   }
 
-  // While a run is live: poll its small JSON endpoint; figures come back only when a step was stored.
+  // The first step the page may lack: the lowest last step over every trace (a metric the trainer logs
+  // later than the rollouts must not be skipped). Null when the page has no points yet.
+  function lastCommonStep(section) {
+    var since = null;
+    Object.keys(section._figures).forEach(function (id) {
+      section._figures[id].data.forEach(function (t) {
+        var last = t.x.length ? t.x[t.x.length - 1] : null;
+        if (last !== null && (since === null || last < since)) since = last;
+      });
+    });
+    return since;
+  }
+
+  // New points from step `since` on: each trace drops what it holds from that step (the server sends it
+  // again, complete) and is extended. A drawn chart through Plotly.extendTraces; one not drawn yet
+  // (below the fold) in its figure, drawn whole when it comes into view. False when a chart is missing.
+  function extendCharts(section, points, since) {
+    var ids = Object.keys(points), missing = false;
+    ids.forEach(function (id) {
+      var fig = section._figures[id], el = chartEl(section, id);
+      if (!fig || !el) { if (points[id].x.some(function (x) { return x.length; })) missing = true; return; }
+      var idx = [], xs = [], ys = [];
+      fig.data.forEach(function (t, i) {
+        var keep = t.x.length;
+        while (keep && t.x[keep - 1] >= since) keep--;
+        t.x.length = keep;  // in place: a drawn chart's traces are these very objects
+        t.y.length = keep;
+        idx.push(i); xs.push(points[id].x[i] || []); ys.push(points[id].y[i] || []);
+      });
+      if (el.getAttribute("data-drawn")) Plotly.extendTraces(el, {x: xs, y: ys}, idx);
+      else fig.data.forEach(function (t, i) { t.x = t.x.concat(xs[i]); t.y = t.y.concat(ys[i]); });
+    });
+    return !missing;
+  }
+
+  function chartEl(section, id) {
+    var found = null;
+    section.querySelectorAll("[data-chart]").forEach(function (c) { if (c.getAttribute("data-chart") === id) found = c; });
+    return found;
+  }
+
+  // While a run is live: poll its small JSON endpoint. Something new since the version the page holds
+  // comes back as the points from the page's last step on; whole figures only when the page lacks a
+  // chart (a metric first logged after it loaded). The last answer (run ended) stops the polling.
   function live(section) {
     var url = section.getAttribute("data-live");
     if (!url) return;
-    var version = section.getAttribute("data-live-version") || "";
+    var version = section.getAttribute("data-live-version") || "", whole = false;
     function schedule() { window.setTimeout(poll, LIVE_MS); }
     function poll() {
-      fetch(url + "?version=" + encodeURIComponent(version), {credentials: "same-origin"})
+      var since = whole ? null : lastCommonStep(section);
+      var q = "?version=" + encodeURIComponent(version) + (since === null ? "" : "&since=" + since);
+      fetch(url + q, {credentials: "same-origin"})
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (body) {
           if (!body) { schedule(); return; }
+          whole = false;
+          if (body.figures) updateCharts(section, body.figures);
+          if (body.points && !extendCharts(section, body.points, body.since)) {
+            whole = true;  // ask again for whole figures, from the version before this answer
+            window.setTimeout(poll, 0);
+            return;
+          }
           version = body.version;
           section.setAttribute("data-live-version", version);
-          if (body.figures) updateCharts(section, body.figures);
           if (body.finished) section.removeAttribute("data-live"); else schedule();
         })
         .catch(schedule);

@@ -157,10 +157,21 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
     from webapp.rollouts.ingest import ingest_groups
     from webapp.runs.models import StepMetric
 
+    polls = []  # (query, answer) of every live.json poll
+    page.on(
+        "response",
+        lambda r: "/live.json" in r.url and polls.append((r.url.split("?", 1)[-1], r.json())),
+    )
     login(page, live_server, "viewer", PASSWORD)
     page.goto(f"{live_server.url}/runs/{diagram_run.id}/")
     page.wait_for_selector('[data-chart="reward"] .main-svg')
-    page.evaluate("window.__same_page = 1")
+    page.evaluate("""() => {
+        window.__same_page = 1; window.__extended = [];
+        const extend = Plotly.extendTraces;
+        Plotly.extendTraces = function (gd) {
+            window.__extended.push(gd.getAttribute('data-chart')); return extend.apply(this, arguments);
+        };
+    }""")
     count = "document.querySelector('[data-chart=\"%s\"]').data[%d].x.length"
     before = page.evaluate(count % ("reward", 2))
     assert before == 8
@@ -170,7 +181,17 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
         [StepMetric(run=diagram_run, step=s, name="kl", value=0.002 * s) for s in (8, 9)]
     )
     page.wait_for_function((count % ("reward", 2)) + " === 10", timeout=20_000)
-    scroll_through(page)
+    xs = "document.querySelector('[data-chart=\"reward\"]').data[2].x"
+    assert page.evaluate(xs) == list(range(10))  # step 7 was sent again and replaced, not doubled
+    # Only the new points travelled: the page named its last step and got steps 7-9, no whole figure.
+    query, answer = next((q, a) for q, a in polls if a["points"])
+    assert "since=7" in query and answer["figures"] is None
+    assert answer["points"]["reward"]["x"][2] == [7, 8, 9]
+    assert answer["points"]["metric:kl"]["x"] == [[7, 8, 9]]
+    assert "reward" in page.evaluate("window.__extended")  # drawn charts grew in place
+    scroll_through(
+        page
+    )  # the kl chart was below the fold, not drawn: it is drawn whole, with the new steps
     page.wait_for_function((count % ("metric:kl", 0)) + " === 10", timeout=20_000)
     assert page.evaluate("window.__same_page") == 1  # no reload happened
     shot(page, "ux-dashboard-live")
@@ -278,6 +299,7 @@ def test_it_opens_every_page_without_a_console_error(
         progress=1.0,
         summary={"train_loss": 0.3, "train_runtime": 12.5},
     )
+    twin = _twin(diagram_run, personas)
     base = live_server.url
     pages = {
         "runs": "/",
@@ -296,6 +318,7 @@ def test_it_opens_every_page_without_a_console_error(
         "datasets": "/annotations/datasets/",
         "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
         "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/",
+        "overlay": f"/diagnostics/runs/{diagram_run.id}/overlay/{twin.id}/",
         "activity": "/annotations/activity/",
         "agreement": f"/annotations/queues/{queue.id}/agreement/",
         "new-queue": "/annotations/queues/new/",
@@ -313,6 +336,11 @@ def test_it_opens_every_page_without_a_console_error(
         resp = page.goto(base + path)
         assert resp.status == 200, f"{name}: {resp.status}"
         page.wait_for_load_state("networkidle")
+        # Charts below the fold are drawn as they come near: a reader scrolling down finds each drawn.
+        scroll_through(page)
+        page.wait_for_function(
+            "[...document.querySelectorAll('[data-chart]')].every(e => e.querySelector('.main-svg'))"
+        )
         shot(page, f"ux-page-{name}")
     assert page.console_errors == [], page.console_errors
     assert page.page_errors == [] and page.dialogs == []
@@ -326,6 +354,58 @@ def test_it_opens_every_page_without_a_console_error(
     assert resp.status == 403
     expect(page.locator(".forbidden")).to_contain_text("This action needs the trainer role.")
     shot(page, "ux-403")
+
+
+def _twin(run, personas):
+    """An ablation twin of `run` with other weights, its rollouts stored, no trainer metrics."""
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.services import create_run
+
+    weights = {c.name: 2.0 for c in run.components()}
+    twin = create_run(
+        name=f"{run.name} / ablation: doubled",
+        kind="grpo",
+        environment=run.environment,
+        config={"ablation_of": run.id, "reward_weights": weights},
+        owner=personas["trainer"],
+        parent=run,
+        status="succeeded",
+    )
+    ingest_groups(twin, {"groups": _steps(run, 0, 7)})
+    return twin
+
+
+def test_it_overlays_a_twin_with_a_legend_clear_of_the_axis(
+    page, live_server, diagram_run, personas, shot
+):  # noqa: F811
+    from webapp.runs.models import StepMetric
+
+    twin = _twin(diagram_run, personas)
+    StepMetric.objects.bulk_create(  # the original's trainer logged its reward; the twin's did not
+        [StepMetric(run=diagram_run, step=s, name="reward", value=0.1 * s) for s in range(8)]
+    )
+    login(page, live_server, "viewer", PASSWORD)
+    page.goto(f"{live_server.url}/diagnostics/runs/{diagram_run.id}/overlay/{twin.id}/")
+    page.wait_for_selector('[data-chart="reward"] .main-svg')
+    legend = page.eval_on_selector_all(
+        '[data-chart="reward"] .legendtext', "es => es.map(e => e.textContent)"
+    )
+    assert [t for t in legend if t.endswith("(trainer log)")] == [
+        f"original: {diagram_run.name} (trainer log)"
+    ]
+    assert "sum their rewards with different weights" in page.inner_text("body")
+    scroll_through(page)
+    for chart in page.locator("[data-chart]").all():
+        chart.locator(".main-svg").first.wait_for()
+    shot(page, "ux-overlay")
+    for chart in page.locator("[data-chart]").all():
+        legend = chart.locator(".legend").bounding_box()
+        title = chart.locator(".g-xtitle").bounding_box()
+        ticks = [t.bounding_box() for t in chart.locator(".xtick").all()]
+        # text boxes include a few px of line height: overlapping glyphs would be ~10 px
+        assert title["y"] >= max(t["y"] + t["height"] for t in ticks) - 4, "title on the ticks"
+        assert legend["y"] >= title["y"] + title["height"] - 4, "the legend overlaps the step title"
+    assert page.console_errors == [] and page.page_errors == []
 
 
 @pytest.fixture

@@ -22,13 +22,39 @@ def _layout(title: str, y_title: str = "", x_title: str = "step", **extra: Any) 
         "height": 260,
         "xaxis": {"title": {"text": x_title}, "zeroline": False},
         "yaxis": {"title": {"text": y_title}, "zeroline": False},
-        "legend": {"orientation": "h", "y": -0.28, "font": {"size": 11}},
+        "legend": {"font": {"size": 11}},  # placed by _legend_below
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "#fbfbfa",
         "font": {"family": "system-ui, sans-serif", "size": 11, "color": "#222"},
     }
     layout.update(extra)
     return layout
+
+
+LEGEND_ROW = 17  # px per legend entry at font size 11
+
+
+def _legend_below(fig: Figure) -> Figure:
+    """One legend row per trace under the "step" title, in a bottom margin grown to hold them. A legend
+    placed at a paper-relative y (under the plot) sat on the axis title once names were long."""
+    entries = [t for t in fig["data"] if t.get("showlegend", True)]
+    if len(entries) < 2:  # plotly shows no legend for a single trace
+        return fig
+    layout = fig["layout"]
+    extra = LEGEND_ROW * len(entries) + 8
+    margin = layout["margin"]
+    layout["margin"] = {**margin, "b": margin["b"] + extra}
+    layout["height"] = layout["height"] + extra
+    layout["legend"] = {
+        **layout["legend"],
+        "orientation": "v",
+        "yref": "container",
+        "y": 0,
+        "yanchor": "bottom",
+        "x": 0,
+        "xanchor": "left",
+    }
+    return fig
 
 
 def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> dict[str, Any]:
@@ -101,15 +127,17 @@ def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None =
             line={"color": "#111", "width": 2.4, "dash": "dot"},
         )
     )
-    return {
-        "data": data,
-        "layout": _layout(
-            "Zero within-group std: groups that teach nothing",
-            "fraction of groups",
-            yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
-            **onset_marks(findings),
-        ),
-    }
+    return _legend_below(
+        {
+            "data": data,
+            "layout": _layout(
+                "Zero within-group std: groups that teach nothing",
+                "fraction of groups",
+                yaxis={"range": [0, 1.02], "title": {"text": "fraction of groups"}},
+                **onset_marks(findings),
+            ),
+        }
+    )
 
 
 @escaped
@@ -123,15 +151,17 @@ def at_max_figure(
         _line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
         for i, (name, s) in enumerate((over_time.get("components") or {}).items())
     ]
-    return {
-        "data": data,
-        "layout": _layout(
-            "Share of rollouts at the component's maximum, per step",
-            "share",
-            yaxis={"range": [0, 1.02], "title": {"text": "share of rollouts"}},
-            **onset_marks(findings),
-        ),
-    }
+    return _legend_below(
+        {
+            "data": data,
+            "layout": _layout(
+                "Share of rollouts at the component's maximum, per step",
+                "share",
+                yaxis={"range": [0, 1.02], "title": {"text": "share of rollouts"}},
+                **onset_marks(findings),
+            ),
+        }
+    )
 
 
 def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
@@ -143,20 +173,24 @@ def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
 
 @escaped
 def within_std_figure(agg: dict[str, Any]) -> Figure:
-    return {
-        "data": _per_component(agg, "std"),
-        "layout": _layout("Mean within-group std per component", "std"),
-    }
+    return _legend_below(
+        {
+            "data": _per_component(agg, "std"),
+            "layout": _layout("Mean within-group std per component", "std"),
+        }
+    )
 
 
 @escaped
 def component_mean_figure(
     agg: dict[str, Any], findings: list[dict[str, Any]] | None = None
 ) -> Figure:
-    return {
-        "data": _per_component(agg, "mean"),
-        "layout": _layout("Component means", "mean", **onset_marks(findings)),
-    }
+    return _legend_below(
+        {
+            "data": _per_component(agg, "mean"),
+            "layout": _layout("Component means", "mean", **onset_marks(findings)),
+        }
+    )
 
 
 @escaped
@@ -165,27 +199,29 @@ def share_figure(health: dict[str, Any]) -> Figure:
     comps = health["components"]
     names = [c["name"] for c in comps]
     total_w = sum(abs(c["weight"] or 0) for c in comps) or 1.0
-    return {
-        "data": [
-            {
-                "type": "bar",
-                "x": names,
-                "y": [abs(c["weight"] or 0) / total_w for c in comps],
-                "name": "share of |weights|",
-                "marker": {"color": "#cbd5e1"},
-            },
-            {
-                "type": "bar",
-                "x": names,
-                "y": [c["share"] for c in comps],
-                "name": "share of the advantage",
-                "marker": {"color": PALETTE[0]},
-            },
-        ],
-        "layout": _layout(
-            "What the advantage is made of", "share", x_title="component", barmode="group"
-        ),
-    }
+    return _legend_below(
+        {
+            "data": [
+                {
+                    "type": "bar",
+                    "x": names,
+                    "y": [abs(c["weight"] or 0) / total_w for c in comps],
+                    "name": "share of |weights|",
+                    "marker": {"color": "#cbd5e1"},
+                },
+                {
+                    "type": "bar",
+                    "x": names,
+                    "y": [c["share"] for c in comps],
+                    "name": "share of the advantage",
+                    "marker": {"color": PALETTE[0]},
+                },
+            ],
+            "layout": _layout(
+                "What the advantage is made of", "share", x_title="component", barmode="group"
+            ),
+        }
+    )
 
 
 @escaped
@@ -215,6 +251,7 @@ def corr_figure(health: dict[str, Any]) -> Figure:
             x_title="",
             height=300 + 12 * len(labels),
             yaxis={"autorange": "reversed", "automargin": True},
+            xaxis={"automargin": True},  # long component names, slanted, were cut off at the bottom
             margin={"l": 96, "r": 12, "t": 32, "b": 60},
         ),
     }
@@ -239,10 +276,12 @@ def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
         }
         for i, r in enumerate(rows)
     ]
-    return {
-        "data": data,
-        "layout": _layout("Ablations side by side", "", x_title="", barmode="group"),
-    }
+    return _legend_below(
+        {
+            "data": data,
+            "layout": _layout("Ablations side by side", "", x_title="", barmode="group"),
+        }
+    )
 
 
 @escaped
@@ -254,8 +293,8 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
         for i, s in enumerate(series)
     ]
     for i, s in enumerate(series):
-        logged = s.get("logged_reward") or []
-        if logged:  # what the trainer itself logged as "reward", when it did
+        logged = [p for p in s.get("logged_reward") or [] if p[1] is not None]
+        if logged:  # what the trainer itself logged as "reward", when it logged a number
             reward.append(
                 _line(
                     [p[0] for p in logged],
@@ -266,7 +305,9 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
                 )
             )
     figs: dict[str, Figure] = {
-        "reward": {"data": reward, "layout": _layout("Reward mean per step", "reward")}
+        "reward": _legend_below(
+            {"data": reward, "layout": _layout("Reward mean per step", "reward")}
+        )
     }
     names: list[str] = []
     for s in series:
@@ -287,5 +328,7 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
             for i, s in enumerate(series)
             if name in s["components"]
         ]
-        figs[f"component-{j}"] = {"data": data, "layout": _layout(f"{name}: mean per step", "mean")}
+        figs[f"component-{j}"] = _legend_below(
+            {"data": data, "layout": _layout(f"{name}: mean per step", "mean")}
+        )
     return figs

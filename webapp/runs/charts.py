@@ -121,8 +121,14 @@ def _line(
 @escaped
 def reward_figure(reward: Series) -> Figure:
     """Aggregate reward mean per step with a ±1 std band (the std over the step's rollouts)."""
-    upper = [None if m is None or s is None else m + s for m, s in zip(reward.mean, reward.std)]
-    lower = [None if m is None or s is None else m - s for m, s in zip(reward.mean, reward.std)]
+    upper = [
+        None if m is None or s is None else m + s
+        for m, s in zip(reward.mean, reward.std, strict=True)
+    ]
+    lower = [
+        None if m is None or s is None else m - s
+        for m, s in zip(reward.mean, reward.std, strict=True)
+    ]
     band = {"line": {"width": 0}, "hoverinfo": "skip", "showlegend": False, "mode": "lines"}
     return {
         "data": [
@@ -153,6 +159,8 @@ def reward_figure(reward: Series) -> Figure:
             yaxis2={
                 "title": {"text": "std"},
                 "overlaying": "y",
+                "tickmode": "auto",  # round numbers (an overlaying axis drew 0.409, 0.504, ...)
+                "nticks": 5,
                 "side": "right",
                 "zeroline": False,
                 "showgrid": False,
@@ -230,10 +238,11 @@ def metric_figure(name: str, steps: list[int], values: list[float | None], color
     }
 
 
-def dashboard_figures(data: DashboardData) -> dict[str, Any]:
+def dashboard_figures(data: DashboardData, table_scalars: bool = True) -> dict[str, Any]:
     """Every dashboard chart: `all` maps a chart id to its figure (one JSON blob on the page); the
     other keys list those ids in the order the template lays them out. Metrics logged at one step only
-    are `scalars` (name, step, value) for a table."""
+    are `scalars` (name, step, value) for a table, unless `table_scalars` is false (the live points of a
+    metric may be one step long)."""
     figures: dict[str, Figure] = {
         "reward": reward_figure(data.reward),
         "zero-std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
@@ -257,7 +266,7 @@ def dashboard_figures(data: DashboardData) -> dict[str, Any]:
     )
     for i, (name, (steps, values)) in enumerate(sorted(data.metrics.items())):
         if (
-            len(steps) == 1 and several
+            table_scalars and len(steps) == 1 and several
         ):  # end-of-training numbers (train_runtime, total_flos): a row, not a dot
             scalars.append(
                 {
@@ -272,6 +281,17 @@ def dashboard_figures(data: DashboardData) -> dict[str, Any]:
         figures[f"metric:{name}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
         metrics.append({"name": name, "id": f"metric:{name}"})
     return {"all": figures, "components": components, "metrics": metrics, "scalars": scalars}
+
+
+def live_points(data: DashboardData) -> dict[str, dict[str, list[list[Any]]]]:
+    """The new points of every chart, for a live page holding all steps before the ones in `data`:
+    chart id -> {"x": [one list per trace], "y": [...]} (the page drops its points from the first step
+    sent and extends each trace with these: Plotly.extendTraces). Values as the figures have them
+    (rounded, escaped)."""
+    return {
+        chart_id: {"x": [t["x"] for t in fig["data"]], "y": [t["y"] for t in fig["data"]]}
+        for chart_id, fig in dashboard_figures(data, table_scalars=False)["all"].items()
+    }
 
 
 def sparkline_points(

@@ -69,10 +69,14 @@ def _pooled(
     return mean, math.sqrt(max(var, 0.0))  # cancellation can leave a tiny negative
 
 
-def _step_rows(run: Run) -> dict[int, list[dict]]:
-    """StepStat rows of the run (one per step and column, kept at ingest), by component id (0: reward)."""
+def _step_rows(run: Run, since: int | None = None) -> dict[int, list[dict]]:
+    """StepStat rows of the run (one per step and column, kept at ingest), by component id (0: reward);
+    from step `since` on when given."""
     out: dict[int, list[dict]] = defaultdict(list)
-    for r in StepStat.objects.filter(run=run).order_by("component_id", "step").values():
+    rows = StepStat.objects.filter(run=run)
+    if since is not None:
+        rows = rows.filter(step__gte=since)
+    for r in rows.order_by("component_id", "step").values():
         out[r["component_id"]].append(r)
     return out
 
@@ -123,31 +127,34 @@ def component_series(
     return out
 
 
-def step_metrics(run: Run) -> dict[str, tuple[list[int], list[float | None]]]:
+def step_metrics(
+    run: Run, since: int | None = None
+) -> dict[str, tuple[list[int], list[float | None]]]:
     out: dict[str, tuple[list[int], list[float | None]]] = {}
-    for name, step, value in (
-        StepMetric.objects.filter(run=run)
-        .order_by("name", "step")
-        .values_list("name", "step", "value")
-    ):
+    rows = StepMetric.objects.filter(run=run)
+    if since is not None:
+        rows = rows.filter(step__gte=since)
+    for name, step, value in rows.order_by("name", "step").values_list("name", "step", "value"):
         steps, values = out.setdefault(name, ([], []))
         steps.append(step)
         values.append(value)
     return out
 
 
-def dashboard_data(run: Run) -> DashboardData:
+def dashboard_data(run: Run, since: int | None = None) -> DashboardData:
+    """Every series of the dashboard; with `since`, only their points from that step on (a live page
+    extending its charts; the totals then count those steps only)."""
     components = run.components()
-    rows = _step_rows(run)
+    rows = _step_rows(run, since)
     reward, zero, n_groups, n_rollouts = reward_series(run, rows)
     comps = component_series(run, components, rows)
-    metrics = step_metrics(run)
+    metrics = step_metrics(run, since)
     for cs in comps:
         # TRL's own batch std wins when the trainer logged it: it is what the training curves show.
         logged = metrics.pop(f"rewards/{cs.name}/std", None)
         if logged:
-            at = dict(zip(*logged))
-            cs.batch_std = [at.get(s, b) for s, b in zip(cs.steps, cs.batch_std)]
+            at = dict(zip(*logged, strict=True))
+            cs.batch_std = [at.get(s, b) for s, b in zip(cs.steps, cs.batch_std, strict=True)]
             cs.batch_std_source = "trainer"
         metrics.pop(
             f"rewards/{cs.name}/mean", None

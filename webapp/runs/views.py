@@ -129,7 +129,7 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "trains_on_data": run.kind in DATA_KINDS,
         "kind_title": KIND_TITLES.get(run.kind, run.kind),
         "no_verdict": NO_VERDICT.get(run.kind, ""),
-        "live_version": live_version(run),
+        "live_version": "" if run.is_finished else live_version(run),  # only a live page polls
         "queue": queue_info(run),
     }
     return render(request, "runs/dashboard.html", ctx)
@@ -147,7 +147,8 @@ def live_version(run: Run) -> str:
 @require_safe
 def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
     """The dashboard's poll while a run is live: its status and, only when something new was stored since
-    the version the page holds, every chart's figure (the page redraws each chart in place)."""
+    the version the page holds, the charts' points from step `since` on (the page holds every step
+    before it) -- or every chart's whole figure when the page names no step (a chart it lacks)."""
     run = get_run_for(request, run_id, related=())
     version = live_version(run)
     body: dict = {
@@ -157,8 +158,20 @@ def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
         "step": run.current_step,
         "progress": run.progress,
         "figures": None,
+        "points": None,
     }
     if version != request.GET.get("version"):
-        figures = charts.dashboard_figures(dashboard_data(run))
-        body["figures"] = figures["all"]
+        since = _since(request)
+        if since is None:
+            body["figures"] = charts.dashboard_figures(dashboard_data(run))["all"]
+        else:
+            body["points"] = charts.live_points(dashboard_data(run, since=since))
+            body["since"] = since
     return JsonResponse(body)
+
+
+def _since(request: HttpRequest) -> int | None:
+    try:
+        return max(int(request.GET["since"]), 0)
+    except (KeyError, ValueError):
+        return None
