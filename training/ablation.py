@@ -1,9 +1,9 @@
 """Ablation: recompute every group's advantages with components dropped or re-weighted, or another
 aggregation, and measure what changes. Pure numpy, no Django.
 
-Both sides go through `training.stats.compute_advantages` (the function ingestion uses, one batch per
-step), so the comparison isolates the spec. Everything is vectorised over the whole run; groups of
-equal size G (how GRPO samples) take a row-wise fast path on an (M, G) array.
+Both sides go through `training.stats.compute_advantages` (the function ingestion uses, one batch
+per step), so the comparison isolates the spec. Everything is vectorised over the whole run; groups
+of equal size G (how GRPO samples) take a row-wise fast path on an (M, G) array.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
     """Rank of each value inside its group (0 = lowest), ties given their average rank; NaN lowest.
 
     stats.rank_within_groups breaks ties by row order, which is right for "who is best" but biases a
-    Spearman correlation on the binary rewards GRPO sees all the time. One integer argsort of the key
-    (group, dense value code) replaces a two-key lexsort, which is ~5x slower at a million rows.
+    Spearman correlation on the binary rewards GRPO sees all the time. One integer argsort of the
+    key (group, dense value code) replaces a two-key lexsort, which is ~5x slower at a million rows.
     """
     v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
     n = v.size
@@ -96,7 +96,8 @@ def _block_ranks(v: np.ndarray) -> np.ndarray:
     """tie_averaged_ranks for an (M, G) array, one group per row."""
     m, size = v.shape
     if size <= 16:
-        # rank = (# smaller) + (# equal - 1) / 2: G passes of (M, G) comparisons beat a per-row sort for small G.
+        # rank = (# smaller) + (# equal - 1) / 2: G passes of (M, G) comparisons beat a per-row sort
+        # for small G.
         below, equal = np.zeros(v.shape), np.zeros(v.shape)
         for j in range(size):
             col = v[:, j : j + 1]
@@ -163,8 +164,8 @@ def ablate(
     *,
     top: int = 10,
 ) -> dict[str, Any]:
-    """Recompute every group's advantages under `spec` and compare with the run's own (recomputed with
-    the same function, so only the spec differs). batch_ids = steps, as in ingestion.
+    """Recompute every group's advantages under `spec` and compare with the run's own (recomputed
+    with the same function, so only the spec differs). batch_ids = steps, as in ingestion.
 
     Returns plain JSON: mean |Δ advantage|, fraction of sign flips among rollouts that had a signal,
     fraction of groups whose unique best completion changes, per-group Spearman of old vs new order,
@@ -266,7 +267,8 @@ def _group_max(a: np.ndarray, g: np.ndarray, m: int, blocks: Blocks | None) -> n
 def _best_changed(
     a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float, blocks: Blocks | None = None
 ) -> tuple[np.ndarray, int]:
-    """Among groups with a unique best completion before, those where it is no longer the unique best."""
+    """Among groups with a unique best completion before, those where it is no longer the unique
+    best."""
 
     def top_info(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mx = _group_max(a, g, m, blocks)
@@ -298,12 +300,13 @@ def ablation_verdict(r: dict[str, Any], spec: AblationSpec) -> dict[str, str]:
         text = (
             f"Dropping {what} changes (almost) nothing: {NO_SIGNAL}."
             if what
-            else "This change leaves the advantages (almost) unchanged: it would not change what the run learns."
+            else "This change leaves the advantages (almost) unchanged: it would not change what "
+            "the run learns."
         )
         return {"level": "no_signal", "text": text}
     parts = (
-        f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, best "
-        f"completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
+        f"mean |Δ advantage| {r['mean_abs_delta']:.3f}, {_pct(r['sign_flip_frac'])} sign flips, "
+        f"best completion changes in {_pct(r['best_changed_frac'])} of groups, zero-std groups "
         f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}"
     )
     strong = (

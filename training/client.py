@@ -96,9 +96,10 @@ class Client:
         reward_settings: dict[str, Any] | None = None,
     ) -> int:
         """Create a run (and its environment, or the components it lacks). `components` are names or
-        {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here is this
-        run's weight even when the environment exists with another. `reward_settings` may add
-        scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`). Returns the run id."""
+        {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here is
+        this run's weight even when the environment exists with another. `reward_settings` may add
+        scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`). Returns the
+        run id."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
         body: dict[str, Any] = {
             "name": name,
@@ -121,9 +122,10 @@ class Client:
         base_model: str = "",
         reward_settings: dict[str, Any] | None = None,
     ) -> tuple[int, bool]:
-        """The run named `name`, created (as `create_run`) when no run has it: (run id, created). Atomic on
-        the server, so many processes naming one run land in one run, and safe to retry. Components the
-        environment lacks are added to it; `reward_settings` apply only to a run created here."""
+        """The run named `name`, created (as `create_run`) when no run has it: (run id, created).
+        Atomic on the server, so many processes naming one run land in one run, and safe to retry.
+        Components the environment lacks are added to it; `reward_settings` apply only to a run
+        created here."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
         body: dict[str, Any] = {
             "name": name,
@@ -139,9 +141,10 @@ class Client:
         return int(answer["id"]), bool(answer.get("created"))
 
     def post_settings(self, run_id: int, settings: dict[str, Any]) -> dict[str, Any]:
-        """Store the reward settings a trainer trains with: {"weights": {component: w}, "scale_rewards",
-        "aggregation", "advantage_epsilon", "group_size", "trainer": {name: scalar}, "source"}. They win
-        over the run's; returns {"reward_settings": merged, "changed": [one line per value replaced]}."""
+        """Store the reward settings a trainer trains with: {"weights": {component: w},
+        "scale_rewards", "aggregation", "advantage_epsilon", "group_size", "trainer": {name:
+        scalar}, "source"}. They win over the run's; returns {"reward_settings": merged, "changed":
+        [one line per value replaced]}."""
         return self._request("POST", f"/api/v1/runs/{run_id}/settings/", settings)
 
     def finish(self, run_id: int) -> dict[str, Any]:
@@ -171,8 +174,9 @@ class Client:
         limit: int = 500,
         **filters: Any,
     ) -> Iterator[dict[str, Any]]:
-        """Every rollout matching the filters (step_min, step_max, split, zero_std, q, min_<component>,
-        max_<component>, ...), in the server's keyset order, one page of `limit` at a time."""
+        """Every rollout matching the filters (step_min, step_max, split, zero_std, q,
+        min_<component>, max_<component>, ...), in the server's keyset order, one page of `limit` at
+        a time."""
         params = {
             "sort": sort,
             "order": order,
@@ -219,7 +223,8 @@ class Client:
                     url,
                 )
                 if not idempotent and not isinstance(reason, ConnectionRefusedError):
-                    raise last from None  # the request may have arrived: a retry could create a second run
+                    # The request may have arrived: a retry could create a second run
+                    raise last from None
             logger.warning("%s (attempt %d of %d)", last, attempt + 1, self.retries + 1)
         assert last is not None
         raise last
@@ -236,7 +241,8 @@ def _param(v: Any) -> str:
 
 
 def _errors(e: urllib.error.HTTPError) -> list[dict[str, str]]:
-    """The server's error list, or the status text when the body is not our JSON (a proxy's page)."""
+    """The server's error list, or the status text when the body is not our JSON (a proxy's
+    page)."""
     try:
         body = json.loads(e.read() or b"null")
     except (ValueError, OSError):

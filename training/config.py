@@ -1,9 +1,9 @@
 """The config base every job kind shares, and the one CLI every job module uses.
 
-Each job is one dataclass (fields with `help` metadata, validation in `__post_init__` raising ValueError
-that names the field) and one `main(config, sink=None, progress=None) -> dict`. `python -m training.<kind>
---config FILE.json` and the Celery worker call the same `main`. The resolved config is written as
-config.json beside every output so a run can be reproduced.
+Each job is one dataclass (fields with `help` metadata, validation in `__post_init__` raising
+ValueError that names the field) and one `main(config, sink=None, progress=None) -> dict`. `python
+-m training.<kind> --config FILE.json` and the Celery worker call the same `main`. The resolved
+config is written as config.json beside every output so a run can be reproduced.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class JobConfig:
     def save(
         self, directory: str | os.PathLike, kind: str | None = None, filename: str = "config.json"
     ) -> Path:
-        """Write the resolved config as `directory/<filename>`. Never over an HF model's own config.json
-        (it would break loading): then `job_config.json`. Returns the path written."""
+        """Write the resolved config as `directory/<filename>`. Never over an HF model's own
+        config.json (it would break loading): then `job_config.json`. Returns the path written."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         payload = {"kind": kind, **self.to_dict()} if kind else self.to_dict()
@@ -150,7 +150,8 @@ class TrainJobConfig(JobConfig):
             logging_steps=self.logging_steps,
             save_strategy="steps" if self.save_steps else "no",
             save_steps=self.save_steps or 500,
-            activation_checkpointing=self.gradient_checkpointing,  # transformers 5.24 name; TRL defaults it on
+            # Transformers 5.24 name; TRL defaults it on
+            activation_checkpointing=self.gradient_checkpointing,
             report_to="none",
             disable_tqdm=True,
             dataloader_num_workers=0,
@@ -161,7 +162,8 @@ class TrainJobConfig(JobConfig):
 def cli(
     config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str] | None = None
 ) -> dict[str, Any]:
-    """`python -m training.<kind> --config FILE.json [--output-dir DIR]`: prints the summary as JSON."""
+    """`python -m training.<kind> --config FILE.json [--output-dir DIR]`: prints the summary as
+    JSON."""
     parser = argparse.ArgumentParser(description=(config_cls.__doc__ or "").strip())
     parser.add_argument("--config", required=True, help="JSON file with the config fields")
     parser.add_argument(

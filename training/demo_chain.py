@@ -1,19 +1,21 @@
-"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT and after GRPO.
+"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT and
+after GRPO.
 
-Sized to show learning on two CPU cores in about three minutes: before SFT the held-out reward is near
-zero (the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage rises.
-The teacher is the environment's reference solver with one habit: half of its answers draw every shape
-and forget every connection (`scripted_faults={"omit_edges": 0.5}`). Those answers are valid JSON the
-canvas accepts, so the format filter (json_valid and schema_valid = 1) keeps them and SFT learns the
-habit; GRPO, rewarded by semantic_coverage, unlearns it. With a perfect teacher SFT already imitates
-the reference and no GRPO variant that fits a few CPU minutes raised held-out coverage (README).
-What keeps it that small: requests of at most `MAX_NODES` nodes, compact reference answers (~60-120
-tokens with the tiny model's tokenizer), full fine-tuning of the ~0.5M-parameter model.
+Sized to show learning on two CPU cores in about three minutes: before SFT the held-out reward is
+near zero (the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage
+rises. The teacher is the environment's reference solver with one habit: half of its answers draw
+every shape and forget every connection (`scripted_faults={"omit_edges": 0.5}`). Those answers are
+valid JSON the canvas accepts, so the format filter (json_valid and schema_valid = 1) keeps them and
+SFT learns the habit; GRPO, rewarded by semantic_coverage, unlearns it. With a perfect teacher SFT
+already imitates the reference and no GRPO variant that fits a few CPU minutes raised held-out
+coverage (README). What keeps it that small: requests of at most `MAX_NODES` nodes, compact
+reference answers (~60-120 tokens with the tiny model's tokenizer), full fine-tuning of the
+~0.5M-parameter model.
 
-`demo_chain_stages()` / `demo_chain_configs()` give the job configs the web app's worker queues (without
-base_model / output_dir / data / init_from: the worker fills those from the parent runs).
-`python -m training.demo_chain --out DIR` runs the same chain in-process, chaining the outputs exactly
-as the worker does, and prints held-out rewards and wall time per stage.
+`demo_chain_stages()` / `demo_chain_configs()` give the job configs the web app's worker queues
+(without base_model / output_dir / data / init_from: the worker fills those from the parent runs).
+`python -m training.demo_chain --out DIR` runs the same chain in-process, chaining the outputs
+exactly as the worker does, and prints held-out rewards and wall time per stage.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ SEED = 0
 @dataclass(frozen=True)
 class Stage:
     """One job of the chain. `model_from` names the stage whose output is this job's model
-    ("tiny": the environment's offline tiny model); `data_from` the stage whose summary["dataset"] is
-    SFT's data."""
+    ("tiny": the environment's offline tiny model); `data_from` the stage whose summary["dataset"]
+    is SFT's data."""
 
     name: str
     kind: str
@@ -47,7 +49,8 @@ def _eval_config(env: str, step: int) -> dict[str, Any]:
         "env": env,
         "seed": SEED,
         "max_nodes": MAX_NODES,
-        "num_prompts": 40,  # 40 held-out requests x 4 samples: the mean's noise ~0.015 (12 prompts: ~0.03)
+        # 40 held-out requests x 4 samples: the mean's noise ~0.015 (12 prompts: ~0.03)
+        "num_prompts": 40,
         "num_generations": 4,
         "temperature": 0.5,  # the policy's typical answer, and what the GRPO stage samples at
         "max_completion_length": 144,  # the longest reference answer is ~120 tokens
@@ -64,19 +67,22 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "teacher": "scripted",
         "scripted_skill": 1.0,
         "scripted_faults": {"omit_edges": 0.5},  # a habit for GRPO to undo (module docstring)
-        # A format filter, as teams often use for SFT data: keep every answer that parses and that the
-        # canvas accepts, whatever its coverage.
+        # A format filter, as teams often use for SFT data: keep every answer that parses and that
+        # the canvas accepts, whatever its coverage.
         "min_reward": 0.0,
         "min_scores": {"json_valid": 1.0, "schema_valid": 1.0},
-        "num_prompts": 1024,  # the scripted teacher is instant; many distinct requests teach copying, not recall
+        # The scripted teacher is instant; many distinct requests teach copying, not recall
+        "num_prompts": 1024,
     }
     sft = {
         "env": env,
         "seed": SEED,
-        "full_finetune": True,  # the from-scratch tiny model learns only with every weight trainable
-        # measured with a perfect teacher, held-out coverage at 0.5: 0.198 after 200 steps, 0.38-0.44 after
-        # 350, 0.73 after 700 (the 2-layer model learns to copy the requested names late; before that it
-        # writes names it memorised). With the habit: 0.545 after 700 steps, 0.70 on answers with connections.
+        # The from-scratch tiny model learns only with every weight trainable
+        "full_finetune": True,
+        # measured with a perfect teacher, held-out coverage at 0.5: 0.198 after 200 steps,
+        # 0.38-0.44 after 350, 0.73 after 700 (the 2-layer model learns to copy the requested names
+        # late; before that it writes names it memorised). With the habit: 0.545 after 700 steps,
+        # 0.70 on answers with connections.
         "max_steps": 700,
         "per_device_batch_size": 8,
         "learning_rate": 3e-3,
@@ -89,16 +95,18 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
         "seed": SEED,
         "max_nodes": MAX_NODES,
         "use_lora": False,
-        # Measured from this SFT model (held-out coverage 0.545, 58% of answers without any connection):
-        # 20 steps at lr 5e-5 -> 0.65 (two seeds), at 1e-4 -> 0.678, 30 steps at 1e-4 -> 0.680 (9% without
-        # connections), at 2e-4 -> 0.659 (schema_valid fell 0.92 -> 0.84: more edges, more dangling ids).
+        # Measured from this SFT model (held-out coverage 0.545, 58% of answers without any
+        # connection): 20 steps at lr 5e-5 -> 0.65 (two seeds), at 1e-4 -> 0.678, 30 steps at 1e-4
+        # -> 0.680 (9% without connections), at 2e-4 -> 0.659 (schema_valid fell 0.92 -> 0.84: more
+        # edges, more dangling ids).
         "max_steps": 30,
         "learning_rate": 1e-4,
         "num_prompts": 64,
         "num_generations": 8,
         "per_device_batch_size": 16,  # 2 prompts x 8 completions per step
         "max_completion_length": 144,
-        "temperature": 0.5,  # measured: at 0.7-1.0 few samples earned coverage and held-out coverage fell
+        # Measured: at 0.7-1.0 few samples earned coverage and held-out coverage fell
+        "temperature": 0.5,
         "beta": 0.0,
         "logging_steps": 1,
     }
@@ -115,8 +123,9 @@ def demo_chain_stages(env: str = "diagram") -> list[Stage]:
 
 
 def demo_chain_configs(env: str = "diagram") -> list[tuple[str, dict[str, Any]]]:
-    """(kind, config) per job, in queue order: teacher, eval (before SFT, on the untrained tiny model),
-    sft, eval (after SFT), grpo, eval (after GRPO). Stage names and model sources: `demo_chain_stages`."""
+    """(kind, config) per job, in queue order: teacher, eval (before SFT, on the untrained tiny
+    model), sft, eval (after SFT), grpo, eval (after GRPO). Stage names and model sources:
+    `demo_chain_stages`."""
     return [(s.kind, dict(s.config)) for s in demo_chain_stages(env)]
 
 
@@ -145,7 +154,8 @@ def run_chain(
     overrides: dict[str, dict[str, Any]] | None = None,
     log=print,
 ) -> list[dict[str, Any]]:
-    """Run every stage in-process under `out`; returns one row per stage (name, seconds, summary)."""
+    """Run every stage in-process under `out`; returns one row per stage (name, seconds,
+    summary)."""
     from training.tiny import ensure_tiny_model
 
     out = Path(out)
@@ -221,10 +231,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         means = r["summary"]["component_means"]
         cells = " | ".join("-" if means[n] is None else f"{means[n]:.3f}" for n in names)
         lines.append(
-            f"| {label.get(r['name'], r['name']):34s} | {r['summary']['reward_mean']:.3f} | {cells} |"
+            f"| {label.get(r['name'], r['name']):34s} | {r['summary']['reward_mean']:.3f} | "
+            f"{cells} |"
         )
-    # CPU seconds (all threads) next to wall seconds: on a busy machine wall time mostly measures the
-    # neighbours, CPU time / 2 is roughly the wall time on an idle 2-core machine.
+    # CPU seconds (all threads) next to wall seconds: on a busy machine wall time mostly measures
+    # the neighbours, CPU time / 2 is roughly the wall time on an idle 2-core machine.
     lines += ["", "| stage | wall s | cpu s |", "|---|---|---|"]
     chain = chain_cpu = 0.0
     for r in rows:

@@ -1,18 +1,21 @@
-"""The demo's failure stories, from the multi-turn ask-before-coding environment and its simulated user.
+"""The demo's failure stories, from the multi-turn ask-before-coding environment and its simulated
+user.
 
 Two scripted runs of the same policy schedule (records in the ingestion format):
 
-- broken: the correctness verifier never runs the submitted code (the harness returns before the tests:
-  correctness is 0 for every rollout, as in the real case the design is built on), so the only signal
-  left is behavioural: from `saturate_at` on the policy always asks a relevant question first, and
-  'asked_before_coding' sits at its maximum in every group, while the code it writes never improves.
+- broken: the correctness verifier never runs the submitted code (the harness returns before the
+  tests: correctness is 0 for every rollout, as in the real case the design is built on), so the
+  only signal left is behavioural: from `saturate_at` on the policy always asks a relevant question
+  first, and 'asked_before_coding' sits at its maximum in every group, while the code it writes
+  never improves.
 - fixed: the same environment with the verifier running the hidden tests in the sandbox. The policy
   also learns to ask first (the behavioural reward saturates just as early) and, with correctness
   varying inside groups, writes the right code more and more often.
 
-Dropping 'correctness' in an ablation changes nothing in the broken run (it never varied) and a lot in
-the fixed one. Episodes use only the environment's public entry points (prompts, ScriptedAskPolicy,
-rollout_record), so the code runs in whatever sandbox `training.sandbox` provides. No Django here.
+Dropping 'correctness' in an ablation changes nothing in the broken run (it never varied) and a lot
+in the fixed one. Episodes use only the environment's public entry points (prompts,
+ScriptedAskPolicy, rollout_record), so the code runs in whatever sandbox `training.sandbox`
+provides. No Django here.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from training.environments.ask_to_code import (
     rollout_record,
 )
 
-# The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the scripted
-# policy writes one of two codes per task, so a few tasks keep seeding to seconds.
+# The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the
+# scripted policy writes one of two codes per task, so a few tasks keep seeding to seconds.
 STORY_TASKS = 6
 BROKEN_REASON = "verifier bug: the harness returned before running the hidden tests (0 of 0 run)"
 ASKING_STYLES = (
@@ -39,8 +42,9 @@ ASKING_STYLES = (
 
 
 def style_for(rng: random.Random, step: int, steps: int, saturate_at: int, broken: bool) -> str:
-    """The scripted policy's behaviour at `step`: anything at first; from `saturate_at` on it always asks
-    first. With a working verifier the share of right code ("solve") grows; without one it never does."""
+    """The scripted policy's behaviour at `step`: anything at first; from `saturate_at` on it always
+    asks first. With a working verifier the share of right code ("solve") grows; without one it
+    never does."""
     if step < saturate_at:
         return rng.choice(STYLES)
     if broken:

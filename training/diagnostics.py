@@ -1,4 +1,5 @@
-"""Component health and failure-mode detectors. Pure numpy, no Django (ablations: training/ablation.py).
+"""Component health and failure-mode detectors. Pure numpy, no Django (ablations:
+training/ablation.py).
 
 GRPO learns only from differences inside a group: a component that is constant across the G
 completions of one prompt produces no advantage, whatever its weight. Everything here is measured
@@ -30,8 +31,9 @@ UNSTABLE_KEYS = (
     "clip_ratio",
     "grad_norm",
 )  # TRL's logged keys (prefix match after an optional "train/")
-# Below these a value is never a spike, however flat the rest of the series (clip ratios sit at exactly 0
-# for whole runs when num_iterations == 1, so a robust spread of 0 would call any 0.001 a spike).
+# Below these a value is never a spike, however flat the rest of the series (clip ratios sit at
+# exactly 0 for whole runs when num_iterations == 1, so a robust spread of 0 would call any 0.001 a
+# spike).
 SPIKE_FLOOR = {"kl": 0.05, "clip_ratio": 0.05, "grad_norm": 1.0}
 
 
@@ -99,7 +101,8 @@ class RunArrays:
         return self.select(self.steps >= uniq[-n_steps])
 
     def rewards(self, weights: np.ndarray | None = None) -> np.ndarray:
-        """The aggregate reward under sum-then-normalise (TRL's r = nansum_k w_k r_k; NaN if unscorable)."""
+        """The aggregate reward under sum-then-normalise (TRL's r = nansum_k w_k r_k; NaN if
+        unscorable)."""
         w = self.weights if weights is None else weights
         r = np.nansum(self.matrix * w[None, :], axis=1)
         r[np.isnan(self.matrix).all(axis=1)] = np.nan
@@ -122,8 +125,9 @@ def dense_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def regular_blocks(gidx: np.ndarray, m: int) -> tuple[np.ndarray, int] | None:
-    """(row permutation that lines rows up group after group, G) when every group has the same size G:
-    then per-group work is a row-wise operation on an (M, G) array, with no sort over all N rows."""
+    """(row permutation that lines rows up group after group, G) when every group has the same size
+    G: then per-group work is a row-wise operation on an (M, G) array, with no sort over all N
+    rows."""
     n = gidx.size
     if m == 0 or n % m:
         return None
@@ -146,7 +150,8 @@ class ComponentHealth:
     mean: float  # over rollouts
     within_std: float  # mean over groups of the within-group std
     zero_std_frac: float  # fraction of groups (where it scored) in which it is constant
-    share: float  # share of the within-group variance of the weighted reward (sums to 1 over components)
+    # Share of the within-group variance of the weighted reward (sums to 1 over components)
+    share: float
     at_max: float  # fraction of scored rollouts at the top of its range
     at_min: float  # ... at the bottom
     lo: float
@@ -201,8 +206,8 @@ def within_group_cov(
     """Pooled within-group covariance of the columns of `values` (N, P), NaN-aware.
 
     A missing value contributes a zero deviation (it neither adds nor removes variance). Returns
-    (cov (P, P), the per-group statistics of every column). Each group's deviations are taken from its
-    own mean, so between-prompt differences, which GRPO discards, never enter.
+    (cov (P, P), the per-group statistics of every column). Each group's deviations are taken from
+    its own mean, so between-prompt differences, which GRPO discards, never enter.
     """
     st = stats.group_stats(values, gidx, m)
     dev = np.where(np.isnan(values), 0.0, values - st.mean[gidx])
@@ -212,9 +217,9 @@ def within_group_cov(
 
 
 def advantage_shares(weights: np.ndarray, cov: np.ndarray) -> np.ndarray:
-    """share_k = sum_j w_k w_j cov_kj / var(sum_k w_k r_k): each component's part of the within-group
-    variance of the weighted reward, i.e. of what the advantage is made of. Sums to 1; NaN when the
-    weighted reward never varies inside a group.
+    """share_k = sum_j w_k w_j cov_kj / var(sum_k w_k r_k): each component's part of the
+    within-group variance of the weighted reward, i.e. of what the advantage is made of. Sums to 1;
+    NaN when the weighted reward never varies inside a group.
 
     >>> advantage_shares(np.array([1.0, 5.0]), np.array([[0.25, 0.0], [0.0, 0.0]])).tolist()
     [1.0, 0.0]
@@ -248,8 +253,8 @@ def _at_bounds(col: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
     if finite.size == 0 or math.isnan(lo) or math.isnan(hi):
         return math.nan, math.nan
     if hi - lo <= 1e-12:
-        # A constant undeclared range: a value at or below zero reads as stuck at the floor, above as
-        # at the ceiling (a 0/1 verifier that never fires vs. one that always does).
+        # A constant undeclared range: a value at or below zero reads as stuck at the floor, above
+        # as at the ceiling (a 0/1 verifier that never fires vs. one that always does).
         v = float(finite.mean())
         return (1.0, 0.0) if v > 0 else (0.0, 1.0)
     tol = 1e-6 * (hi - lo)
@@ -299,7 +304,8 @@ def component_health(data: RunArrays) -> HealthReport:
                 scored_frac=float(scored.mean()) if data.n else math.nan,
             )
         )
-    # The last column of `cols` is the aggregate reward: its zero-std groups are the ones that teach nothing.
+    # The last column of `cols` is the aggregate reward: its zero-std groups are the ones that teach
+    # nothing.
     rz = (
         cs.zero_std[:, k + 1][cs.count[:, k + 1] > 0] if cs is not None else np.zeros(0, dtype=bool)
     )
@@ -339,8 +345,9 @@ class Thresholds:
     quality_bad_share: float = 0.25
     quality_min_annotated: int = 10
     min_groups: int = 5  # below this, say nothing
-    # Over time: a state must hold over the last max(min_hold_steps, min_hold_frac x steps) steps at least
-    # to be reported from an onset (short suffixes are noise); at most max_onset_candidates start steps tried.
+    # Over time: a state must hold over the last max(min_hold_steps, min_hold_frac x steps) steps at
+    # least to be reported from an onset (short suffixes are noise); at most max_onset_candidates
+    # start steps tried.
     min_hold_steps: int = 3
     min_hold_frac: float = 0.2
     max_onset_candidates: int = 200
@@ -393,21 +400,31 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
             out.append(_never_varies(c, h, heavy))
             continue
         if c.at_max >= 0.9:
-            fix = "It is already satisfied everywhere: drop it, or keep it as a filter/gate rather than a reward."
+            fix = (
+                "It is already satisfied everywhere: drop it, or keep it as a filter/gate "
+                "rather than a reward."
+            )
         elif c.at_min >= 0.9:
-            fix = "Nothing reaches it: add partial credit so that better attempts score higher, or drop it."
+            fix = (
+                "Nothing reaches it: add partial credit so that better attempts score higher, "
+                "or drop it."
+            )
         else:
-            fix = "Make it graded (partial credit) so that completions of one prompt differ, or drop it."
+            fix = (
+                "Make it graded (partial credit) so that completions of one prompt differ, or "
+                "drop it."
+            )
         out.append(
             Finding(
                 code="dead_component",
                 severity="critical" if heavy else "warning",
                 component=c.name,
                 sort=c.name,
-                title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups from step {h.step_min}: it "
-                f"produces no advantage whatever its weight ({c.weight:g}).",
-                detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups over steps "
-                f"{h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; mean {c.mean:.3g}.",
+                title=f"'{c.name}' is constant inside {_pct(c.zero_std_frac)} of groups from step "
+                f"{h.step_min}: it produces no advantage whatever its weight ({c.weight:g}).",
+                detail=f"zero within-group std in {_pct(c.zero_std_frac)} of {h.n_groups} groups "
+                f"over steps {h.step_min}-{h.step_max}; share of the advantage {_pct(c.share)}; "
+                f"mean {c.mean:.3g}.",
                 fix=fix,
                 evidence={"zero_std_frac": c.zero_std_frac, "share": c.share, "weight": c.weight},
             )
@@ -416,26 +433,29 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
 
 
 def _never_left_floor(c: ComponentHealth) -> bool:
-    """At its minimum in every rollout (so constant in every group): not one success to learn from."""
+    """At its minimum in every rollout (so constant in every group): not one success to learn
+    from."""
     return c.zero_std_frac >= 1.0 and c.at_min >= 1.0
 
 
 def _never_varies(c: ComponentHealth, h: HealthReport, heavy: bool) -> Finding:
-    # A scorer stuck on one value has as often never run (a harness that returns before executing the
-    # submission) as it has faced an impossible task: the values cannot tell these apart, the reasons can.
+    # A scorer stuck on one value has as often never run (a harness that returns before executing
+    # the submission) as it has faced an impossible task: the values cannot tell these apart, the
+    # reasons can.
     return Finding(
         code="dead_component",
         severity="critical" if heavy else "warning",
         component=c.name,
         sort=c.name,
-        title=f"'{c.name}' scored {c.mean:g} in every rollout from step {h.step_min}: it never varies, so it produces "
-        f"no advantage whatever its weight ({c.weight:g}).",
-        detail=f"{h.n_rollouts} rollouts in {h.n_groups} groups over steps {h.step_min}-{h.step_max}, all at its "
-        f"minimum {c.lo:g}; share of the advantage {_pct(c.share)}.",
-        fix="Check that its verifier actually runs: a scorer that never varies has often never executed the "
-        "submission (read this component's reason in a few transcripts). If it does run, the task is out of "
-        "reach: SFT on teacher traces first, or add partial credit. Dropping it in an ablation should change "
-        "nothing; compare with a run where it works.",
+        title=f"'{c.name}' scored {c.mean:g} in every rollout from step {h.step_min}: it never "
+        f"varies, so it produces no advantage whatever its weight ({c.weight:g}).",
+        detail=f"{h.n_rollouts} rollouts in {h.n_groups} groups over steps "
+        f"{h.step_min}-{h.step_max}, all at its minimum {c.lo:g}; share of the advantage "
+        f"{_pct(c.share)}.",
+        fix="Check that its verifier actually runs: a scorer that never varies has often never "
+        "executed the submission (read this component's reason in a few transcripts). If it does "
+        "run, the task is out of reach: SFT on teacher traces first, or add partial credit. "
+        "Dropping it in an ablation should change nothing; compare with a run where it works.",
         evidence={
             "zero_std_frac": c.zero_std_frac,
             "at_min": c.at_min,
@@ -466,12 +486,14 @@ def detect_unreachable(h: HealthReport, t: Thresholds) -> list[Finding]:
                 component=c.name,
                 sort=c.name,
                 order="desc",
-                title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of rollouts from step "
-                f"{h.step_min}: the policy almost never succeeds, so there is almost nothing to learn from.",
-                detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean {c.mean:.3g}; "
-                f"constant inside {_pct(c.zero_std_frac)} of groups.",
-                fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the action space, or add "
-                "partial credit for intermediate progress. The rare successes are listed first below.",
+                title=f"The outcome reward '{c.name}' is at its minimum for {_pct(c.at_min)} of "
+                f"rollouts from step {h.step_min}: the policy almost never succeeds, so there is "
+                "almost nothing to learn from.",
+                detail=f"minimum {c.lo:g} ({'declared' if c.range_declared else 'observed'}); mean "
+                f"{c.mean:.3g}; constant inside {_pct(c.zero_std_frac)} of groups.",
+                fix="Do SFT on teacher trajectories first (SFT buys you syntax), simplify the "
+                "action space, or add partial credit for intermediate progress. The rare successes "
+                "are listed first below.",
                 evidence={"at_min": c.at_min, "zero_std_frac": c.zero_std_frac},
             )
         )
@@ -501,12 +523,13 @@ def detect_saturation(h: HealthReport, t: Thresholds) -> list[Finding]:
                 component=c.name,
                 sort=o.name,
                 order="asc",
-                title=f"'{c.name}' is saturated from step {h.step_min}: at its maximum in {_pct(c.at_max)} of rollouts and "
-                f"constant in {_pct(c.zero_std_frac)} of groups since, while the outcome '{o.name}' {state}.",
+                title=f"'{c.name}' is saturated from step {h.step_min}: at its maximum in "
+                f"{_pct(c.at_max)} of rollouts and constant in {_pct(c.zero_std_frac)} of groups "
+                f"since, while the outcome '{o.name}' {state}.",
                 detail=f"'{c.name}' weight {c.weight:g}, share of the advantage {_pct(c.share)}; "
                 f"'{o.name}' weight {o.weight:g}, share {_pct(o.share)}.",
-                fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise the weight of "
-                f"'{o.name}'; consider turning '{c.name}' into a gate.",
+                fix=f"Lower the weight of '{c.name}' (it no longer separates completions) or raise "
+                f"the weight of '{o.name}'; consider turning '{c.name}' into a gate.",
                 evidence={
                     "at_max": c.at_max,
                     "zero_std_frac": c.zero_std_frac,
@@ -539,17 +562,17 @@ def detect_trivial_outputs(h: HealthReport, t: Thresholds) -> list[Finding]:
             component=sem[0].name,
             sort=sem[0].name,
             order="asc",
-            title=f"Valid but trivial outputs: validity ({names(syn)}) is saturated while the task ({names(sem)}) "
-            f"is flat. The policy learned to pass the checks and stopped there.",
+            title=f"Valid but trivial outputs: validity ({names(syn)}) is saturated while the task "
+            f"({names(sem)}) is flat. The policy learned to pass the checks and stopped there.",
             detail="; ".join(f"'{c.name}' at max {_pct(c.at_max)}" for c in syn)
             + "; "
             + "; ".join(
                 f"'{c.name}' constant in {_pct(c.zero_std_frac)} of groups, mean {c.mean:.3g}"
                 for c in sem
             ),
-            fix="Make validity a precondition of the task reward (a gate) instead of an additive bonus, lower its "
-            "weight, and add partial credit to the task reward. Read the transcripts: they are likely empty or "
-            "minimal outputs that happen to parse.",
+            fix="Make validity a precondition of the task reward (a gate) instead of an additive "
+            "bonus, lower its weight, and add partial credit to the task reward. Read the "
+            "transcripts: they are likely empty or minimal outputs that happen to parse.",
             evidence={
                 "syntax_at_max": min(c.at_max for c in syn),
                 "semantic_zero_std": min(c.zero_std_frac for c in sem),
@@ -572,12 +595,12 @@ def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
             component=sem[0].name,
             sort=syn[0].name,
             order="desc",
-            title="Valid but ignores the prompt: the syntax components are high while the prompt-dependent "
-            "components stay low.",
+            title="Valid but ignores the prompt: the syntax components are high while the "
+            "prompt-dependent components stay low.",
             detail=f"levels on each component's range: syntax {names(syn)}; task {names(sem)}.",
-            fix="Read the top-validity transcripts against their prompts. Add prompt-conditioned partial credit "
-            "(reward the entities and constraints the prompt asks for), and SFT on teacher traces that do follow "
-            "the prompt before GRPO.",
+            fix="Read the top-validity transcripts against their prompts. Add prompt-conditioned "
+            "partial credit (reward the entities and constraints the prompt asks for), and SFT on "
+            "teacher traces that do follow the prompt before GRPO.",
             evidence={
                 "syntax_level": min(c.level for c in syn),
                 "semantic_level": max(c.level for c in sem),
@@ -587,7 +610,8 @@ def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
 
 
 def _thirds_rise(steps: np.ndarray, values: np.ndarray) -> float:
-    """Relative change of the mean of `values` between the first and last third of the distinct steps."""
+    """Relative change of the mean of `values` between the first and last third of the distinct
+    steps."""
     ok = ~np.isnan(values)
     steps, values = steps[ok], values[ok]
     uniq = np.unique(steps)
@@ -617,20 +641,22 @@ def detect_length_hacking(data: RunArrays, h: HealthReport, t: Thresholds) -> li
             component=top.name,
             sort="length",
             order="desc",
-            title=f"Length hacking: inside groups, longer completions get more reward (correlation {corr:.2f}) and "
-            f"the mean length rose {_pct(rise)} over steps {h.step_min}-{h.step_max}.",
-            detail=f"the component most tied to length is '{top.name}' (within-group correlation {top.corr_length:.2f}).",
-            fix=f"Check '{top.name}' for rewarding verbosity: cap or normalise it by length, add a length penalty, "
-            "or score only the final answer. Read the longest transcripts.",
+            title="Length hacking: inside groups, longer completions get more reward (correlation "
+            f"{corr:.2f}) and the mean length rose {_pct(rise)} over steps "
+            f"{h.step_min}-{h.step_max}.",
+            detail=f"the component most tied to length is '{top.name}' (within-group correlation "
+            f"{top.corr_length:.2f}).",
+            fix=f"Check '{top.name}' for rewarding verbosity: cap or normalise it by length, add a "
+            "length penalty, or score only the final answer. Read the longest transcripts.",
             evidence={"corr": corr, "rise": rise},
         )
     ]
 
 
 def aggregation_collapse(data: RunArrays) -> dict[str, float]:
-    """Under sum-then-normalise, distinct component vectors inside one group can sum to the same reward
-    (e.g. [1, 0] and [0, 1] with equal weights) and so receive the same advantage. Counts groups where
-    that happens and how many of them normalise-then-sum (GDPO) would tell apart."""
+    """Under sum-then-normalise, distinct component vectors inside one group can sum to the same
+    reward (e.g. [1, 0] and [0, 1] with equal weights) and so receive the same advantage. Counts
+    groups where that happens and how many of them normalise-then-sum (GDPO) would tell apart."""
     k = len(data.components)
     if data.n == 0 or k < 2:
         return {
@@ -693,9 +719,9 @@ def _mix(h: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def _hash_columns(x: np.ndarray) -> np.ndarray:
-    """A 64-bit hash per row of values rounded to 1e-9 (NaN is a value of its own). Distinct rows collide
-    with probability ~N^2 / 2^64: a hash replaces np.unique(axis=0), which sorts rows of void bytes and
-    takes seconds at a million rows."""
+    """A 64-bit hash per row of values rounded to 1e-9 (NaN is a value of its own). Distinct rows
+    collide with probability ~N^2 / 2^64: a hash replaces np.unique(axis=0), which sorts rows of
+    void bytes and takes seconds at a million rows."""
     r = np.round(np.asarray(x, dtype=np.float64), 9) + 0.0  # + 0.0 folds -0.0 into 0.0
     bits = np.where(np.isnan(r), np.inf, r).view(np.uint64) ^ np.isnan(r).astype(np.uint64)
     h = np.zeros(r.shape[0], dtype=np.uint64)
@@ -731,14 +757,14 @@ def detect_aggregation_collapse(c: dict[str, float], t: Thresholds) -> list[Find
             severity="warning",
             sort="reward",
             order="desc",
-            title=f"Aggregation collapse: in {_pct(c['frac'])} of groups, completions with different component "
-            f"scores sum to the same reward and so get the same advantage.",
-            detail=f"{c['collapsed']} of {c['groups']} groups with distinct component vectors; {_pct(c['rollouts_frac'])} "
-            f"of rollouts affected. Normalise-then-sum would tell apart the completions in {_pct(resolved)} of "
-            f"those groups.",
-            fix="Set multi_objective_aggregation='normalize_then_sum' (each component normalised inside its group "
-            "before the weighted sum), or change the weights so that different trade-offs do not cancel exactly. "
-            "Try it first as an ablation.",
+            title=f"Aggregation collapse: in {_pct(c['frac'])} of groups, completions with "
+            f"different component scores sum to the same reward and so get the same advantage.",
+            detail=f"{c['collapsed']} of {c['groups']} groups with distinct component vectors; "
+            f"{_pct(c['rollouts_frac'])} of rollouts affected. Normalise-then-sum would tell apart "
+            f"the completions in {_pct(resolved)} of those groups.",
+            fix="Set multi_objective_aggregation='normalize_then_sum' (each component normalised "
+            "inside its group before the weighted sum), or change the weights so that different "
+            "trade-offs do not cancel exactly. Try it first as an ablation.",
             evidence=c,
         )
     ]
@@ -747,10 +773,11 @@ def detect_aggregation_collapse(c: dict[str, float], t: Thresholds) -> list[Find
 def detect_unstable(
     metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t: Thresholds
 ) -> list[Finding]:
-    """Spikes in KL, clip ratio or grad norm as TRL logs them (`kl`, `clip_ratio/region_mean`, `grad_norm`).
+    """Spikes in KL, clip ratio or grad norm as TRL logs them (`kl`, `clip_ratio/region_mean`,
+    `grad_norm`).
 
-    A spike is a value above median + spike_mads robust deviations and above spike_ratio x the median;
-    a logged non-finite value (stored as NULL) means the run diverged.
+    A spike is a value above median + spike_mads robust deviations and above spike_ratio x the
+    median; a logged non-finite value (stored as NULL) means the run diverged.
     """
     out = []
     for name, (steps, values) in sorted((metrics or {}).items()):
@@ -780,10 +807,11 @@ def detect_unstable(
                 title=f"Unstable run: '{name}' "
                 + ("went non-finite" if bad.any() else "spikes")
                 + f" at step{'s' if len(where) > 1 else ''} {', '.join(map(str, where))}.",
-                detail=f"median {med:.3g}, robust spread {mad:.3g}; {int(spikes.sum())} spikes above {limit:.3g}, "
-                f"{int(bad.sum())} non-finite values.",
-                fix="Lower the learning rate, raise beta (the KL coefficient), clip gradients (max_grad_norm), and read "
-                "the rollouts of the steps just before the spike for reward outliers.",
+                detail=f"median {med:.3g}, robust spread {mad:.3g}; {int(spikes.sum())} spikes "
+                f"above {limit:.3g}, {int(bad.sum())} non-finite values.",
+                fix="Lower the learning rate, raise beta (the KL coefficient), clip gradients "
+                "(max_grad_norm), and read the rollouts of the steps just before the spike for "
+                "reward outliers.",
                 evidence={
                     "metric": name,
                     "first_step": where[0] if where else None,
@@ -804,9 +832,10 @@ def quality_gap(
     t: Thresholds = Thresholds(),
     top_quantile: float = 0.8,
 ) -> list[Finding]:
-    """Reward rises but annotated quality does not: the share of annotated bad cases among high-reward
-    rollouts. `bad_case_ids()` returns the ids of rollouts annotated as bad; `annotated_ids()`, when
-    given, every annotated rollout (the denominator); otherwise every high-reward rollout counts."""
+    """Reward rises but annotated quality does not: the share of annotated bad cases among
+    high-reward rollouts. `bad_case_ids()` returns the ids of rollouts annotated as bad;
+    `annotated_ids()`, when given, every annotated rollout (the denominator); otherwise every
+    high-reward rollout counts."""
     ok = ~np.isnan(rewards)
     if ok.sum() < t.min_groups:
         return []
@@ -838,10 +867,11 @@ def quality_gap(
                 if rising
                 else "."
             ),
-            detail=f"{int((bad & denom_mask).sum())} bad of {n_annot} annotated rollouts with reward >= {cut:.3g} "
-            f"(top {_pct(1 - top_quantile)}).",
-            fix="Read the high-reward bad cases, find what they share, and close the loophole in the reward "
-            "(a stricter verifier, a penalty, or a gate); then add them as negative examples.",
+            detail=f"{int((bad & denom_mask).sum())} bad of {n_annot} annotated rollouts with "
+            f"reward >= {cut:.3g} (top {_pct(1 - top_quantile)}).",
+            fix="Read the high-reward bad cases, find what they share, and close the loophole in "
+            "the reward (a stricter verifier, a penalty, or a gate); then add them as negative "
+            "examples.",
             evidence={"share": share, "annotated": n_annot, "reward_rise": rise, "cut": cut},
         )
     ]
@@ -854,10 +884,10 @@ def quality_gap(
 
 @dataclass
 class StepTable:
-    """Per-step counts and sums (prefix sums over the distinct steps), from which the health of any range
-    of steps follows by one subtraction: trying every start step for an onset costs O(steps x K^2) after
-    one pass over the rollouts. Ranges (lo, hi) are the whole table's, so "at max" means the same in
-    every range."""
+    """Per-step counts and sums (prefix sums over the distinct steps), from which the health of any
+    range of steps follows by one subtraction: trying every start step for an onset costs O(steps x
+    K^2) after one pass over the rollouts. Ranges (lo, hi) are the whole table's, so "at max" means
+    the same in every range."""
 
     components: list[ComponentInfo]
     steps: np.ndarray  # (S,) distinct steps, ascending
@@ -870,8 +900,8 @@ class StepTable:
         return self.cum[name][i1] - self.cum[name][i0]
 
     def health(self, i0: int, i1: int, kinds: dict[str, str] | None = None) -> HealthReport:
-        """The component health pooled over steps[i0:i1] (what component_health would say of them, less
-        the correlations with length and reward)."""
+        """The component health pooled over steps[i0:i1] (what component_health would say of them,
+        less the correlations with length and reward)."""
         t = lambda name: self.total(name, i0, i1)  # noqa: E731
         groups, zero, scored, amax, amin, vsum = (
             t("groups"),
@@ -927,8 +957,9 @@ class StepTable:
         )
 
     def series(self, max_points: int = 2000) -> dict[str, Any]:
-        """Per-step health of every component (zero-std fraction, shares at max / min and of the advantage)
-        and the aggregate zero-std fraction, as JSON; long runs thinned to about `max_points` steps."""
+        """Per-step health of every component (zero-std fraction, shares at max / min and of the
+        advantage) and the aggregate zero-std fraction, as JSON; long runs thinned to about
+        `max_points` steps."""
         s = self.steps.size
         idx = (
             np.arange(s)
@@ -999,7 +1030,8 @@ def step_table(data: RunArrays) -> StepTable:
     with np.errstate(invalid="ignore"):
         const = (hi - lo) <= 1e-12
         tol = np.where(const, 0.0, 1e-6 * (hi - lo))
-        # A constant undeclared range: above zero reads as at the ceiling, else the floor (as _at_bounds).
+        # A constant undeclared range: above zero reads as at the ceiling, else the floor (as
+        # _at_bounds).
         at_max = scored & np.where(const[None, :], vals > 0, vals >= (hi - tol)[None, :])
         at_min = scored & np.where(const[None, :], vals <= 0, vals <= (lo + tol)[None, :])
     dev = np.nan_to_num(np.where(scored, vals - st.mean[gidx, :k], 0.0), nan=0.0)
@@ -1039,10 +1071,11 @@ def step_table(data: RunArrays) -> StepTable:
 def _state_findings(
     h: HealthReport, t: Thresholds, stuck: frozenset[str] = frozenset()
 ) -> list[Finding]:
-    """The detectors of a state (what the components are like over a range of steps), worst-specific first.
-    `stuck`: components at their floor in every rollout of the whole window. When the task components are
-    all stuck from the start, the policy never had a task signal to give up on: that is a scorer that never
-    varies (detect_dead says so, verifier first), not valid-but-trivial or prompt-ignoring outputs."""
+    """The detectors of a state (what the components are like over a range of steps), worst-specific
+    first. `stuck`: components at their floor in every rollout of the whole window. When the task
+    components are all stuck from the start, the policy never had a task signal to give up on: that
+    is a scorer that never varies (detect_dead says so, verifier first), not valid-but-trivial or
+    prompt-ignoring outputs."""
     sem_names = {c.name for c in h.components if c.kind in SEMANTIC_KINDS}
     task_stuck = bool(sem_names) and sem_names <= stuck
     trivial = detect_trivial_outputs(h, t) if not task_stuck else []
@@ -1069,14 +1102,16 @@ def _hold(table: StepTable, t: Thresholds) -> int:
 
 
 def _candidates(last: int, t: Thresholds) -> list[int]:
-    """Start indices 0..last, every one when few, else an even grid (the refinement walks between them)."""
+    """Start indices 0..last, every one when few, else an even grid (the refinement walks between
+    them)."""
     if last + 1 <= t.max_onset_candidates:
         return list(range(last + 1))
     return np.unique(np.linspace(0, last, t.max_onset_candidates).round().astype(int)).tolist()
 
 
 def _local_end(table: StepTable, i: int, t: Thresholds) -> int:
-    """The end of the shortest span from step index i holding at least min_groups groups (or the end)."""
+    """The end of the shortest span from step index i holding at least min_groups groups (or the
+    end)."""
     n = table.cum["n_groups"]
     j = int(np.searchsorted(n, n[i] + t.min_groups, side="left"))
     return min(max(j, i + 1), table.steps.size)
@@ -1090,9 +1125,9 @@ def _refine(
     last: int,
     local: Callable[[int, int], bool] | None = None,
 ) -> int:
-    """A pooled suffix can hold from a few steps before the change (the later steps outweigh them): move
-    the onset forward while its own first steps are not in the state (`local`, default `holds`) and the
-    suffix after them still is."""
+    """A pooled suffix can hold from a few steps before the change (the later steps outweigh them):
+    move the onset forward while its own first steps are not in the state (`local`, default `holds`)
+    and the suffix after them still is."""
     s, local = table.steps.size, local or holds
     for _ in range(
         1000
@@ -1106,8 +1141,8 @@ def _refine(
 def state_onsets(
     table: StepTable, t: Thresholds, kinds: dict[str, str] | None = None
 ) -> list[Finding]:
-    """Every state finding that holds from some step to the end of the window, each from its onset (the
-    earliest start step from which it holds, pooled, over at least the hold length)."""
+    """Every state finding that holds from some step to the end of the window, each from its onset
+    (the earliest start step from which it holds, pooled, over at least the hold length)."""
     s = table.steps.size
     if s == 0:
         return []
@@ -1119,8 +1154,8 @@ def state_onsets(
             seen.setdefault(_key(f), i)
     out = []
     for key, first in seen.items():
-        # Over a few steps, an almost-unreachable outcome is often not reached at all: then it reads as
-        # "never varies" (dead), and those steps are in the state all the same.
+        # Over a few steps, an almost-unreachable outcome is often not reached at all: then it reads
+        # as "never varies" (dead), and those steps are in the state all the same.
         same = frozenset(
             {key, ("dead_component", key[1])} if key[0] == "unreachable_reward" else {key}
         )
@@ -1140,9 +1175,9 @@ def state_onsets(
 
 
 def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
-    """Onsets are found per finding, so rules that exclude each other at one range are re-applied across
-    ranges: trivial outputs explain the flat task components and the validity-vs-task warning; a component
-    that is saturated or unreachable is not also reported as dead."""
+    """Onsets are found per finding, so rules that exclude each other at one range are re-applied
+    across ranges: trivial outputs explain the flat task components and the validity-vs-task
+    warning; a component that is saturated or unreachable is not also reported as dead."""
     codes = {f.code for f in findings}
     specific = {f.component for f in findings if f.code in ("saturation", "unreachable_reward")}
     out = []
@@ -1159,8 +1194,9 @@ def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
 
 
 def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
-    """The fraction of groups whose aggregate reward is constant (no advantage at all) rises until most
-    groups teach nothing. Needs a 'before': a window that starts collapsed is left to the component rules."""
+    """The fraction of groups whose aggregate reward is constant (no advantage at all) rises until
+    most groups teach nothing. Needs a 'before': a window that starts collapsed is left to the
+    component rules."""
     z, g, s = table.cum["r_zero"], table.cum["r_groups"], table.steps.size
     last = s - _hold(table, t)
 
@@ -1204,32 +1240,36 @@ def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
             sort="reward",
             order="desc",
             onset_step=step,
-            title=f"Signal collapse from step {step}: {_pct(after)} of groups have a constant reward since (was "
-            f"{_pct(before)} before), so most of each batch teaches nothing.",
-            detail=f"{int(round(after * n_after))} of {int(n_after)} groups over steps {step}-{int(table.steps[-1])} "
-            f"have zero within-group std of the aggregate reward: every completion of their prompt scored the same.",
-            fix="Add harder prompts (or a curriculum); filter out prompts whose groups are all-correct or all-wrong "
-            "before the update, as dynamic sampling (DAPO) does; use a larger group (num_generations) so rare "
-            "successes and failures appear; add partial credit so completions of one prompt differ.",
+            title=f"Signal collapse from step {step}: {_pct(after)} of groups have a constant "
+            f"reward since (was {_pct(before)} before), so most of each batch teaches nothing.",
+            detail=f"{int(round(after * n_after))} of {int(n_after)} groups over steps "
+            f"{step}-{int(table.steps[-1])} have zero within-group std of the aggregate reward: "
+            "every completion of their prompt scored the same.",
+            fix="Add harder prompts (or a curriculum); filter out prompts whose groups are "
+            "all-correct or all-wrong before the update, as dynamic sampling (DAPO) does; use a "
+            "larger group (num_generations) so rare successes and failures appear; add partial "
+            "credit so completions of one prompt differ.",
             evidence={"zero_std_after": after, "zero_std_before": before, "groups_after": n_after},
         )
     ]
 
 
 def kinds_declared(components: list[ComponentInfo]) -> bool:
-    """Kinds count as declared when any component says something other than the default ("outcome")."""
+    """Kinds count as declared when any component says something other than the default
+    ("outcome")."""
     return any(c.kind and c.kind != "outcome" for c in components)
 
 
 def infer_kinds(
     data: RunArrays, h: HealthReport, t: Thresholds
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Kinds read from the values when none were declared: (name -> kind, name -> what was inferred).
+    """Kinds read from the values when none were declared: (name -> kind, name -> what was
+    inferred).
 
-    Binary vs graded: at most two distinct values. Dense vs sparse: off its floor in at least half of the
-    rollouts or not. Negative weight (or never positive): a penalty. High on its range (level >=
-    validity_level): validity-like (behavioural); else task-like (outcome). At least one non-penalty
-    component stays task-like: the heaviest, when every one of them is high."""
+    Binary vs graded: at most two distinct values. Dense vs sparse: off its floor in at least half
+    of the rollouts or not. Negative weight (or never positive): a penalty. High on its range (level
+    >= validity_level): validity-like (behavioural); else task-like (outcome). At least one
+    non-penalty component stays task-like: the heaviest, when every one of them is high."""
     kinds, notes = {}, {}
     for j, c in enumerate(h.components):
         col = data.matrix[:, j]
@@ -1270,8 +1310,8 @@ def judge_note(table: StepTable, t: Thresholds) -> str | None:
     g = int(table.cum["r_groups"][-1]) if table.steps.size else 0
     if g < t.min_groups:
         return (
-            f"not enough groups to judge: {g} group{'s' if g != 1 else ''} with a scored reward in this "
-            f"window (at least {t.min_groups} needed)"
+            f"not enough groups to judge: {g} group{'s' if g != 1 else ''} with a scored reward in "
+            f"this window (at least {t.min_groups} needed)"
         )
     return None
 
@@ -1325,8 +1365,8 @@ def diagnose(
     annotated_ids: Callable[[], Iterable[int]] | None = None,
     thresholds: Thresholds = Thresholds(),
 ) -> Diagnosis:
-    """Health of every component over `data`, per step and pooled, and the findings of every detector,
-    worst first, each from the step where it starts to hold."""
+    """Health of every component over `data`, per step and pooled, and the findings of every
+    detector, worst first, each from the step where it starts to hold."""
     t = thresholds
     h = component_health(data)
     table = step_table(data)

@@ -1,11 +1,12 @@
-"""Direct preference optimisation on prompt/chosen/rejected pairs (e.g. exported annotated bad cases).
+"""Direct preference optimisation on prompt/chosen/rejected pairs (e.g. exported annotated bad
+cases).
 
     python -m training.dpo --config dpo.json
 
 Data: JSONL (or records) with "prompt", "chosen", "rejected": all strings, or all chat messages.
-With LoRA the reference model is the base with the adapter disabled; full fine-tuning loads a second,
-frozen copy of the start model as the reference (TRL would otherwise rebuild it from the config's
-name, which is wrong for a merged SFT adapter).
+With LoRA the reference model is the base with the adapter disabled; full fine-tuning loads a
+second, frozen copy of the start model as the reference (TRL would otherwise rebuild it from the
+config's name, which is wrong for a merged SFT adapter).
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@
 
     python -m training.grpo --config grpo.json [--jsonl-sink rollouts.jsonl]
 
-The components become TRL reward functions (training/rewards.py) weighted by the environment's weights;
-the RolloutRecorder stores each completion's component values, reasons and TRL's own advantage.
-Multi-turn environments (ask_to_code: a simulated user) play whole episodes through TRL's rollout_func
-(training/multiturn.py); the components then score, and the recorder stores, each episode's transcript.
-`init_from` starts from an SFT run (its adapter is merged first), so "SFT buys syntax, RL optimises".
-Outputs: `output_dir/model` (final adapter or weights + tokenizer), `output_dir/config.json` (this
-resolved config), TRL checkpoints under `output_dir/checkpoint-N` when save_steps > 0.
+The components become TRL reward functions (training/rewards.py) weighted by the environment's
+weights; the RolloutRecorder stores each completion's component values, reasons and TRL's own
+advantage. Multi-turn environments (ask_to_code: a simulated user) play whole episodes through TRL's
+rollout_func (training/multiturn.py); the components then score, and the recorder stores, each
+episode's transcript. `init_from` starts from an SFT run (its adapter is merged first), so "SFT buys
+syntax, RL optimises". Outputs: `output_dir/model` (final adapter or weights + tokenizer),
+`output_dir/config.json` (this resolved config), TRL checkpoints under `output_dir/checkpoint-N`
+when save_steps > 0.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class GRPOJobConfig(TrainJobConfig):
     )
     reward_versions: dict[str, dict[str, Any]] | None = help_field(
         None,
-        "component -> version ({target: 'module:function', params, source_hash, name}) trained instead of "
-        "the environment's function (a reward replay's versions, training/reward_versions.py)",
+        "component -> version ({target: 'module:function', params, source_hash, name}) trained "
+        "instead of the environment's function (a reward replay's versions, "
+        "training/reward_versions.py)",
     )
     mask_truncated_completions: bool = help_field(
         False, "exclude truncated completions from the loss"
@@ -88,18 +90,21 @@ class GRPOJobConfig(TrainJobConfig):
     )
     log_completions: bool = help_field(
         False,
-        "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to output_dir",
+        "also let TRL write its own completions_<step>.parquet (prompt, rewards, advantage) to "
+        "output_dir",
     )
     multi_turn: bool | None = help_field(
         None,
-        "play episodes turn by turn against the environment's simulated user; None = when the env has them",
+        "play episodes turn by turn against the environment's simulated user; None = when the env "
+        "has them",
     )
     max_turns: int = help_field(
         4, "multi-turn: agent turns per episode; a question in the last one ends it without code"
     )
     max_turn_tokens: int = help_field(
         64,
-        "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, replies included",
+        "multi-turn: max new tokens per agent turn; max_completion_length caps the episode, "
+        "replies included",
     )
 
     def __post_init__(self) -> None:
@@ -155,8 +160,8 @@ VERSION_KEYS = {"target", "params", "source_hash", "name", "environment", "compo
 
 
 def _check_versions(versions: Any) -> None:
-    """Shape only (a config file is read without importing user code): the hook in `main` resolves each
-    target, checks its source hash and that the component exists."""
+    """Shape only (a config file is read without importing user code): the hook in `main` resolves
+    each target, checks its source hash and that the component exists."""
     if not isinstance(versions, dict):
         raise ValueError("reward_versions: must be a mapping component -> version")
     for comp, v in versions.items():
@@ -168,7 +173,8 @@ def _check_versions(versions: Any) -> None:
         unknown = sorted(set(v) - VERSION_KEYS)
         if unknown:
             raise ValueError(
-                f"{where}.{str(unknown[0])[:100]}: unknown key (known: {', '.join(sorted(VERSION_KEYS))})"
+                f"{where}.{str(unknown[0])[:100]}: unknown key (known: "
+                f"{', '.join(sorted(VERSION_KEYS))})"
             )
         target = v.get("target")
         if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
@@ -241,7 +247,8 @@ def main(
             )
         weights = list(config.reward_weights)
 
-    # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on top when use_lora.
+    # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on top when
+    # use_lora.
     source = resolve_model_dir(config.init_from or config.base_model)
     model = load_model(source, device)
     tokenizer = load_tokenizer(source)

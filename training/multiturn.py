@@ -1,16 +1,19 @@
-"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored on their transcripts.
+"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored on their
+transcripts.
 
-An environment with the episode protocol (`env.reset(prompt) -> episode`, `episode.step(agent_message) ->
-(reply, done)`, `episode.transcript`; see training/environments/ask_to_code.py) plays the simulated user.
-For each row TRL hands us, `run_episodes` samples an agent turn from the policy, lets the episode answer,
-appends the answer's tokens, and samples again, until the episode ends or the token budget runs out.
+An environment with the episode protocol (`env.reset(prompt) -> episode`,
+`episode.step(agent_message) -> (reply, done)`, `episode.transcript`; see
+training/environments/ask_to_code.py) plays the simulated user. For each row TRL hands us,
+`run_episodes` samples an agent turn from the policy, lets the episode answer, appends the answer's
+tokens, and samples again, until the episode ends or the token budget runs out.
 
-Why `rollout_func` and not TRL's `environment_factory`: the factory runs the model's *tool calls* against
-environment methods, so it needs a tokenizer whose chat template renders tools and a response parser for
-the model's tool-call syntax (TRL's `add_response_schema` knows a fixed list of model families; the tiny
-test model is not one of them), and its loop ends as soon as a turn contains no tool call, which is
-exactly a plain-text question to the user here. `rollout_func` lets the environment own the protocol
-(plain-text question or a ```python block) and works with any chat template that is prefix-preserving.
+Why `rollout_func` and not TRL's `environment_factory`: the factory runs the model's *tool calls*
+against environment methods, so it needs a tokenizer whose chat template renders tools and a
+response parser for the model's tool-call syntax (TRL's `add_response_schema` knows a fixed list of
+model families; the tiny test model is not one of them), and its loop ends as soon as a turn
+contains no tool call, which is exactly a plain-text question to the user here. `rollout_func` lets
+the environment own the protocol (plain-text question or a ```python block) and works with any chat
+template that is prefix-preserving.
 
 Token layout of one row, as TRL trains on it (prompt_ids + completion_ids, loss on env_mask == 1):
 
@@ -18,17 +21,17 @@ Token layout of one row, as TRL trains on it (prompt_ids + completion_ids, loss 
     completion_ids  = turn_1 | reply_1 | turn_2 | reply_2 | ... | turn_k
     env_mask        =  1...1 |  0...0  |  1...1 |  0...0  | ... |  1...1
 
-`reply_i` is the chat template's rendering of the user's answer plus the next generation prompt (an eos
-first when turn_i was cut by `max_turn_tokens`); the final reply (the unit-test summary, or the
-out-of-turns notice) is not appended, as no policy token follows it. So a completion whose last token is
-not eos is one whose last turn was cut: TRL's own truncation test still means what it says.
+`reply_i` is the chat template's rendering of the user's answer plus the next generation prompt (an
+eos first when turn_i was cut by `max_turn_tokens`); the final reply (the unit-test summary, or the
+out-of-turns notice) is not appended, as no policy token follows it. So a completion whose last
+token is not eos is one whose last turn was cut: TRL's own truncation test still means what it says.
 
-Reward functions read the episode transcripts (the `transcript` field this rollout_func returns, which
-TRL forwards to every reward function), never TRL's decoded completion; the RolloutRecorder stores the
-same transcripts, so what the transcript page shows is what was scored.
+Reward functions read the episode transcripts (the `transcript` field this rollout_func returns,
+which TRL forwards to every reward function), never TRL's decoded completion; the RolloutRecorder
+stores the same transcripts, so what the transcript page shows is what was scored.
 
-Generation uses `model.generate` on the trainer's (unwrapped) model with TRL's own sampling settings;
-vLLM and continuous batching are not supported by this path yet. No Django here.
+Generation uses `model.generate` on the trainer's (unwrapped) model with TRL's own sampling
+settings; vLLM and continuous batching are not supported by this path yet. No Django here.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ from training.rewards import environment_reward_funcs
 if TYPE_CHECKING:
     from training.environments.base import Environment, Prompt
 
-# (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) -> the new
-# tokens per row, cut after the first eos. The default sampler ignores `rows`; a scripted one needs them.
+# (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) -> the
+# new tokens per row, cut after the first eos. The default sampler ignores `rows`; a scripted one
+# needs them.
 GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
 GenerateFactory = Callable[
     [Any], GenerateFn
@@ -98,8 +102,8 @@ def _chat_ids(
 
 
 def reply_suffix_ids(tokenizer: Any, message: dict[str, Any]) -> list[int]:
-    """The tokens that follow an assistant turn's eos: `message` rendered by the chat template, then the
-    next generation prompt. Computed on a dummy conversation, so the policy's tokens are never
+    """The tokens that follow an assistant turn's eos: `message` rendered by the chat template, then
+    the next generation prompt. Computed on a dummy conversation, so the policy's tokens are never
     re-tokenized (the same trick as TRL's `_get_tool_suffix_ids`).
 
     Templates that write something after the eos of an assistant turn (a newline, typically) put it
@@ -139,9 +143,10 @@ def run_episodes(
     max_completion_length: int,
     eos_token_ids: Sequence[int] | None = None,
 ) -> list[EpisodeRollout]:
-    """Play one episode per prompt, all rows batched turn by turn. The episode decides when it is over
-    (code submitted, out of turns); the budget `max_completion_length` counts every completion token,
-    env replies included, as TRL does. `generate` samples a turn for each still-running row."""
+    """Play one episode per prompt, all rows batched turn by turn. The episode decides when it is
+    over (code submitted, out of turns); the budget `max_completion_length` counts every completion
+    token, env replies included, as TRL does. `generate` samples a turn for each still-running
+    row."""
     eos = set(eos_token_ids or []) | {tokenizer.eos_token_id}
     episodes = [env.reset(p) for p in prompts]
     rows = [
@@ -150,7 +155,8 @@ def run_episodes(
     ]
     active = list(range(len(rows)))
     suffix_cache: dict[str, list[int]] = {}
-    # Episode steps run the hidden tests (a sandbox subprocess each, up to its timeout): in parallel.
+    # Episode steps run the hidden tests (a sandbox subprocess each, up to its timeout): in
+    # parallel.
     workers = max(1, min(len(rows), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
         while active:
@@ -204,8 +210,8 @@ def run_episodes(
 
 
 def trainer_generate(trainer: Any) -> GenerateFn:
-    """Sample with the trainer's model and TRL's own sampling settings (temperature, top_p, ...), left
-    padded, one call per turn for every running row."""
+    """Sample with the trainer's model and TRL's own sampling settings (temperature, top_p, ...),
+    left padded, one call per turn for every running row."""
     if getattr(trainer, "use_vllm", False) or getattr(
         trainer, "use_transformers_continuous_batching", False
     ):
@@ -249,7 +255,8 @@ def trainer_generate(trainer: Any) -> GenerateFn:
 
 
 def _messages_key(messages: Sequence[dict[str, Any]]) -> str:
-    # Only role and content: a datasets round trip may add other keys (set to None) to every message.
+    # Only role and content: a datasets round trip may add other keys (set to None) to every
+    # message.
     return json.dumps([[m.get("role"), m.get("content")] for m in messages])
 
 
@@ -260,10 +267,10 @@ def make_rollout_func(
     max_turn_tokens: int,
     generate: GenerateFactory | None = None,
 ) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """A TRL `rollout_func` playing `env`'s episodes on the dataset rows built from `prompts` (each row's
-    "prompt" column is `chat_prompt(prompt.text, prompt.messages)`, as in training/grpo.py). TRL passes
-    the rows already repeated num_generations times, and wants one completion back per row. `generate`
-    replaces the policy's sampler (tests)."""
+    """A TRL `rollout_func` playing `env`'s episodes on the dataset rows built from `prompts` (each
+    row's "prompt" column is `chat_prompt(prompt.text, prompt.messages)`, as in training/grpo.py).
+    TRL passes the rows already repeated num_generations times, and wants one completion back per
+    row. `generate` replaces the policy's sampler (tests)."""
     by_messages = {_messages_key(chat_prompt(p.text, p.messages)): p for p in prompts}
 
     def rollout_func(batch_prompts: list[Any], trainer: Any) -> dict[str, Any]:

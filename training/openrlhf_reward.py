@@ -11,8 +11,10 @@ texts. Wrap that function in the same file:
         ...
         return {"rewards": r, "scores": s, "extra_logs": {"correct": c, "format": f}}
 
-    reward_func = wrap_reward_func(my_reward, url="http://host:8000", token="...", run="openrlhf-math",
-                                   n_samples_per_prompt=8)  # the run's --n_samples_per_prompt
+    reward_func = wrap_reward_func(
+        my_reward, url="http://host:8000", token="...", run="openrlhf-math",
+        n_samples_per_prompt=8,  # the run's --n_samples_per_prompt
+    )
 
 The two ways OpenRLHF calls it (read from its published code):
 
@@ -21,30 +23,32 @@ The two ways OpenRLHF calls it (read from its published code):
   engine's process. Every sample of a prompt goes to the same engine (`generate_responses(prompt,
   num_samples=n_samples_per_prompt)`), so each process sees whole groups, sample by sample;
 - up to 0.9.0 (`openrlhf/utils/remote_rm_utils.py`, RemoteRewardModel): `ray.remote(reward_func)` on
-  chunks of `micro_rollout_batch_size` samples, where a prompt's samples are consecutive. Ray pickles
-  the function into its worker processes.
+  chunks of `micro_rollout_batch_size` samples, where a prompt's samples are consecutive. Ray
+  pickles the function into its worker processes.
 
-The wrapper is a plain function (Ray's `ray.remote` takes functions and classes, not callable objects)
-whose only state is a picklable `RecordedRewardFunc`: its HTTP client, lock, queue and upload thread
-are created on the first call in the process that calls it, and left out when it is pickled (Ray
-pickles the function by value with cloudpickle). `wrapped.recorded.recorder` is that process's recorder.
-It calls the user's function and returns the result UNCHANGED; nothing it does raises into training
-or blocks it. Every error is logged; a batch that cannot be delivered goes to a spool JSONL file in the
-HttpSink spool format (`python -m training.sinks upload SPOOL --url URL --token KEY --run ID`).
+The wrapper is a plain function (Ray's `ray.remote` takes functions and classes, not callable
+objects) whose only state is a picklable `RecordedRewardFunc`: its HTTP client, lock, queue and
+upload thread are created on the first call in the process that calls it, and left out when it is
+pickled (Ray pickles the function by value with cloudpickle). `wrapped.recorded.recorder` is that
+process's recorder. It calls the user's function and returns the result UNCHANGED; nothing it does
+raises into training or blocks it. Every error is logged; a batch that cannot be delivered goes to a
+spool JSONL file in the HttpSink spool format (`python -m training.sinks upload SPOOL --url URL
+--token KEY --run ID`).
 
 How samples become groups:
 - samples are buffered by prompt; `n_samples_per_prompt` of them make a group, posted when complete
-  (a prompt drawn twice makes two groups); what is still incomplete after `straggler_timeout` seconds
-  (a filtered or failed sample) is posted as a smaller group. Without `n_samples_per_prompt`, a batch
-  call's samples of a prompt are one group and per-sample calls are grouped by the timeout alone;
+  (a prompt drawn twice makes two groups); what is still incomplete after `straggler_timeout`
+  seconds (a filtered or failed sample) is posted as a smaller group. Without
+  `n_samples_per_prompt`, a batch call's samples of a prompt are one group and per-sample calls are
+  grouped by the timeout alone;
 - completion = query minus its prompt prefix (the whole query when it does not start with it);
-- the aggregate reward is "rewards"; per-sample entries of "extra_logs" are reward components, scalar
-  ones are ignored; "scores" and the label go into the rollout's state;
+- the aggregate reward is "rewards"; per-sample entries of "extra_logs" are reward components,
+  scalar ones are ignored; "scores" and the label go into the rollout's state;
 - the step: OpenRLHF passes none (only queries, prompts, labels). It is `step_fn()` when given (e.g.
-  read from a file your launcher updates); otherwise the generation phase: OpenRLHF generates a whole
-  rollout batch, then trains while the reward function sits idle, so a call that comes `step_gap`
-  seconds after the previous one starts the next step (1, 2, ...). With asynchronous training
-  (`--async_train`) generation overlaps training: give `step_fn`;
+  read from a file your launcher updates); otherwise the generation phase: OpenRLHF generates a
+  whole rollout batch, then trains while the reward function sits idle, so a call that comes
+  `step_gap` seconds after the previous one starts the next step (1, 2, ...). With asynchronous
+  training (`--async_train`) generation overlaps training: give `step_fn`;
 - the recorded advantage is OpenRLHF's `group_norm` estimate, (r - mean) / (std + 1e-9) within the
   group (its other estimators differ; the rewards and components are exact whatever the estimator);
 - every process naming one run lands in one run: the run is got-or-created by name on the server,
@@ -110,7 +114,8 @@ def batch_to_samples(
         rewards, scores, extra = _as_list(result), None, {}
     if rewards is None or len(rewards) != n:
         raise ValueError(
-            f"rewards: expected {n} per-sample values, got {None if rewards is None else len(rewards)}"
+            f"rewards: expected {n} per-sample values, got "
+            f"{None if rewards is None else len(rewards)}"
         )
     per_sample: dict[str, list[Any]] = {}
     for k, v in extra.items():
@@ -168,7 +173,8 @@ def batch_to_groups(
 
 
 class _Pending:
-    """A group being assembled: the step of its first sample, when that arrived, the rollouts so far."""
+    """A group being assembled: the step of its first sample, when that arrived, the rollouts so
+    far."""
 
     def __init__(self, step: int, since: float) -> None:
         self.step = step
@@ -177,7 +183,8 @@ class _Pending:
 
 
 class RewardRecorder:
-    """The per-process state behind a wrapped reward function: buffers, client, run, upload thread, spool."""
+    """The per-process state behind a wrapped reward function: buffers, client, run, upload thread,
+    spool."""
 
     def __init__(
         self,
@@ -272,7 +279,8 @@ class RewardRecorder:
         return ready
 
     def _stale(self, now: float, everything: bool = False) -> list[dict[str, Any]]:
-        """Groups still incomplete after straggler_timeout (all of them when `everything`): posted as they are."""
+        """Groups still incomplete after straggler_timeout (all of them when `everything`): posted
+        as they are."""
         ready = []
         for prompt in list(self._pending):
             keep = []
@@ -311,8 +319,8 @@ class RewardRecorder:
             self._spool(groups)
 
     def flush(self, timeout: float | None = None, *, partial: bool = False) -> None:
-        """Wait until every group handed over so far is delivered or spooled; `partial` also posts the
-        groups still being assembled (end of training)."""
+        """Wait until every group handed over so far is delivered or spooled; `partial` also posts
+        the groups still being assembled (end of training)."""
         if partial:
             with self._lock:
                 ready = self._stale(time.monotonic(), everything=True)
@@ -360,7 +368,8 @@ class RewardRecorder:
 
     def _resolve_run(self, groups: list[dict[str, Any]]) -> int:
         """The run id: given, or got-or-created by name on the server (atomic there: every process
-        naming the run gets the same one). Components first seen in this batch join its environment."""
+        naming the run gets the same one). Components first seen in this batch join its
+        environment."""
         names = sorted({n for g in groups for r in g["rollouts"] for n in r["rewards"]})
         if self.run_id is not None and (
             isinstance(self.run, int) or set(names) <= self._components
@@ -395,9 +404,9 @@ class RewardRecorder:
 
 
 class RecordedRewardFunc:
-    """The state of a wrapped reward function, picklable: Ray (OpenRLHF <= 0.9.0) pickles it into its
-    workers. The RewardRecorder (client, lock, thread) is made on the first call in each process and
-    is never pickled."""
+    """The state of a wrapped reward function, picklable: Ray (OpenRLHF <= 0.9.0) pickles it into
+    its workers. The RewardRecorder (client, lock, thread) is made on the first call in each process
+    and is never pickled."""
 
     def __init__(self, reward_func: Callable[..., Any], options: dict[str, Any]) -> None:
         self.reward_func = reward_func
@@ -460,10 +469,11 @@ def wrap_reward_func(
     step_gap: float = 20.0,
 ) -> Callable[..., Any]:
     """Return `reward_func` with recording: same signature, same result, a function Ray can pickle
-    (`wrapped.recorded` holds its state, `wrapped.recorded.recorder` the process's recorder). `run` is a run id,
-    or a name (got or created on the server with the components of the first groups). `client`
-    replaces the HTTP client (anything with get_or_create_run / post_groups; it must be picklable to
-    cross into Ray workers). See the module docstring for `n_samples_per_prompt`, `step_fn`, `step_gap`."""
+    (`wrapped.recorded` holds its state, `wrapped.recorded.recorder` the process's recorder). `run`
+    is a run id, or a name (got or created on the server with the components of the first groups).
+    `client` replaces the HTTP client (anything with get_or_create_run / post_groups; it must be
+    picklable to cross into Ray workers). See the module docstring for `n_samples_per_prompt`,
+    `step_fn`, `step_gap`."""
     if client is None and (not url or not token):
         raise ValueError("url and token are required (or pass a client)")
     if n_samples_per_prompt is not None and n_samples_per_prompt < 1:

@@ -1,9 +1,9 @@
 """Probe a policy before GRPO: will the reward give it a gradient at all?
 
-Samples G completions on N prompts with the current policy (no update) and reports, per component, the
-within-group std and the fraction of zero-std groups (only within-group variance makes a GRPO advantage),
-plus pass@k of the outcome component (unbiased estimator). If pass@k is near zero, RL has nothing to
-reinforce: the summary says "do SFT first".
+Samples G completions on N prompts with the current policy (no update) and reports, per component,
+the within-group std and the fraction of zero-std groups (only within-group variance makes a GRPO
+advantage), plus pass@k of the outcome component (unbiased estimator). If pass@k is near zero, RL
+has nothing to reinforce: the summary says "do SFT first".
 
     python -m training.probe --config probe.json
 """
@@ -72,7 +72,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def component_health(matrix: np.ndarray, group_size: int) -> dict[str, float | None]:
-    """For one component column arranged as consecutive groups: mean, mean within-group std, zero-std share."""
+    """For one component column arranged as consecutive groups: mean, mean within-group std,
+    zero-std share."""
     groups = matrix.reshape(-1, group_size)
     valid = ~np.isnan(groups)
     counts = valid.sum(axis=1)
@@ -133,7 +134,8 @@ def main(
 
     if pass_k[f"pass@{G}"] < config.min_pass_at_k:
         verdict = (
-            f"do SFT first: pass@{G} of {outcome} is {pass_k[f'pass@{G}']:.3f} (< {config.min_pass_at_k}), "
+            f"do SFT first: pass@{G} of {outcome} is {pass_k[f'pass@{G}']:.3f} (< "
+            f"{config.min_pass_at_k}), "
             "so GRPO would almost never see a success to reinforce"
         )
     elif agg_health["frac_zero_std_groups"] > 0.5:

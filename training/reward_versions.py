@@ -1,11 +1,12 @@
 """Versioned reward components: what a replay re-scores stored transcripts with.
 
-A component version is the code a reward points to, an importable `module:function` deployed with the
-workers (never uploaded from a browser), its parameters (JSON keyword arguments of that function) and a
-hash of the function's source, so a stored replay says exactly which code produced its numbers:
+A component version is the code a reward points to, an importable `module:function` deployed with
+the workers (never uploaded from a browser), its parameters (JSON keyword arguments of that
+function) and a hash of the function's source, so a stored replay says exactly which code produced
+its numbers:
 
-    >>> v = make_version("diagram", "semantic_coverage", "training.environments.diagram:semantic_coverage",
-    ...                  {"min_coverage": 0.8})
+    >>> target = "training.environments.diagram:semantic_coverage"
+    >>> v = make_version("diagram", "semantic_coverage", target, {"min_coverage": 0.8})
     >>> v.params, len(v.source_hash)
     ({'min_coverage': 0.8}, 16)
 
@@ -19,11 +20,11 @@ Where versions come from:
 Only registered targets can be replayed: a form or API call picks one and may change its parameters,
 which must be keyword parameters of the function (checked against its signature).
 
-Scoring fails closed: a function that raises, returns a non-number, NaN or infinity, or runs past its
-time limit gives a `Scored` with `ok=False` and the reason; it never raises into the caller. The
-component function keeps the environment contract, fn(prompt, completion, **params) -> Score (or a bare
-number, or a (value, reason) pair). Model-written code only ever runs through a component that uses
-training.sandbox (ask_to_code's correctness), never here.
+Scoring fails closed: a function that raises, returns a non-number, NaN or infinity, or runs past
+its time limit gives a `Scored` with `ok=False` and the reason; it never raises into the caller. The
+component function keeps the environment contract, fn(prompt, completion, **params) -> Score (or a
+bare number, or a (value, reason) pair). Model-written code only ever runs through a component that
+uses training.sandbox (ask_to_code's correctness), never here.
 
 No Django here.
 """
@@ -95,7 +96,7 @@ class Scored:
     ok: bool
 
 
-# ------------------------------------------------------------------------------------------- resolving
+# ---------------------------------------------------------------------------------------- resolving
 
 
 def resolve(target: str) -> Callable[..., Any]:
@@ -120,7 +121,8 @@ def resolve(target: str) -> Callable[..., Any]:
 
 
 def source_hash(fn: Callable[..., Any]) -> str:
-    """sha256 of the function's source (first 16 hex digits), as Component.source_hash computes it."""
+    """sha256 of the function's source (first 16 hex digits), as Component.source_hash computes
+    it."""
     try:
         src = inspect.getsource(fn)
     except (OSError, TypeError):
@@ -163,7 +165,8 @@ def check_params(fn: Callable[..., Any], params: Any) -> dict[str, Any]:
 
 
 def _check_type(key: str, value: Any, default: Any) -> None:
-    """A value of the default's kind: a threshold stays a number, a switch a bool, a name a string."""
+    """A value of the default's kind: a threshold stays a number, a switch a bool, a name a
+    string."""
     number = (int, float)
     if isinstance(default, bool):
         ok = isinstance(value, bool)
@@ -172,7 +175,8 @@ def _check_type(key: str, value: Any, default: Any) -> None:
     elif isinstance(default, str):
         ok = isinstance(value, str)
     else:
-        return  # no default, or a list/None default: the function checks it (and fails closed if not)
+        # No default, or a list/None default: the function checks it (and fails closed if not)
+        return
     if not ok:
         raise VersionError(
             f"params.{key}", f"must be a {type(default).__name__} like its default {default!r}"
@@ -190,7 +194,7 @@ def make_version(
     return ComponentVersion(environment, component, target, clean, source_hash(fn), name)
 
 
-# ------------------------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------------------- registry
 
 _REGISTRY: dict[tuple[str, str], ComponentVersion] = {}  # (environment, label) -> version
 _lock = threading.Lock()
@@ -200,7 +204,8 @@ _loaded = False
 def register(
     environment: str, component: str, target: str, params: Any = None, name: str = ""
 ) -> ComponentVersion:
-    """Register a version (a user's module calls this at import). Returns it; re-registering replaces."""
+    """Register a version (a user's module calls this at import). Returns it; re-registering
+    replaces."""
     version = make_version(environment, component, target, params, name)
     with _lock:
         _REGISTRY[(environment, version.label)] = version
@@ -220,8 +225,9 @@ def _register_environment(env_name: str) -> None:
 
 
 def load(extra_modules: str | None = None) -> None:
-    """Register the built-in environments' components and variants, then import the user modules named in
-    RD_REWARD_MODULES (or `extra_modules`). Idempotent; a module that fails to import raises VersionError."""
+    """Register the built-in environments' components and variants, then import the user modules
+    named in RD_REWARD_MODULES (or `extra_modules`). Idempotent; a module that fails to import
+    raises VersionError."""
     global _loaded
     if _loaded and extra_modules is None:
         return
@@ -261,8 +267,9 @@ def lookup(environment: str, label: str) -> ComponentVersion:
 
 
 def from_spec(environment: str, spec: Any, path: str = "versions[0]") -> ComponentVersion:
-    """A version from user input {"version": label, "params": {...}?}: the registered target, with the
-    given parameters over the registered ones. Unregistered targets are refused: only deployed code runs."""
+    """A version from user input {"version": label, "params": {...}?}: the registered target, with
+    the given parameters over the registered ones. Unregistered targets are refused: only deployed
+    code runs."""
     if not isinstance(spec, dict) or not isinstance(spec.get("version"), str):
         raise VersionError(path, 'must be an object {"version": registered name, "params": {...}}')
     extra = set(spec) - {"version", "params"}
@@ -283,7 +290,7 @@ def from_spec(environment: str, spec: Any, path: str = "versions[0]") -> Compone
         raise VersionError(f"{path}.{e.field}", e.message) from None
 
 
-# ------------------------------------------------------------------------------------------- scoring
+# ------------------------------------------------------------------------------------------ scoring
 
 
 class _Timeout(BaseException):
@@ -308,8 +315,8 @@ _handler_installed = False
 
 @contextlib.contextmanager
 def deadlines() -> Iterator[None]:
-    """Install the time-limit handler once around many `score_one` calls (installing it per call costs
-    about as much as a cheap component)."""
+    """Install the time-limit handler once around many `score_one` calls (installing it per call
+    costs about as much as a cheap component)."""
     global _handler_installed
     if _handler_installed or not _can_alarm():
         yield
@@ -335,9 +342,9 @@ def score_one(
     completion: Any,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Scored:
-    """Call the component on one rollout, failing closed. The time limit interrupts the call when we are
-    on the main thread (a Celery worker's task, a command); elsewhere an over-long call is still refused
-    after it returns."""
+    """Call the component on one rollout, failing closed. The time limit interrupts the call when we
+    are on the main thread (a Celery worker's task, a command); elsewhere an over-long call is still
+    refused after it returns."""
     use_alarm = _can_alarm()
     own_handler = use_alarm and not _handler_installed
     t0 = time.monotonic()
@@ -388,10 +395,10 @@ def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
 
 
 def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
-    """`env` with the given versions (ComponentVersion.as_dict() form, as a replay stores them) in place of
-    its components' functions, for a training job that should optimise the replayed reward (grpo.main's
-    hook). Weights, kinds and ranges stay; a version whose source changed since it was recorded is refused
-    (VersionError). Each swapped function fails closed (TrainedVersion)."""
+    """`env` with the given versions (ComponentVersion.as_dict() form, as a replay stores them) in
+    place of its components' functions, for a training job that should optimise the replayed reward
+    (grpo.main's hook). Weights, kinds and ranges stay; a version whose source changed since it was
+    recorded is refused (VersionError). Each swapped function fails closed (TrainedVersion)."""
     by_name = {v["component"]: v for v in versions}
     unknown = set(by_name) - {c.name for c in env.components}
     if unknown:
@@ -410,9 +417,9 @@ def apply_versions(env: Any, versions: list[dict[str, Any]]) -> Any:
 
 
 def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable[..., Any]:
-    """The version's function, only if its target is registered for that component (a job config is JSON
-    anyone with the trainer role can write: it must not name an arbitrary importable callable), with its
-    source unchanged and its parameters fitting the signature."""
+    """The version's function, only if its target is registered for that component (a job config is
+    JSON anyone with the trainer role can write: it must not name an arbitrary importable callable),
+    with its source unchanged and its parameters fitting the signature."""
     where = f"reward_versions.{component}"
     if not any(
         r.target == v.get("target") and r.component == component for r in registered(env_name)
@@ -433,10 +440,10 @@ def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable
 
 
 class TrainedVersion:
-    """A replayed version as an environment component function, fn(prompt, completion) -> Score, for a
-    trainer: it fails closed like a replay (a raise, a non-number, NaN or a time-out scores the component's
-    minimum with the reason), never raising into the trainer. Picklable; its repr names the version, so
-    Component.source_hash() of the swapped component is stable."""
+    """A replayed version as an environment component function, fn(prompt, completion) -> Score, for
+    a trainer: it fails closed like a replay (a raise, a non-number, NaN or a time-out scores the
+    component's minimum with the reason), never raising into the trainer. Picklable; its repr names
+    the version, so Component.source_hash() of the swapped component is stable."""
 
     def __init__(self, fn: Callable[..., Any], version: dict[str, Any], fail_value: float) -> None:
         self.fn, self.params, self.fail_value = (
@@ -444,7 +451,8 @@ class TrainedVersion:
             dict(version.get("params") or {}),
             float(fail_value),
         )
-        self.label = f"{version['target']}({json.dumps(self.params, sort_keys=True)})#{version.get('source_hash', '')}"
+        params = json.dumps(self.params, sort_keys=True)
+        self.label = f"{version['target']}({params})#{version.get('source_hash', '')}"
 
     def __call__(self, prompt: Prompt, completion: Any) -> Any:
         scored = score_one(self.fn, self.params, prompt, completion)

@@ -1,11 +1,12 @@
 """Adapters from an environment's reward components to TRL reward functions.
 
-TRL calls each reward function as `f(prompts=..., completions=..., completion_ids=..., **dataset_columns,
-trainer_state=..., log_extra=..., log_metric=...)` and wants one float (or None: "not applicable") per
-completion. Our components are `fn(Prompt, completion) -> Score(value, reason)`, where the Prompt carries
-the hidden spec the grader needs. The adapter finds the Prompt by the dataset's "key" column, returns the
-values (NaN -> None) and hands the reasons to TRL's `log_extra` as column "reason/<component>", which TRL
-gathers across processes next to its own logs; the RolloutRecorder reads them from there.
+TRL calls each reward function as `f(prompts=..., completions=..., completion_ids=...,
+**dataset_columns, trainer_state=..., log_extra=..., log_metric=...)` and wants one float (or None:
+"not applicable") per completion. Our components are `fn(Prompt, completion) -> Score(value,
+reason)`, where the Prompt carries the hidden spec the grader needs. The adapter finds the Prompt by
+the dataset's "key" column, returns the values (NaN -> None) and hands the reasons to TRL's
+`log_extra` as column "reason/<component>", which TRL gathers across processes next to its own logs;
+the RolloutRecorder reads them from there.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def component_reward_func(
     ) -> list[float | None]:
         if key is None:
             raise KeyError(
-                f"reward {component.name}: the dataset needs a 'key' column to find each prompt's spec"
+                f"reward {component.name}: the dataset needs a 'key' column to find each prompt's "
+                "spec"
             )
         values: list[float | None] = []
         reasons: list[str] = []
@@ -68,7 +70,8 @@ def component_reward_func(
 def environment_reward_funcs(
     env: Environment, prompts: list[Prompt]
 ) -> tuple[list[Callable], list[float]]:
-    """(reward_funcs, reward_weights) for GRPOTrainer, one function per component in the env's order."""
+    """(reward_funcs, reward_weights) for GRPOTrainer, one function per component in the env's
+    order."""
     by_key = {p.key: p for p in prompts}
     funcs = [component_reward_func(c, by_key) for c in env.components]
     return funcs, [float(c.weight) for c in env.components]

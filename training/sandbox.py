@@ -6,17 +6,17 @@ separate problems, two separate answers:
 **Forgery.** The child only ever receives the test *inputs*; it sends back one output per test; the
 PARENT compares each output with the expected value it never sent. The parent reads the results
 channel defensively: size, nesting and shape are capped, any line the harness would not have written
-(non-object, unknown kind, duplicate, missing start marker, no final newline...) voids the whole run.
-Every anomaly is a scored failure (passed 0, `error` says why); nothing here raises into a trainer, and
-nothing here returns NaN. Notes are written by the parent only.
+(non-object, unknown kind, duplicate, missing start marker, no final newline...) voids the whole
+run. Every anomaly is a scored failure (passed 0, `error` says why); nothing here raises into a
+trainer, and nothing here returns NaN. Notes are written by the parent only.
 
-**Containment.** The child runs under bubblewrap (`bwrap`), a maintained, setuid-free sandboxing tool
-(Flatpak's), with:
+**Containment.** The child runs under bubblewrap (`bwrap`), a maintained, setuid-free sandboxing
+tool (Flatpak's), with:
 
 * a minimal read-only root: `/python` (the interpreter, its stdlib without site-packages, the shared
   libraries they link, found with `ldd`), the dynamic loader, a new `/proc` (PID namespace: only the
-  sandbox's own processes) and a minimal `/dev`. No `/run`, `/var`, `/etc`, `/home`, `/root`, `/work`,
-  no project checkout, no host socket;
+  sandbox's own processes) and a minimal `/dev`. No `/run`, `/var`, `/etc`, `/home`, `/root`,
+  `/work`, no project checkout, no host socket;
 * one size-limited tmpfs, `/sandbox`, as the working folder (`/tmp` points to it), and a tiny
   `/dev/shm`;
 * new user, PID, network, IPC, UTS (and cgroup, where the kernel allows) namespaces, no further user
@@ -25,14 +25,14 @@ nothing here returns NaN. Notes are written by the parent only.
   hard-linked into a root-owned /var/tmp folder when that uid cannot reach it, e.g. a pyenv under
   /root); otherwise it runs as the caller. Inside, the code is "nobody" (65534);
 * a seccomp filter (`SECCOMP_DENY` below): no keyrings, memfd, SysV shm, mounts, namespaces, ptrace,
-  bpf, io_uring...; and no new processes at all: `clone` only with CLONE_THREAD, so a submission is one
-  process and its threads;
+  bpf, io_uring...; and no new processes at all: `clone` only with CLONE_THREAD, so a submission is
+  one process and its threads;
 * whole-sandbox limits: as root with a cgroup v1 memory+pids hierarchy (checked at run time), a
   per-run cgroup bounds memory (tmpfs and memfd pages are charged to it) and tasks; otherwise the
   limits are the tmpfs sizes, RLIMIT_AS per process and RLIMIT_NPROC inside the user namespace, and
   the notes say so;
-* per-process rlimits (CPU, address space, file size, open files, tasks, no core), set by the trusted
-  harness before it reads the user's code, and a wall-clock timeout.
+* per-process rlimits (CPU, address space, file size, open files, tasks, no core), set by the
+  trusted harness before it reads the user's code, and a wall-clock timeout.
 
 Where bwrap is missing there is no weaker fallback: the result is a scored failure whose error is
 "sandbox unavailable: bubblewrap not installed". docs/sandbox.md lists what this does not guarantee.
@@ -104,7 +104,8 @@ class SandboxResult:
 
     @property
     def fraction(self) -> float:
-        """The score: passed / total, 0.0 for every anomaly (passed is forced to 0 there), never NaN."""
+        """The score: passed / total, 0.0 for every anomaly (passed is forced to 0 there), never
+        NaN."""
         return self.passed / self.total if self.total > 0 else 0.0
 
 
@@ -128,10 +129,11 @@ def run_tests(
     """Run `code`, call `func_name(*args)` for each hidden test, and score it in this process.
 
     `tests` are (args, expected) pairs; only the args (JSON) reach the child. Outputs and expected
-    values are compared after a JSON round trip (tuples == lists; floats with a small tolerance; bool
-    is not int). `memory_mb` bounds each process's address space and, with a cgroup, the whole
+    values are compared after a JSON round trip (tuples == lists; floats with a small tolerance;
+    bool is not int). `memory_mb` bounds each process's address space and, with a cgroup, the whole
     sandbox (plus `disk_mb`, since tmpfs pages are memory); `max_procs` counts tasks (threads too);
-    `disk_mb` is the size of the working tmpfs. Never raises: any failure is a result with passed 0."""
+    `disk_mb` is the size of the working tmpfs. Never raises: any failure is a result with passed
+    0."""
     t0 = time.monotonic()
     run_id = secrets.token_hex(6)
     limits = _Limits(timeout_s, memory_mb, max_procs, file_size_mb, disk_mb)
@@ -205,8 +207,8 @@ def _run(
         }
     )
     notes = [version_note, *runtime.notes, _uid_note(uid)]
-    # Parent-only files: the child reaches them through inherited fds, never by path (0711: bwrap, run
-    # as the sandbox uid, may traverse it to bind the empty file, but not list it).
+    # Parent-only files: the child reaches them through inherited fds, never by path (0711: bwrap,
+    # run as the sandbox uid, may traverse it to bind the empty file, but not list it).
     base = Path(tempfile.mkdtemp(prefix="sandbox-"))
     base.chmod(0o711)
     cgroup: _Cgroup | None = None
@@ -242,8 +244,8 @@ class _Runtime:
 
 _PROBE = (
     "import sys, sysconfig, json; print(json.dumps({'prefix': sys.base_prefix, 'stdlib': "
-    "sysconfig.get_paths()['stdlib'], 'dynload': [p for p in sys.path if p.endswith('lib-dynload')], "
-    "'version': '%d.%d' % sys.version_info[:2]}))"
+    "sysconfig.get_paths()['stdlib'], 'dynload': [p for p in sys.path if "
+    "p.endswith('lib-dynload')], 'version': '%d.%d' % sys.version_info[:2]}))"
 )
 
 
@@ -254,7 +256,8 @@ def _sandbox_runtime(python: str, uid: int | None) -> _Runtime:
             runtime = _for_others(runtime)
         if all(os.path.exists(host) for host, _ in runtime.binds):
             return runtime
-        _runtime.cache_clear()  # an upgrade or a /var/tmp clean-up moved files under the cache: look again
+        # An upgrade or a /var/tmp clean-up moved files under the cache: look again
+        _runtime.cache_clear()
         _for_others.cache_clear()
     raise SandboxUnavailable(f"the runtime files of {python} keep disappearing")
 
@@ -289,8 +292,9 @@ def _runtime(exe: str) -> _Runtime:
         if os.path.isdir(f"{stdlib}/{d}")
     )
     note = (
-        f"root: read-only /python (python {version} from {os.path.dirname(os.path.dirname(exe))}, stdlib"
-        f"{' without site-packages' if hide else ''}, {len(libs)} shared libraries) and {loader}"
+        f"root: read-only /python (python {version} from {os.path.dirname(os.path.dirname(exe))}, "
+        f"stdlib{' without site-packages' if hide else ''}, {len(libs)} shared libraries) and "
+        f"{loader}"
     )
     return _Runtime(tuple(binds), hide, (note,))
 
@@ -336,8 +340,8 @@ def _bwrap_note(bwrap: str) -> str:
             f"bubblewrap >= {'.'.join(map(str, _BWRAP_MIN))} needed, found {out!r}"
         )
     return (
-        f"{out}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user namespaces, "
-        "no capabilities, new session, dies with its parent, read-only /proc"
+        f"{out}: new user, PID, network, IPC, UTS and cgroup namespaces, no further user "
+        "namespaces, no capabilities, new session, dies with its parent, read-only /proc"
     )
 
 
@@ -350,7 +354,8 @@ def _uid_note(uid: int | None) -> str:
 @functools.lru_cache(maxsize=8)
 def _for_others(runtime: _Runtime) -> _Runtime:
     """The runtime as the dedicated uid can reach it. What it cannot (e.g. a pyenv under /root, mode
-    0700) is hard-linked (copied across filesystems) once into a root-owned, world-readable folder."""
+    0700) is hard-linked (copied across filesystems) once into a root-owned, world-readable
+          folder."""
     todo = tuple((host, inner) for host, inner in runtime.binds if not _readable_by_others(host))
     if not todo:
         return runtime
@@ -517,7 +522,8 @@ def _bpf(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 def seccomp_program(machine: str | None = None) -> bytes | None:
     """The filter for this machine, or None where we have no syscall table (then the notes say so).
     Wrong architecture (e.g. the x32 ABI) kills the process; listed syscalls fail with EPERM; clone3
-    fails with ENOSYS so the C library falls back to clone, whose flags we can check: threads only."""
+    fails with ENOSYS so the C library falls back to clone, whose flags we can check: threads
+    only."""
     arch = _ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
@@ -554,8 +560,8 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
 def _filter_note(has_filter: bool) -> list[str]:
     if has_filter:
         return [
-            f"seccomp: {len(SECCOMP_DENY)} syscalls refused (keyrings, memfd, SysV shm, mounts, namespaces, "
-            "ptrace, bpf, io_uring, fork); clone allowed for threads only"
+            f"seccomp: {len(SECCOMP_DENY)} syscalls refused (keyrings, memfd, SysV shm, mounts, "
+            "namespaces, ptrace, bpf, io_uring, fork); clone allowed for threads only"
         ]
     return [f"seccomp: no syscall table for {platform.machine()}: no filter, processes are allowed"]
 
@@ -576,8 +582,8 @@ class _Cgroup:
     def create(cls, run_id: str, limits: _Limits, uid: int | None) -> tuple[_Cgroup | None, str]:
         without = (
             "limits: no cgroup ({why}); whole-sandbox bounds are the tmpfs sizes ({disk} MB + 1 MB "
-            "/dev/shm), RLIMIT_AS {mem} MB per process, RLIMIT_NPROC {procs} inside the user namespace "
-            "and no fork (seccomp)"
+            "/dev/shm), RLIMIT_AS {mem} MB per process, RLIMIT_NPROC {procs} inside the user "
+            "namespace and no fork (seccomp)"
         )
         fmt = {"disk": limits.disk_mb, "mem": limits.memory_mb, "procs": limits.max_procs}
         if os.geteuid() != 0:
@@ -745,7 +751,8 @@ def _command(
         argv += ["--ro-bind", host, inner]
     for inner in runtime.hide:
         argv += ["--size", "4096", "--perms", "0555", "--tmpfs", inner, "--remount-ro", inner]
-    # /proc/keys lists the descriptions of keys in the session keyring bwrap inherits (keyctl is refused).
+    # /proc/keys lists the descriptions of keys in the session keyring bwrap inherits (keyctl is
+    # refused).
     argv += [
         "--proc",
         "/proc",
@@ -812,9 +819,10 @@ def _execute(
     run_id: str,
     uid: int | None,
 ) -> tuple[int | None, bool]:
-    """Start bwrap (through a shell prelude that joins the cgroup first), wait for it, and SIGKILL its
-    process group on timeout. Returns (returncode, timed_out). cwd "/" and an empty environment: the
-    sandbox init's own environ (readable inside as /proc/1/environ) names nothing of the host."""
+    """Start bwrap (through a shell prelude that joins the cgroup first), wait for it, and SIGKILL
+    its process group on timeout. Returns (returncode, timed_out). cwd "/" and an empty environment:
+    the sandbox init's own environ (readable inside as /proc/1/environ) names nothing of the
+    host."""
     files = exchange.open_files()
     try:
         seccomp = files.get("seccomp")
@@ -859,8 +867,8 @@ def _execute(
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """bwrap's outer process leads this group; its death SIGKILLs the sandbox init (die-with-parent),
-    and the death of a PID namespace's init kills every process in it."""
+    """bwrap's outer process leads this group; its death SIGKILLs the sandbox init
+    (die-with-parent), and the death of a PID namespace's init kills every process in it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable only in D state
@@ -1047,8 +1055,8 @@ def _verdict(
 def _limits_note(limits: _Limits) -> str:
     return (
         f"rlimits per process: cpu={max(1, math.ceil(limits.timeout_s))}s as={limits.memory_mb}MB "
-        f"fsize={limits.file_size_mb}MB nofile=64 nproc={limits.max_procs} core=0; wall {limits.timeout_s:g}s; "
-        f"/sandbox tmpfs {limits.disk_mb} MB"
+        f"fsize={limits.file_size_mb}MB nofile=64 nproc={limits.max_procs} core=0; wall "
+        f"{limits.timeout_s:g}s; /sandbox tmpfs {limits.disk_mb} MB"
     )
 
 
@@ -1061,7 +1069,10 @@ def _error(ch: _Channel, run: _Outcome, err: str, timeout_s: float, total: int) 
     if not ch.started:
         if not run.bwrap_started and not run.timed_out:
             return f"sandbox setup failed (rc={run.returncode}): {_tail(err)}"
-        return f"results channel empty: truncated, or the harness died before starting (rc={run.returncode})"
+        return (
+            "results channel empty: truncated, or the harness died before starting "
+            f"(rc={run.returncode})"
+        )
     if ch.load_error is not None:
         return f"code failed to load: {ch.load_error}"
     if run.oom:
@@ -1107,7 +1118,8 @@ def _compare(
 
 
 def _normalise(value: Any) -> Any:
-    """Expected values go through the same JSON round trip as the child's outputs (tuple -> list)."""
+    """Expected values go through the same JSON round trip as the child's outputs (tuple ->
+    list)."""
     return json.loads(json.dumps(value))
 
 
@@ -1162,9 +1174,10 @@ import socket, _socket, _posixsubprocess, posix
 def _blocked(*args, **kwargs):
     raise PermissionError("blocked in the sandbox")
 for mod in (os, posix):
-    for name in ("fork", "forkpty", "system", "popen", "kill", "killpg", "execv", "execve", "execvp", "execvpe",
-                 "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl",
-                 "spawnle", "spawnlp", "spawnlpe", "posix_spawn", "posix_spawnp"):
+    for name in ("fork", "forkpty", "system", "popen", "kill", "killpg", "execv", "execve",
+                 "execvp", "execvpe", "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve",
+                 "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "posix_spawn",
+                 "posix_spawnp"):
         if hasattr(mod, name):
             setattr(mod, name, _blocked)
 _posixsubprocess.fork_exec = _blocked
@@ -1172,7 +1185,8 @@ class _NoSocket:
     def __init__(self, *args, **kwargs):
         raise PermissionError("network access is blocked in the sandbox")
 for mod in (socket, _socket):
-    for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server", "getaddrinfo"):
+    for name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection",
+                 "create_server", "getaddrinfo"):
         if hasattr(mod, name):
             setattr(mod, name, _NoSocket)
 for name in ("ctypes", "_ctypes", "ctypes.util"):
@@ -1203,7 +1217,8 @@ for i, args in enumerate(inputs):
         except BaseException as exc:  # tuple dict keys, cycles, absurd nesting...
             raise TypeError("output is not JSON-serialisable: %s" % str(exc)[:100])
     except BaseException as exc:  # SystemExit and KeyboardInterrupt count as failures of that test
-        line = json.dumps({"t": "case", "i": i, "ok": False, "err": ("%s: %s" % (type(exc).__name__, exc))[:200]})
+        err = ("%s: %s" % (type(exc).__name__, exc))[:200]
+        line = json.dumps({"t": "case", "i": i, "ok": False, "err": err})
     os.write(RES, (line + "\n").encode())
 emit({"t": "done"})
 os._exit(0)   # skip atexit handlers the user code may have registered

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning on teacher trajectories, loss on the completion only ("SFT buys you syntax").
+"""Supervised fine-tuning on teacher trajectories, loss on the completion only ("SFT buys you
+syntax").
 
     python -m training.sft --config sft.json
 
@@ -6,8 +7,8 @@ Data: a JSONL file (or records in memory) in either form
     {"prompt": str | messages, "completion": str | messages}   -> loss on the completion tokens
     {"messages": [...]}                                         -> loss on the assistant turns
 Other columns (keys, scores from the teacher job) are ignored. LoRA on every linear layer by default
-(rank 64, LR 10x the full-FT default); `full_finetune` trains all weights (the tiny from-scratch model
-needs that). Outputs `output_dir/model` and `output_dir/config.json`.
+(rank 64, LR 10x the full-FT default); `full_finetune` trains all weights (the tiny from-scratch
+model needs that). Outputs `output_dir/model` and `output_dir/config.json`.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ def main(
         **config.trainer_kwargs(device, default_lr=lr),
         num_train_epochs=config.num_train_epochs,
         max_length=config.max_length,
-        # Loss on what the model must produce, never on the prompt: completion tokens for prompt/completion
-        # data, assistant turns for messages data (needs {% generation %} markers; TRL patches known templates).
+        # Loss on what the model must produce, never on the prompt: completion tokens for
+        # prompt/completion data, assistant turns for messages data (needs {% generation %} markers;
+        # TRL patches known templates).
         completion_only_loss=None if conversational_lm else True,
         assistant_only_loss=conversational_lm,
     )

@@ -5,18 +5,21 @@ A sink implements the `Sink` protocol. Records use the ingestion format the web 
     group   = {"step", "key", "prompt", "split", "rollouts": [{"index", "completion" | "transcript",
                "rewards": {name: {"value", "reason"}}, "advantage", "length", "truncated", ...}]}
     metrics = {"step", "values": {TRL's logged keys: float}}
-    settings = {"weights": {name: w}, "scale_rewards", "aggregation", "advantage_epsilon", "group_size",
-                "trainer": {name: scalar}, "source"}   (the run's reward_settings; written once, at train start)
+    settings = {"weights": {name: w}, "scale_rewards", "aggregation", "advantage_epsilon",
+                "group_size", "trainer": {name: scalar}, "source"}
+               (the run's reward_settings; written once, at train start)
 
 A sink may also implement `write_settings(settings)` (every sink here does); the recorder calls it
 when the trainer starts, and skips a sink without it.
 
-- `JsonlSink(path)`: one JSON object per line, {"type": "settings"|"group"|"metrics"|"log"|"progress", ...};
-  the offline format, importable later (the "settings" header becomes the run's reward settings).
+- `JsonlSink(path)`: one JSON object per line, {"type":
+  "settings"|"group"|"metrics"|"log"|"progress", ...}; the offline format, importable later (the
+  "settings" header becomes the run's reward settings).
 - `MemorySink()`: keeps everything in lists (tests).
-- `HttpSink(base_url, token, run_id)`: POSTs to the app's API through `training.client.Client`, batched,
-  retried with exponential backoff, never raising into training; whatever cannot be delivered goes to a
-  spool JSONL file that `python -m training.sinks upload SPOOL --url URL --token KEY --run ID` sends later.
+- `HttpSink(base_url, token, run_id)`: POSTs to the app's API through `training.client.Client`,
+  batched, retried with exponential backoff, never raising into training; whatever cannot be
+  delivered goes to a spool JSONL file that `python -m training.sinks upload SPOOL --url URL --token
+  KEY --run ID` sends later.
 - `BatchingSink(inner)`: a background thread and a queue, so the training loop never waits on I/O.
 
 The database sink lives in workers/ and implements the same protocol.
@@ -176,8 +179,8 @@ class JsonlSink:
 
 
 def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
-    """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"} (type field
-    removed)."""
+    """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"} (type
+    field removed)."""
     out: dict[str, list[Any]] = {
         "settings": [],
         "groups": [],
@@ -208,15 +211,16 @@ class HttpSink:
     client, one retry policy); logs go to the `logging` module, progress is derived by the app from
     the metrics.
 
-    A POST goes out every `batch_size` records or when a write finds the oldest buffered record older
-    than `flush_interval` seconds (so the app stays live at a few groups per step), and on flush/close.
-    The client retries a connection error, a timeout, a 5xx or a 429 `retries` times with exponential
-    backoff (backoff, 2*backoff, ...); if it still fails, or the server answers another 4xx (a request
-    that will never succeed as is, e.g. a component the run's environment lacks), the batch is
-    appended to the spool file, the reason is logged, and training continues. Once the server has
-    been unreachable, later batches skip straight to the spool for `cooldown` seconds, so a dead
-    server costs one round of retries, not one per step. Records pass through `storable` first, so
-    the server never refuses a batch for a NUL in a completion. Nothing here raises into training."""
+    A POST goes out every `batch_size` records or when a write finds the oldest buffered record
+    older than `flush_interval` seconds (so the app stays live at a few groups per step), and on
+    flush/close. The client retries a connection error, a timeout, a 5xx or a 429 `retries` times
+    with exponential backoff (backoff, 2*backoff, ...); if it still fails, or the server answers
+    another 4xx (a request that will never succeed as is, e.g. a component the run's environment
+    lacks), the batch is appended to the spool file, the reason is logged, and training continues.
+    Once the server has been unreachable, later batches skip straight to the spool for `cooldown`
+    seconds, so a dead server costs one round of retries, not one per step. Records pass through
+    `storable` first, so the server never refuses a batch for a NUL in a completion. Nothing here
+    raises into training."""
 
     def __init__(
         self,
@@ -270,7 +274,8 @@ class HttpSink:
             self.flush()
 
     def write_settings(self, settings: dict[str, Any]) -> None:
-        """Sent at once (training is starting; nothing is buffered yet), spooled like a batch if it fails."""
+        """Sent at once (training is starting; nothing is buffered yet), spooled like a batch if it
+        fails."""
         self._deliver("settings", storable(dict(settings)), 1)
 
     def log(self, line: str) -> None:
@@ -307,13 +312,14 @@ class HttpSink:
             self.sent[kind] += n
 
     def post(self, kind: str, payload: dict[str, Any]) -> bool:
-        """One POST of a spool-format batch ({"groups": [...]} or {"metrics": [...]}), with the client's
-        retries. True when the server accepted it (2xx). Never raises."""
+        """One POST of a spool-format batch ({"groups": [...]} or {"metrics": [...]}), with the
+        client's retries. True when the server accepted it (2xx). Never raises."""
         return self.send(kind, payload) == "sent"
 
     def send(self, kind: str, payload: dict[str, Any]) -> Literal["sent", "rejected", "down"]:
-        """`post`, telling apart a batch the server refused ("rejected": it would be refused again as is)
-        from a server that could not be reached or failed ("down": the same batch may go later)."""
+        """`post`, telling apart a batch the server refused ("rejected": it would be refused again
+        as is) from a server that could not be reached or failed ("down": the same batch may go
+        later)."""
         send = {
             "groups": self.client.post_groups,
             "metrics": self.client.post_metrics,
@@ -376,11 +382,11 @@ def upload_spool(
 ) -> dict[str, int]:
     """Send a spool file's batches in order; returns {"sent": batches, "left": batches}.
 
-    What is not sent stays in the spool, rewritten in place, so a later upload resumes where this one
-    stopped: when the server cannot be reached, that batch and every later one; when the server
+    What is not sent stays in the spool, rewritten in place, so a later upload resumes where this
+    one stopped: when the server cannot be reached, that batch and every later one; when the server
     rejects a batch (4xx, logged with its reasons), that batch alone, and the later ones still go. A
-    line that is not JSON (a write cut short by a crash) is kept as it is. Ingestion is idempotent, so
-    a batch sent twice is harmless."""
+    line that is not JSON (a write cut short by a crash) is kept as it is. Ingestion is idempotent,
+    so a batch sent twice is harmless."""
     path = Path(spool_path)
     if not path.exists():
         return {"sent": 0, "left": 0}
@@ -416,8 +422,9 @@ def upload_spool(
 
 
 class BatchingSink:
-    """Runs another sink on a background thread. Calls return immediately; `close()` drains the queue,
-    closes the inner sink and joins the thread. An error in the inner sink is logged, never raised."""
+    """Runs another sink on a background thread. Calls return immediately; `close()` drains the
+    queue, closes the inner sink and joins the thread. An error in the inner sink is logged, never
+    raised."""
 
     _STOP = object()
 
@@ -458,8 +465,8 @@ class BatchingSink:
         self._put(("progress", (step, total)))
 
     def flush(self, timeout: float | None = None) -> None:
-        """Block until everything queued so far has been handed to the inner sink (and the inner sink's
-        own `flush`, if it has one, has run)."""
+        """Block until everything queued so far has been handed to the inner sink (and the inner
+        sink's own `flush`, if it has one, has run)."""
         if self._closed:
             return
         done = threading.Event()

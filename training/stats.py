@@ -4,10 +4,10 @@ This module is the single home of the math that the trainer's recorder, the inge
 diagnostics and the ablation pages share. The advantage formulas reproduce TRL 1.16's
 `GRPOTrainer._generate_and_score_completions` exactly:
 
-- `sum_then_normalize` (TRL's default): r = nansum_k(w_k * r_k); a completion whose every component is
-  NaN is unscorable (r = NaN, excluded from the baseline, advantage forced to 0); A = r - nanmean_group(r),
-  divided by (std + 1e-4) unless scale_rewards == "none", where std is the Bessel-corrected nan-std of
-  the group ("group") or of the whole batch ("batch").
+- `sum_then_normalize` (TRL's default): r = nansum_k(w_k * r_k); a completion whose every component
+  is NaN is unscorable (r = NaN, excluded from the baseline, advantage forced to 0); A = r -
+  nanmean_group(r), divided by (std + 1e-4) unless scale_rewards == "none", where std is the
+  Bessel-corrected nan-std of the group ("group") or of the whole batch ("batch").
 - `normalize_then_sum` (GDPO): each component is normalised inside its group first,
   (r_k - mean_k) / (std_k + 1e-4), then weighted and summed, then normalised over the batch.
 
@@ -235,7 +235,8 @@ def zero_std_fraction(values: np.ndarray, group_ids: np.ndarray) -> float | np.n
 
 
 def rank_within_groups(values: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
-    """Rank (0 = lowest) of each value inside its group, ties broken by row order; NaN ranks lowest."""
+    """Rank (0 = lowest) of each value inside its group, ties broken by row order; NaN ranks
+    lowest."""
     v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
     ids = np.asarray(group_ids, dtype=np.int64)
     order = np.lexsort((np.arange(v.size), v, ids))

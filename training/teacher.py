@@ -1,16 +1,17 @@
 """Teacher trajectories -> validated SFT dataset.
 
-A teacher answers the environment's prompts; the environment scores every answer; answers that pass the
-thresholds become `output_dir/sft.jsonl` (prompt/completion chat records, ready for training.sft), the
-rest go to `output_dir/rejected.jsonl` with the reasons. Everything is also emitted as groups through the
-sink (rollout state says kept or rejected and why), so rejected traces can be read in the app.
+A teacher answers the environment's prompts; the environment scores every answer; answers that pass
+the thresholds become `output_dir/sft.jsonl` (prompt/completion chat records, ready for
+training.sft), the rest go to `output_dir/rejected.jsonl` with the reasons. Everything is also
+emitted as groups through the sink (rollout state says kept or rejected and why), so rejected traces
+can be read in the app.
 
 Teachers:
-    "scripted"                      the environment's reference solver, optionally noised by
-                                    `scripted_skill` < 1 (ScriptedDiagramPolicy) to exercise rejection
-    a model folder / hub id         sampled locally with model.generate
-    http(s)://host/v1               an OpenAI-compatible chat completions endpoint (urllib, no SDK);
-                                    the key is read from the env var named by `api_key_env`
+    "scripted"               the environment's reference solver, optionally noised by
+                             `scripted_skill` < 1 (ScriptedDiagramPolicy) to exercise rejection
+    a model folder / hub id  sampled locally with model.generate
+    http(s)://host/v1        an OpenAI-compatible chat completions endpoint (urllib, no SDK);
+                             the key is read from the env var named by `api_key_env`
 
     python -m training.teacher --config teacher.json
 """
@@ -34,7 +35,8 @@ from training.sinks import Sink
 
 @dataclass
 class TeacherJobConfig(JobConfig):
-    """Generate teacher trajectories, validate them with the environment, keep the valid ones for SFT."""
+    """Generate teacher trajectories, validate them with the environment, keep the valid ones for
+    SFT."""
 
     requires_model = False  # base_model is unused: the teacher field says who answers
 
@@ -159,7 +161,8 @@ def model_teacher(config: TeacherJobConfig) -> Answerer:
 
 
 def endpoint_teacher(config: TeacherJobConfig) -> Answerer:
-    """POST {teacher}/chat/completions, OpenAI wire format, one request per prompt with n samples."""
+    """POST {teacher}/chat/completions, OpenAI wire format, one request per prompt with n
+    samples."""
     url = config.teacher.rstrip("/") + "/chat/completions"
     key = os.environ.get(config.api_key_env, "")
 
@@ -206,7 +209,8 @@ def make_teacher(env, config: TeacherJobConfig) -> Answerer:
 def verdict(
     rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig
 ) -> tuple[bool, str]:
-    """(keep, reason): the weighted mean score must reach min_reward and each component its minimum."""
+    """(keep, reason): the weighted mean score must reach min_reward and each component its
+    minimum."""
     values = {n: r["value"] for n, r in rollout["rewards"].items()}
     problems = [
         f"{n} unscorable: {rollout['rewards'][n]['reason']}" for n, v in values.items() if v is None

@@ -1,8 +1,8 @@
-"""Build a tiny causal LM offline: a byte-level BPE tokenizer trained on an environment's own text and a
-randomly initialised ~1M-parameter Llama/Qwen2, saved as an ordinary Hugging Face folder.
+"""Build a tiny causal LM offline: a byte-level BPE tokenizer trained on an environment's own text
+and a randomly initialised ~1M-parameter Llama/Qwen2, saved as an ordinary Hugging Face folder.
 
-Nothing here downloads anything. The demo and the tests train this model; real users point `base_model`
-at any HF path or hub id instead.
+Nothing here downloads anything. The demo and the tests train this model; real users point
+`base_model` at any HF path or hub id instead.
 
     python -m training.tiny --env diagram --out /tmp/tiny-diagram
 """
@@ -15,7 +15,8 @@ import json
 import os
 from pathlib import Path
 
-# Special tokens. <|end|> closes every chat turn and is the eos: a completion ends when the model emits it.
+# Special tokens. <|end|> closes every chat turn and is the eos: a completion ends when the model
+# emits it.
 PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, *ROLE_TOKENS]
@@ -26,7 +27,8 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, *ROLE_TOKENS]
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'assistant' -%}"
-    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] }}{{ '<|end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{{ '<|assistant|>\n' }}{% generation %}{{ message['content'] }}{{ '<|end|>' }}{% "
+    "endgeneration %}{{ '\n' }}"
     "{%- else -%}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
     "{%- endif -%}"
@@ -38,8 +40,8 @@ BUILD_VERSION = "2"  # bump when the recipe changes, so ensure_tiny_model's cach
 
 # Pre-tokens: runs of punctuation with the lowercase identifiers between them (JSON keys and enum
 # values), lowercase words with the space before them (prose), other words without it (names start
-# with a capital, so "Build" is one pre-token after a space or a quote alike), digit runs, and single
-# whitespace characters.
+# with a capital, so "Build" is one pre-token after a space or a quote alike), digit runs, and
+# single whitespace characters.
 PRE_TOKEN_PATTERN = r"(?:[^\s\p{L}\p{N}]+[a-z_]*)+| ?\p{Ll}\p{L}*|\p{L}+|\p{N}+|\s"
 
 
@@ -48,10 +50,10 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    # A capitalised word never carries the space before it, so a name is the same token(s) in the prose
-    # request ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is one lookup.
-    # Punctuation glues to the lowercase identifiers next to it, so JSON boilerplate such as
-    # '{"action":"create_shape","id":"' can merge into a single token: answers stay short.
+    # A capitalised word never carries the space before it, so a name is the same token(s) in the
+    # prose request ("Nodes: Build, Test") and in the JSON answer ('"id":"Build"'): copying it is
+    # one lookup. Punctuation glues to the lowercase identifiers next to it, so JSON boilerplate
+    # such as '{"action":"create_shape","id":"' can merge into a single token: answers stay short.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
@@ -63,7 +65,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text is encodable
+        # All 256 bytes: any text is encodable
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -114,7 +117,8 @@ def build_tiny_model(
     num_layers: int = 2,
     seed: int = 0,
 ) -> Path:
-    """Train a tokenizer on `texts`, build a randomly initialised model around it, save both to `out_dir`.
+    """Train a tokenizer on `texts`, build a randomly initialised model around it, save both to
+    `out_dir`.
 
     Deterministic in (texts, vocab_size, arch, sizes, seed). Returns the folder, loadable with
     AutoModelForCausalLM / AutoTokenizer.from_pretrained."""
@@ -141,7 +145,8 @@ def build_tiny_model(
 
 
 def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
-    """The environment's own text: prompts of both splits, their chat form and reference solutions."""
+    """The environment's own text: prompts of both splits, their chat form and reference
+    solutions."""
     from training.common import get_env
 
     env = get_env(env_name)
@@ -161,8 +166,8 @@ def ensure_tiny_model(
 ) -> Path:
     """Build the tiny model for `env_name` once under `cache_dir` and reuse it afterwards.
 
-    The folder name carries a hash of the training text and recipe, so a changed environment or recipe
-    builds a fresh folder instead of silently reusing a stale tokenizer."""
+    The folder name carries a hash of the training text and recipe, so a changed environment or
+    recipe builds a fresh folder instead of silently reusing a stale tokenizer."""
     texts = env_texts(env_name)
     digest = hashlib.sha256(json.dumps([BUILD_VERSION, arch, seed, texts]).encode()).hexdigest()[
         :12

@@ -1,8 +1,9 @@
 """Ask before you code: a multi-turn coding environment with a simulated user.
 
 Each task statement omits one detail. The simulated user knows the full spec and reveals the detail
-only when the agent asks a relevant question (keyword/topic match); anything else gets a vague answer.
-A ```python block ends the episode and hidden unit tests, run in `training.sandbox`, score it.
+only when the agent asks a relevant question (keyword/topic match); anything else gets a vague
+answer. A ```python block ends the episode and hidden unit tests, run in `training.sandbox`, score
+it.
 
 Protocol (usable from a TRL multi-turn rollout and from a scripted policy):
 
@@ -13,10 +14,10 @@ Protocol (usable from a TRL multi-turn rollout and from a scripted policy):
 The transcript is a list of chat messages and is what gets stored and scored:
     {"role": "system" | "user" | "assistant" | "tool", "content": str,
      optional "tool_calls": [{"name": "submit_code", "arguments": {"code": ...}}], optional "name"}
-A submission is recorded as an assistant message with a `submit_code` tool call, followed by a "tool"
-message named "unit_tests" holding the test summary. `score` never trusts that summary: it reruns the
-hidden tests on the submitted code (cached per task and code), since a transcript may come from
-anywhere (a TRL completion, an import).
+A submission is recorded as an assistant message with a `submit_code` tool call, followed by a
+"tool" message named "unit_tests" holding the test summary. `score` never trusts that summary: it
+reruns the hidden tests on the submitted code (cached per task and code), since a transcript may
+come from anywhere (a TRL completion, an import).
 
 No Django here.
 """
@@ -52,9 +53,10 @@ CACHE_SIZE = (
 
 SYSTEM_PROMPT = (
     "You are a careful Python developer working with a user. The task below may leave out a detail "
-    "that matters. You may ask the user clarifying questions in plain text, one per turn. When you are "
-    "ready, reply with the complete function in a single ```python fenced block; submitting code ends "
-    f"the conversation and hidden unit tests grade it. You have at most {MAX_TURNS} turns."
+    "that matters. You may ask the user clarifying questions in plain text, one per turn. When you "
+    "are ready, reply with the complete function in a single ```python fenced block; submitting "
+    f"code ends the conversation and hidden unit tests grade it. You have at most {MAX_TURNS} "
+    "turns."
 )
 VAGUE_ANSWERS = (
     "Hmm, I don't have a strong opinion on that; do what seems reasonable.",
@@ -247,7 +249,8 @@ COMPONENTS: list[Component] = [
         "behavioural",
         0.0,
         1.0,
-        "A relevant clarifying question before the code: 1 in the first turn, 0.5 second, 0.25 third.",
+        "A relevant clarifying question before the code: 1 in the first turn, 0.5 second, 0.25 "
+        "third.",
     ),
     Component(
         "guessing_penalty",
@@ -354,8 +357,8 @@ def task_prompt(task: Task, key: str | None = None) -> Prompt:
 
 
 def stored_prompt(key: str, prompt: Any) -> Prompt | None:
-    """The Prompt of a stored group (for reward replay): its key names the task, with an optional round
-    suffix (see AskToCodeEnv.prompts); None for a key that names no task."""
+    """The Prompt of a stored group (for reward replay): its key names the task, with an optional
+    round suffix (see AskToCodeEnv.prompts); None for a key that names no task."""
     task_key = re.sub(r"-r\d+$", "", key.removeprefix("ask_to_code-"))
     task = TASKS_BY_KEY.get(task_key) or TASKS_BY_KEY.get(key.removeprefix("ask_to_code-"))
     return None if task is None else task_prompt(task, key)
@@ -373,8 +376,8 @@ class AskToCodeEnv:
         self.max_turns = max_turns
 
     def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]:
-        """n prompts of the split's task families, shuffled by `seed`. Past the bank's size the tasks
-        repeat with a round suffix on the key, so group keys stay distinct within one step."""
+        """n prompts of the split's task families, shuffled by `seed`. Past the bank's size the
+        tasks repeat with a round suffix on the key, so group keys stay distinct within one step."""
         tasks = [t for t in TASKS if (t.family in HOLDOUT_FAMILIES) == (split == "holdout")]
         random.Random(seed).shuffle(tasks)
         out = []
@@ -425,13 +428,14 @@ def _code_message(code: str) -> str:
 
 
 class ScriptedAskPolicy:
-    """Agent messages from a script, given the transcript so far (a pure function of it and the seed).
+    """Agent messages from a script, given the transcript so far (a pure function of it and the
+    seed).
 
-    Styles: "solve" (teacher: the relevant question, then the reference code); "ask_first" (the same,
-    but a wrong guess now and then); "guess" (the naive code at once); "loop" (repeats the relevant
-    question until out of turns: high asked_before_coding, no code, a reward-hacking exhibit only the
-    loop penalty catches); "ask_late" (an off-topic question or two, then the relevant one, then code);
-    "irrelevant" (an off-topic question, then the naive code)."""
+    Styles: "solve" (teacher: the relevant question, then the reference code); "ask_first" (the
+    same, but a wrong guess now and then); "guess" (the naive code at once); "loop" (repeats the
+    relevant question until out of turns: high asked_before_coding, no code, a reward-hacking
+    exhibit only the loop penalty catches); "ask_late" (an off-topic question or two, then the
+    relevant one, then code); "irrelevant" (an off-topic question, then the naive code)."""
 
     def __init__(self, style: str = "solve", seed: int = 0) -> None:
         if style not in STYLES:
@@ -514,9 +518,9 @@ def generate_groups(
     holdout_groups: int = 0,
 ) -> list[dict[str, Any]]:
     """Ingestion records: per step, `groups_per_step` groups of G scripted rollouts of one prompt
-    (plus `holdout_groups` groups on fixed held-out prompts). Rollout i of a group uses a style drawn
-    from `styles`, or, with `skill_schedule(step)` = p, a good style with probability p and another
-    otherwise, so rewards can improve over a run. Deterministic in `seed`."""
+    (plus `holdout_groups` groups on fixed held-out prompts). Rollout i of a group uses a style
+    drawn from `styles`, or, with `skill_schedule(step)` = p, a good style with probability p and
+    another otherwise, so rewards can improve over a run. Deterministic in `seed`."""
     env = env or AskToCodeEnv()
     rng = random.Random(seed)
     train = env.prompts(split, steps * groups_per_step, seed)

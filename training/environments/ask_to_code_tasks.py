@@ -2,9 +2,9 @@
 
 Each task's public statement deliberately omits one detail (an edge case, a format, a bound). The
 simulated user knows `detail` and reveals it when a question touches one of `topics`. `solution` is
-the reference (the teacher submits it, and the expected outputs of the hidden tests are computed from
-it, so the two can never disagree); `naive` is the plausible guess made without asking, which fails
-the tests that depend on the missing detail. Only `inputs` are hidden tests' arguments.
+the reference (the teacher submits it, and the expected outputs of the hidden tests are computed
+from it, so the two can never disagree); `naive` is the plausible guess made without asking, which
+fails the tests that depend on the missing detail. Only `inputs` are hidden tests' arguments.
 
 The split is by family (`HOLDOUT_FAMILIES`), so held-out prompts test transfer of the *behaviour*
 (ask first), not recall of the same kind of detail.
@@ -94,8 +94,10 @@ def format_phone(digits):
         "string_format",
         "title_case(title: str) -> str",
         "Convert a book title to title case.",
-        "Small words (a, an, the, of, and, or, in, on, to) stay lowercase unless they are the first word.",
-        "small word, short word, article, preposition, conjunction, lowercase, every word, exception",
+        "Small words (a, an, the, of, and, or, in, on, to) stay lowercase unless they are the "
+        "first word.",
+        "small word, short word, article, preposition, conjunction, lowercase, every word, "
+        "exception",
         "Should every word be capitalised, or do small words like 'of' stay lowercase?",
         """
 SMALL = {"a", "an", "the", "of", "and", "or", "in", "on", "to"}
@@ -120,8 +122,8 @@ def title_case(title):
         "string_format",
         "format_money(cents: int) -> str",
         "Format an amount of money given in integer cents as a dollar string.",
-        "Always two decimals with a thousands separator, and negative amounts put the minus before the "
-        "dollar sign: -$1,234.50.",
+        "Always two decimals with a thousands separator, and negative amounts put the minus before "
+        "the dollar sign: -$1,234.50.",
         "thousand, comma, separator, negative, minus, decimal, large amount, big amount",
         "How should large and negative amounts be written - commas, minus sign placement?",
         """
@@ -161,9 +163,10 @@ def truncate(text, limit):
         "string_format",
         "slugify(title: str) -> str",
         "Turn an article title into a URL slug.",
-        "Lowercase; every run of characters that are not letters or digits becomes a single hyphen; no "
-        "leading or trailing hyphens.",
-        "punctuation, special char, symbol, non-alphanumeric, leading, trailing, character, allowed",
+        "Lowercase; every run of characters that are not letters or digits becomes a single "
+        "hyphen; no leading or trailing hyphens.",
+        "punctuation, special char, symbol, non-alphanumeric, leading, trailing, character, "
+        "allowed",
         "What happens to punctuation and special characters in the title?",
         """
 import re
@@ -187,7 +190,8 @@ def slugify(title):
         "string_format",
         "order_id(n: int, width: int) -> str",
         "Render an order number as a fixed-width order id.",
-        "Pad with zeros on the left to `width` digits and prefix 'ORD-'; longer numbers are not cut.",
+        "Pad with zeros on the left to `width` digits and prefix 'ORD-'; longer numbers are not "
+        "cut.",
         "prefix, pad, zero, longer, wider, overflow, look like, output format",
         "Is there a prefix, and how should the number be padded?",
         """
@@ -225,8 +229,8 @@ def initials(name):
         "string_format",
         "join_names(names: list[str]) -> str",
         "Join a list of names into an English phrase like 'Ann, Bob, and Cy'.",
-        "Use the Oxford comma for three or more ('a, b, and c'); two names are 'a and b'; one name is "
-        "itself; an empty list gives ''.",
+        "Use the Oxford comma for three or more ('a, b, and c'); two names are 'a and b'; one name "
+        "is itself; an empty list gives ''.",
         "oxford, two names, empty, single, one name, comma, fewer",
         "What about lists with two names, one name, or none?",
         """
@@ -385,7 +389,8 @@ def merge_intervals(intervals):
         "list_processing",
         "second_largest(nums: list[int]) -> int | None",
         "Return the second largest number in a list.",
-        "It must be strictly smaller than the largest: [5, 5, 3] gives 3; if there is none, return None.",
+        "It must be strictly smaller than the largest: [5, 5, 3] gives 3; if there is none, return "
+        "None.",
         "duplicate, distinct, repeated, same, equal, none, not exist, fewer, strictly, unique",
         "What if the largest value is repeated, or there is no second value?",
         """
@@ -585,7 +590,8 @@ def to_fahrenheit(celsius):
         "validation",
         "valid_username(name: str) -> bool",
         "Check whether a username is acceptable.",
-        "3 to 16 characters, letters, digits and underscores only, and it must start with a letter.",
+        "3 to 16 characters, letters, digits and underscores only, and it must start with a "
+        "letter.",
         "length, long, short, character, allowed, underscore, start, first, rule",
         "What are the rules - length limits and allowed characters?",
         """
@@ -666,8 +672,8 @@ def valid_hex_color(color):
         "validation",
         "valid_email(address: str) -> bool",
         "Roughly validate an email address.",
-        "Exactly one '@', a non-empty part before it, and a domain containing a dot that is neither its "
-        "first nor its last character.",
+        "Exactly one '@', a non-empty part before it, and a domain containing a dot that is "
+        "neither its first nor its last character.",
         "domain, dot, local part, rule, strict, how strict, requirement",
         "How strict should the check be - what does the domain need?",
         """
@@ -730,7 +736,7 @@ def is_anagram(a, b):
             ("Astronomer", "Moon starer"),
         ],
     ),
-    # ----------------------------------------------------------------------------- parsing (held out)
+    # --------------------------------------------------------------------------- parsing (held out)
     _t(
         "parse_kv",
         "parsing",
@@ -787,7 +793,8 @@ def parse_duration(text):
         "Parse a yes/no answer typed by a user.",
         "Accept yes/y/true/1 and no/n/false/0, case-insensitive and ignoring surrounding spaces; "
         "anything else returns None.",
-        "accept, variant, case, true, other value, invalid, unrecogni, spaces, which values, anything else",
+        "accept, variant, case, true, other value, invalid, unrecogni, spaces, which values, "
+        "anything else",
         "Which spellings should be accepted, and what about anything else?",
         """
 def parse_bool(text):
@@ -809,8 +816,8 @@ def parse_bool(text):
         "parsing",
         "parse_version(text: str) -> list[int]",
         "Parse a version string like '1.2.3' into a list of ints.",
-        "Missing parts count as 0, so there are always three numbers ('2' -> [2, 0, 0]), and a leading "
-        "'v' is allowed.",
+        "Missing parts count as 0, so there are always three numbers ('2' -> [2, 0, 0]), and a "
+        "leading 'v' is allowed.",
         "missing, short, fewer, prefix, leading, always three, how many parts, parts",
         "What if some parts are missing or there's a prefix like 'v'?",
         """
@@ -848,8 +855,8 @@ def parse_csv_line(line):
         "parsing",
         "parse_size(text: str) -> int",
         "Parse a size like '10KB' into a number of bytes.",
-        "Units are binary (KB = 1024, MB = 1024**2, GB = 1024**3), no unit means bytes, and units are "
-        "case-insensitive.",
+        "Units are binary (KB = 1024, MB = 1024**2, GB = 1024**3), no unit means bytes, and units "
+        "are case-insensitive.",
         "1024, 1000, binary, decimal, kilobyte, base, unit, kib, case",
         "Is a KB 1000 or 1024 bytes?",
         """
@@ -1017,7 +1024,8 @@ def fiscal_quarter(month):
         "dates",
         "clock_duration(seconds: int) -> str",
         "Format a number of seconds as a clock-style duration.",
-        "Use H:MM:SS with no upper limit on hours (90000 -> '25:00:00') and no leading zero on hours.",
+        "Use H:MM:SS with no upper limit on hours (90000 -> '25:00:00') and no leading zero on "
+        "hours.",
         "hours, pad, zero, leading, over 24, day, limit, output format, look like",
         "What happens past 24 hours, and should hours be zero-padded?",
         """

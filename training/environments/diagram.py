@@ -11,10 +11,12 @@ raises) for: not an object, unknown action, missing/mistyped field, duplicate id
 connect to an id not created before. It renders SVG itself from validated ints and escaped text.
 
 Reward components (pure functions of (prompt, completion) -> Score):
-    json_valid         0.2  behavioural  1 list of objects > 0.6 other JSON > 0.1-0.5 malformed > 0 prose
+    json_valid         0.2  behavioural  list of objects 1 > other JSON 0.6 > malformed 0.1-0.5
+                                         > prose 0
     schema_valid       0.2  behavioural  fraction of actions the canvas accepts
-    semantic_coverage  1.0  outcome      mean(node recall, edge recall), each minus a mild extras penalty
-    layout_quality     0.3  process      fraction of shapes inside the canvas and overlapping nothing
+    semantic_coverage  1.0  outcome      mean(node recall, edge recall), each minus a mild
+                                         extras penalty
+    layout_quality     0.3  process      fraction of shapes inside the canvas, overlapping nothing
 """
 
 from __future__ import annotations
@@ -278,14 +280,17 @@ class Canvas:
         """SVG from validated ints and escaped text only: model output never reaches markup."""
         parts = [
             (
-                f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
-                f'viewBox="0 0 {self.width} {self.height}" font-family="sans-serif" font-size="14">'
+                f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" '
+                f'height="{self.height}" viewBox="0 0 {self.width} {self.height}" '
+                'font-family="sans-serif" font-size="14">'
             ),
             (
                 '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
-                'markerHeight="8" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#444"/></marker></defs>'
+                'markerHeight="8" orient="auto"><path d="M0,0 L10,5 L0,10 z" '
+                'fill="#444"/></marker></defs>'
             ),
-            f'<rect x="0" y="0" width="{self.width}" height="{self.height}" fill="#fff" stroke="#ccc"/>',
+            f'<rect x="0" y="0" width="{self.width}" height="{self.height}" fill="#fff" '
+            'stroke="#ccc"/>',
         ]
         for edge in self.edges:
             parts.append(self._edge_svg(edge))
@@ -309,7 +314,10 @@ class Canvas:
         if not edge.label:
             return line
         mx, my = (x1 + x2) / 2, (y1 + y2) / 2 - 4
-        text = f'<text x="{mx:.1f}" y="{my:.1f}" text-anchor="middle" fill="#444">{_esc(edge.label)}</text>'
+        text = (
+            f'<text x="{mx:.1f}" y="{my:.1f}" text-anchor="middle" '
+            f'fill="#444">{_esc(edge.label)}</text>'
+        )
         return line + text
 
 
@@ -329,7 +337,10 @@ def _shape_svg(s: Shape) -> str:
         body = f'<polygon points="{points}" {style}/>'
     else:
         body = f'<rect x="{s.x}" y="{s.y}" width="{s.w}" height="{s.h}" rx="4" {style}/>'
-    label = f'<text x="{cx:.1f}" y="{cy + 5:.1f}" text-anchor="middle" fill="#123">{_esc(s.label)}</text>'
+    label = (
+        f'<text x="{cx:.1f}" y="{cy + 5:.1f}" text-anchor="middle" '
+        f'fill="#123">{_esc(s.label)}</text>'
+    )
     return body + label
 
 
@@ -434,7 +445,8 @@ def layout_quality(prompt: Prompt, completion: Any) -> Score:
     return Score(clear / n, reason)
 
 
-# Named parameter variants of the components, registered for reward replay (training/reward_versions.py).
+# Named parameter variants of the components, registered for reward replay
+# (training/reward_versions.py).
 REWARD_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "semantic_coverage@strict": ("semantic_coverage", {"min_coverage": 0.8}),
     "semantic_coverage@no_extras": ("semantic_coverage", {"extra_penalty": 2.0}),
@@ -541,7 +553,8 @@ SEED_REQUESTS: list[tuple[str, str, str, str]] = [
         "login-flow",
         "flowchart",
         "a login flowchart",
-        "Start > Enter password > Password correct? > Show dashboard; Password correct? > Enter password",
+        "Start > Enter password > Password correct? > Show dashboard; Password correct? > Enter "
+        "password",
     ),
     (
         "coffee-flow",
@@ -821,9 +834,9 @@ class DiagramEnvironment:
     ) -> list[Prompt]:
         """n prompts of `split`: the seed set (shuffled by `seed`) then synthetic ones.
 
-        `max_nodes` keeps only requests with at most that many nodes (small diagrams: shorter answers,
-        an easier task for a tiny model). Deterministic in (split, n, seed, max_nodes), and a smaller n
-        gives a prefix of a larger one."""
+        `max_nodes` keeps only requests with at most that many nodes (small diagrams: shorter
+        answers, an easier task for a tiny model). Deterministic in (split, n, seed, max_nodes), and
+        a smaller n gives a prefix of a larger one."""
         if max_nodes is not None and max_nodes < 3:
             raise ValueError("max_nodes: must be >= 3 (the smallest requests have 3 nodes)")
 
@@ -886,9 +899,9 @@ class ScriptedDiagramPolicy:
         "overlap": 0.35,
         "out_of_bounds": 0.25,
     }
-    # Faults that only happen at a rate given in `faults` (never scaled by skill). omit_edges: a lazy
-    # teacher that draws the shapes and forgets every connection; the answer stays valid JSON and
-    # schema-correct, so a format filter keeps it and SFT learns the habit.
+    # Faults that only happen at a rate given in `faults` (never scaled by skill). omit_edges: a
+    # lazy teacher that draws the shapes and forgets every connection; the answer stays valid JSON
+    # and schema-correct, so a format filter keeps it and SFT learns the habit.
     HABITS: ClassVar[tuple[str, ...]] = ("omit_edges",)
 
     def __init__(
@@ -995,7 +1008,8 @@ class ScriptedDiagramPolicy:
             actions[i] = a
 
     def _break_json(self, rng: random.Random, text: str) -> str:
-        """break_json: the answer truncated, missing its closing bracket or with a trailing comma."""
+        """break_json: the answer truncated, missing its closing bracket or with a trailing
+        comma."""
         if self._hit(rng, "break_json"):
             how = rng.choice(["truncate", "drop_bracket", "trailing_comma"])
             if how == "truncate":
@@ -1013,8 +1027,9 @@ _REQUEST_RE = re.compile(
 
 
 def stored_prompt(key: str, prompt: Any) -> Prompt | None:
-    """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line the policy saw;
-    None when the text is not a request of this environment (a replay then fails those rollouts)."""
+    """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line the policy
+    saw; None when the text is not a request of this environment (a replay then fails those
+    rollouts)."""
     text = (
         prompt
         if isinstance(prompt, str)

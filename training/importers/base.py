@@ -7,7 +7,8 @@ reader yields, in file order:
 - `GroupItem`: one complete group record (every rollout of it), with the file and line/row it came
   from, so that a later validation error can name the exact line;
 - `MetricsItem`: per-step trainer metrics (only the JSONL sink format carries them);
-- `SettingsItem`: the reward settings the trainer used (weights, scale_rewards, group size...), first;
+- `SettingsItem`: the reward settings the trainer used (weights, scale_rewards, group size...),
+  first;
 - `BadRecord`: a record that could not be read, with its file and line. When the group of a bad
   record is known, the whole group is dropped with it (one `BadRecord` for the bad line, one for
   the good lines dropped alongside): nothing downstream ever sees half a group.
@@ -83,8 +84,9 @@ class MetricsItem:
 
 @dataclass
 class SettingsItem:
-    """The reward settings the trainer trained with (the JSONL sink's "settings" header, or the settings a
-    reader found beside the data): they become the run's reward settings before its groups are stored."""
+    """The reward settings the trainer trained with (the JSONL sink's "settings" header, or the
+    settings a reader found beside the data): they become the run's reward settings before its
+    groups are stored."""
 
     record: dict[str, Any]  # the run's reward_settings shape (webapp/runs/reward_settings.py)
     file: str
@@ -143,7 +145,8 @@ class Reader(ABC):
 
     def settings(self) -> dict[str, Any] | None:
         """The reward settings the trainer used, as far as the dump or the user says (the run's
-        reward_settings shape); the import applies them before the first group. None: nothing known."""
+        reward_settings shape); the import applies them before the first group. None: nothing
+        known."""
         out: dict[str, Any] = {}
         if self.weights:
             out["weights"] = dict(self.weights)
@@ -176,12 +179,12 @@ class Reader(ABC):
         return {"format": self.format, "grouping": self.grouping, "advantage": self.advantage}
 
 
-# ------------------------------------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------------------------------ helpers
 
 
 def component_name(raw: Any) -> str:
-    """A component name the web app accepts (letters, digits, _ - . /), derived deterministically, so
-    the same source key always maps to the same component."""
+    """A component name the web app accepts (letters, digits, _ - . /), derived deterministically,
+    so the same source key always maps to the same component."""
     name = _COMPONENT_OK.sub("_", str(raw).strip())[:200]
     return name or "_"
 
@@ -228,7 +231,8 @@ def stable_hash(obj: Any, n: int = 16) -> str:
         if isinstance(obj, str)
         else json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
     )
-    # surrogatepass: a hostile lone surrogate must still hash (the record is refused later, by field).
+    # surrogatepass: a hostile lone surrogate must still hash (the record is refused later, by
+    # field).
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
@@ -324,7 +328,8 @@ def fill_advantages(
         return "given"
     if given:
         raise RecordError(
-            f"advantage: given for {given} of the group's {len(rollouts)} rollouts; give all or none"
+            f"advantage: given for {given} of the group's {len(rollouts)} rollouts; give all or "
+            "none"
         )
     rewards = np.array(
         [np.nan if r.get("reward") is None else r["reward"] for r in rollouts], dtype=np.float64
@@ -342,14 +347,16 @@ def fill_advantages(
 
 
 def weighted_reward(rewards: dict[str, float | None], weights: dict[str, float]) -> float | None:
-    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None when none did."""
+    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None when
+    none did."""
     scored = [(v, weights.get(k, 0.0)) for k, v in rewards.items() if v is not None]
     return float(sum(v * w for v, w in scored)) if scored else None
 
 
 def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
-    """Split a run of rows that share a prompt into groups of `group_size` (a prompt drawn twice in a
-    step); without a size, the run is one group. Raises RecordError when the sizes do not divide."""
+    """Split a run of rows that share a prompt into groups of `group_size` (a prompt drawn twice in
+    a step); without a size, the run is one group. Raises RecordError when the sizes do not
+    divide."""
     if group_size is None or len(rows) == group_size:
         return [rows]
     if len(rows) % group_size:
@@ -408,7 +415,7 @@ def _natural_key(p: Path) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name))
 
 
-# ------------------------------------------------------------------------------------------------ one rollout per line
+# ----------------------------------------------------------------------------- one rollout per line
 
 
 @dataclass
@@ -440,8 +447,8 @@ class GroupingJsonlReader(Reader):
 
     @abstractmethod
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
-        """Read one record. Raise RecordError naming the field; set `self._known_group` first when the
-        group is known, so a bad record drops its whole group."""
+        """Read one record. Raise RecordError naming the field; set `self._known_group` first when
+        the group is known, so a bad record drops its whole group."""
 
     def sample_components(self, limit: int = 200) -> list[str]:
         names: dict[str, None] = {}
@@ -521,5 +528,6 @@ class GroupingJsonlReader(Reader):
             yield GroupItem(record, name, chunk[0][0], [lineno for lineno, _ in chunk])
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
-        """Advantages for a group without them (the trainer's formula; TRL's unless a reader says otherwise)."""
+        """Advantages for a group without them (the trainer's formula; TRL's unless a reader says
+        otherwise)."""
         fill_advantages(rollouts)

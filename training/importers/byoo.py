@@ -11,11 +11,12 @@ multi-turn RL services (and home-made agent loops) produce. One episode per line
 
 The one published shape of such a reward service, Amazon Bedrock / SageMaker Nova reinforcement
 fine-tuning's reward Lambda (its starter template and docs), is read too: the Lambda gets samples
-`{"id", "messages": [...], "reference_answer" | "metadata"}` and returns `{"id", "aggregate_reward_score",
-"metrics_list": [{"name", "value", "type": "Reward" | "Metric"}]}`; a record joining both (the output
-fields next to the sample's `messages`) is one episode: `messages` are its turns, `id` its episode id,
-and every `metrics_list` entry with a number is a reward component (its type goes into the state).
-The output alone holds no transcript: such a record is refused, naming `messages`.
+`{"id", "messages": [...], "reference_answer" | "metadata"}` and returns `{"id",
+"aggregate_reward_score", "metrics_list": [{"name", "value", "type": "Reward" | "Metric"}]}`; a
+record joining both (the output fields next to the sample's `messages`) is one episode: `messages`
+are its turns, `id` its episode id, and every `metrics_list` entry with a number is a reward
+component (its type goes into the state). The output alone holds no transcript: such a record is
+refused, naming `messages`.
 
 Each episode becomes a transcript rollout whose "reward" is the aggregate (the sub-metrics need not
 sum to it). A group is every episode with the same group_id at the same step, or, for episodes
@@ -78,8 +79,8 @@ class ByooReader(GroupingJsonlReader):
         field_name = "turns" if "turns" in obj or "messages" not in obj else "messages"
         if field_name not in obj:
             raise RecordError(
-                "messages: is required (the sample's messages, or turns); a reward service's output "
-                "alone has no transcript: join it with its input samples by id"
+                "messages: is required (the sample's messages, or turns); a reward service's "
+                "output alone has no transcript: join it with its input samples by id"
             )
         turns = messages(obj.get(field_name), field_name)
         if obj.get("prompt") is not None:

@@ -82,8 +82,8 @@ class JsonlReader(Reader):
                 rollouts = item.record.get("rollouts")
                 for r in rollouts if isinstance(rollouts, list) else []:
                     if isinstance(r, dict) and isinstance(r.get("rewards"), dict):
-                        # Names are kept as written: a name the web app refuses must fail loudly at its
-                        # line rather than be silently renamed in an exact-format file.
+                        # Names are kept as written: a name the web app refuses must fail loudly at
+                        # its line rather than be silently renamed in an exact-format file.
                         names.update(dict.fromkeys(str(k) for k in r["rewards"]))
                 seen += 1
                 if seen >= limit:

@@ -1,18 +1,19 @@
 """PRIME-RL rollouts: the episode files its orchestrator's FileMonitor writes.
 
-Where (prime_rl/monitors/file.py, `log_episodes`): `<output_dir>/rollouts/step_N/<kind>/<subset>/traces.jsonl`,
-kind `train` or `eval`, subset `all` (every completed episode, failures included, appended as they
-finish) or `effective` (the admitted trainable episodes, per finalized batch). Give the run's output
-folder, its `rollouts/` folder or one file; folders are searched recursively. Where a step's kind has
-both subsets, `effective` is read (what the trainer trained on) and `all` is skipped and reported.
+Where (prime_rl/monitors/file.py, `log_episodes`):
+`<output_dir>/rollouts/step_N/<kind>/<subset>/traces.jsonl`, kind `train` or `eval`, subset `all`
+(every completed episode, failures included, appended as they finish) or `effective` (the admitted
+trainable episodes, per finalized batch). Give the run's output folder, its `rollouts/` folder or
+one file; folders are searched recursively. Where a step's kind has both subsets, `effective` is
+read (what the trainer trained on) and `all` is skipped and reported.
 
 What (one verifiers `Episode.to_record()` per line, verifiers/v1/episode.py and trace.py; `None`
 fields are left out): `{"id", "env": {"id", "name"}, "task": {"type", "data", "key", "hash"},
 "group": {"id"}, "run": {"type", "id", "name", "work": {"type", "step", "policy"}}, "ok", "errors",
-"traces": [...]}`, each trace `{"id", "task", "agent": {"name", "trainable", ...}, "nodes": [{"parent",
-"message": {"role", "content", "tool_calls"...}, "sampled", "token_ids", "mask", "advantages"...}],
-"rewards": {name: {"score", "weight"} | null}, "metrics": {name: float | null}, "info", "ok",
-"stop_condition", "errors", ...}`.
+"traces": [...]}`, each trace `{"id", "task", "agent": {"name", "trainable", ...}, "nodes":
+[{"parent", "message": {"role", "content", "tool_calls"...}, "sampled", "token_ids", "mask",
+"advantages"...}], "rewards": {name: {"score", "weight"} | null}, "metrics": {name: float | null},
+"info", "ok", "stop_condition", "errors", ...}`.
 
 How it becomes groups: a group is the episodes with the same `group.id` at the same step (the step
 from `run.work.step`, else the `step_N` folder); eval work is the holdout split. Each episode is one
@@ -260,7 +261,8 @@ def _conversation(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
 
 
 def _advantage(trace: dict[str, Any]) -> float | None:
-    """PRIME-RL's scalar for a trace: the mean of its non-zero token advantages, 0 when all are zero."""
+    """PRIME-RL's scalar for a trace: the mean of its non-zero token advantages, 0 when all are
+    zero."""
     values = [
         v
         for n in trace.get("nodes") or []

@@ -6,7 +6,8 @@ Columns, from TRL 1.16's `GRPOTrainer.log` (trl/trainer/grpo_trainer.py):
     step        the global step (the same on every row of a file)
     prompt      str, or a list of chat messages {role, content, ...} for conversational data
     completion  str, or a list of chat messages
-    <name>      one float column per reward function (`reward_func_names`), NaN where it returned None
+    <name>      one float column per reward function (`reward_func_names`), NaN where it
+                returned None
     <extra>     one column per key logged with `log_extra` (any type)
     advantage   the advantage TRL computed for the row
 
@@ -16,12 +17,12 @@ G rows when a prompt was drawn twice in a row. A group is complete when the prom
 file ends. Advantages are TRL's own.
 
 The trainer's settings: the RolloutRecorder writes `reward_settings.json` (sinks.SETTINGS_FILE) into
-the output_dir at train start when `log_completions` is on; this reader looks for it beside and above
-the parquet files. From it come the reward functions (only they are components: every other column,
-e.g. a `log_extra` column, goes into the rollout's state), their weights (each rollout's aggregate is
-TRL's weighted sum) and G. Without the file: `components`, `weights` and `group_size` given by the
-user, else the numeric columns that are not the recorder's own log_extra columns (prefixes
-`recorder/` and `reason/`), weights from the run, and no splitting of a repeated prompt.
+the output_dir at train start when `log_completions` is on; this reader looks for it beside and
+above the parquet files. From it come the reward functions (only they are components: every other
+column, e.g. a `log_extra` column, goes into the rollout's state), their weights (each rollout's
+aggregate is TRL's weighted sum) and G. Without the file: `components`, `weights` and `group_size`
+given by the user, else the numeric columns that are not the recorder's own log_extra columns
+(prefixes `recorder/` and `reason/`), weights from the run, and no splitting of a repeated prompt.
 
 Text is cleaned exactly as the recorder's sinks clean it (`sinks.storable`: NUL and lone surrogates
 become U+FFFD), so a completion the recorder would have stored is stored by the import too.
@@ -112,8 +113,8 @@ class TRLReader(Reader):
         found = sorted(folder.glob("completions_*.parquet"), key=_file_step)
         if not found:
             raise ReaderError(
-                f"{self.path}: no completions_<step>.parquet files (GRPOConfig(log_completions=True) "
-                "writes them under <output_dir>/completions/)"
+                f"{self.path}: no completions_<step>.parquet files "
+                "(GRPOConfig(log_completions=True) writes them under <output_dir>/completions/)"
             )
         return found
 
@@ -181,8 +182,8 @@ class TRLReader(Reader):
                     prompt = prompt_value(rec.get("prompt"), "prompt")
                     key = (step, stable_hash(prompt))
                 except RecordError as e:
-                    # The row's group is unknown: it may belong to the run being assembled, so that run
-                    # is dropped too rather than stored without it.
+                    # The row's group is unknown: it may belong to the run being assembled, so that
+                    # run is dropped too rather than stored without it.
                     yield BadRecord(name, row_no, str(e))
                     yield from self._drop(name, run, row_no)
                     run, run_key, poisoned = [], None, False
@@ -233,8 +234,8 @@ class TRLReader(Reader):
             return
         step, phash = run_key
         for chunk in chunks:
-            # The n-th group of this prompt at this step: a prompt drawn twice gets two keys, and the
-            # same file imported twice gets the same keys (idempotent).
+            # The n-th group of this prompt at this step: a prompt drawn twice gets two keys, and
+            # the same file imported twice gets the same keys (idempotent).
             n = self._seen.get(run_key, 0)
             self._seen[run_key] = n + 1
             key = f"p-{phash}" if n == 0 else f"p-{phash}#{n}"
@@ -271,8 +272,9 @@ class TRLReader(Reader):
 
 
 def _find_settings(path: Path) -> tuple[Path | None, dict[str, Any] | None]:
-    """The recorder's settings file in the output_dir: beside the parquet files or up to two folders above
-    (output_dir/completions/completions_N.parquet). A file that is not a JSON object is named in the error."""
+    """The recorder's settings file in the output_dir: beside the parquet files or up to two folders
+    above (output_dir/completions/completions_N.parquet). A file that is not a JSON object is named
+    in the error."""
     start = path.parent if path.is_file() else path
     for folder in (start, start.parent, start.parent.parent):
         candidate = folder / SETTINGS_FILE

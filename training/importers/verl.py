@@ -1,23 +1,27 @@
-"""verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under `trainer.rollout_data_dir`.
+"""verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under
+`trainer.rollout_data_dir`.
 
-verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one line per sample:
+verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one line per
+sample:
 
     {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward,
-     "step": global step, <every key of the reward function's reward_extra_info with one value per sample>}
+     "step": global step,
+     <every key of the reward function's reward_extra_info with one value per sample>}
 
 The batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows of a group
 are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward function
 returns it in reward_extra_info: a group is every row with the same `uid` at the same step when the
-rows carry one, else every row with the same `input` at the same step (a prompt drawn twice in a step
-is then split into groups of `group_size` in file order, which cannot tell the two draws apart).
+rows carry one, else every row with the same `input` at the same step (a prompt drawn twice in a
+step is then split into groups of `group_size` in file order, which cannot tell the two draws
+apart).
 
 Extra keys with numbers become reward components (or only those named in `components`); booleans
 too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the
-rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's GRPO
-outcome advantage of `score` within the group, (r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`,
-verl/trainer/ppo/core_algos.py), or r - mean when the run had `norm_adv_by_std_in_grpo=False` (give
-`scale_rewards="none"`); a lone sample keeps its score (verl's mean 0, std 1 for a group of one).
-The run records epsilon 1e-6 and that scaling.
+rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's
+GRPO outcome advantage of `score` within the group, (r - mean) / (std + 1e-6)
+(`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or r - mean when the run had
+`norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone sample keeps its score (verl's
+mean 0, std 1 for a group of one). The run records epsilon 1e-6 and that scaling.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ class VerlReader(GroupingJsonlReader):
         super().__post_init__()
         self.format = "verl"
         self.grouping = (
-            "grouped by uid within step when the rows carry it, else by identical input within step "
-            "(verl reorders the batch; rows of a group need not be consecutive)"
+            "grouped by uid within step when the rows carry it, else by identical input within "
+            "step (verl reorders the batch; rows of a group need not be consecutive)"
         )
         self.advantage = (
             "computed: verl's GRPO advantage of score within the group, (r - mean) / (std + 1e-6)"
