@@ -247,3 +247,71 @@ def test_it_stores_absurdly_large_rewards_without_breaking_the_step_statistics(r
     ]  # meaningless at this size: missing
     fmt = next(c for c in data.components if c.name == "format")
     assert fmt.mean == [0.5]
+
+
+def _derived(run):
+    """Everything recompute_run_stats rebuilds, keyed without ids."""
+    from webapp.rollouts.models import StepStat
+
+    groups = sorted(
+        Group.objects.filter(run=run).values_list(
+            "step", "key", "reward_mean", "reward_std", "zero_std", "all_unscorable"
+        )
+    )
+    comp_stats = sorted(
+        GroupComponentStat.objects.filter(run=run).values_list(
+            "group__key",
+            "component__name",
+            "step",
+            "count",
+            "mean",
+            "std",
+            "min",
+            "max",
+            "zero_std",
+        )
+    )
+    steps = sorted(
+        StepStat.objects.filter(run=run).values_list(
+            "step",
+            "component_id",
+            "n_groups",
+            "n_zero_std",
+            "n_group_std",
+            "n_rollouts",
+            "n_values",
+        )
+    )
+    return groups, comp_stats, steps
+
+
+def test_it_recomputes_exactly_what_ingestion_stored(run):
+    from webapp.rollouts.models import StepStat
+    from webapp.rollouts.services import recompute_run_stats
+
+    rng = np.random.default_rng(5)
+    groups = []
+    for g in range(8):
+        values = [
+            {name: float(v) for name, v in zip(("correct", "format"), row, strict=True) if v >= 0}
+            for row in rng.integers(-1, 3, size=(int(rng.integers(1, 6)), 2))
+        ]
+        groups.append(make_group(g % 3, f"k{g}", values))
+    ingest_groups(run, {"groups": groups})
+    stored = _derived(run)
+    GroupComponentStat.objects.all().delete()
+    StepStat.objects.all().delete()
+    Group.objects.update(reward_mean=None, reward_std=None, zero_std=False, all_unscorable=False)
+
+    assert recompute_run_stats(run) == {"groups": 8, "rollouts": Rollout.objects.count()}
+    assert _derived(run) == stored
+
+
+def test_it_never_reuses_the_ids_of_deleted_rows(run):
+    ingest_groups(run, {"groups": [make_group(0, "a", [{"correct": 1}, {"correct": 0}])]})
+    first = (Group.objects.get().id, max(Rollout.objects.values_list("id", flat=True)))
+    Group.objects.all().delete()
+    ingest_groups(run, {"groups": [make_group(0, "a", [{"correct": 1}])]})
+    again = Group.objects.get()
+    assert again.id > first[0] and again.rollouts.get().id > first[1]
+    assert _counts() == (1, 1, 1, 1)

@@ -12,7 +12,7 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework.request import Request
 
 from webapp.errors import FieldError
-from webapp.rollouts.ingest import unstorable_text
+from webapp.rollouts.validation import unstorable_text
 
 # NUL and lone surrogates can only arrive as \u escapes: walk the body only when one may be there.
 _UNSTORABLE_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")

@@ -8,9 +8,14 @@ from typing import Any
 import numpy as np
 from django.db import connection, transaction
 
-from training import stats
 from webapp.errors import Conflict, FieldError
-from webapp.rollouts.models import Environment, Group, GroupComponentStat, RewardComponent, Rollout
+from webapp.rollouts.models import (
+    Environment,
+    GroupComponentStat,
+    RewardComponent,
+    Rollout,
+    StepStat,
+)
 from webapp.runs.models import Run
 
 KINDS = {k for k, _ in RewardComponent.Kind.choices}
@@ -49,42 +54,45 @@ def validate_environment_spec(
         raise FieldError(f"{path}.components", "must be a list")
     out, seen = [], set()
     for i, c in enumerate(comps):
-        p = f"{path}.components[{i}]"
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
-            raise FieldError(f"{p}.name", "must be a non-empty string")
-        _no_unknown_keys(c, COMPONENT_FIELDS, p)
-        for key in ("description", "source_hash"):
-            if not isinstance(c.get(key, ""), str):
-                raise FieldError(f"{p}.{key}", "must be a string")
-        if len(c["name"]) > 200 or not all(ch.isalnum() or ch in "_-./" for ch in c["name"]):
-            raise FieldError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
-        if c["name"] in seen:
-            raise FieldError(f"{p}.name", f"duplicate component {c['name']!r}")
-        seen.add(c["name"])
-        w = c.get("weight", 1.0)
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-            raise FieldError(f"{p}.weight", "must be a finite number")
-        kind = c.get("kind", "outcome")
-        if kind not in KINDS:
-            raise FieldError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
-        for key in ("min_value", "max_value"):
-            v = c.get(key)
-            if v is not None and (
-                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-            ):
-                raise FieldError(f"{p}.{key}", "must be a finite number or null")
-        out.append(
-            {
-                "name": c["name"],
-                "weight": float(w),
-                "kind": kind,
-                "min_value": c.get("min_value"),
-                "max_value": c.get("max_value"),
-                "description": str(c.get("description", ""))[:2000],
-                "source_hash": str(c.get("source_hash", ""))[:64],
-            }
-        )
+        out.append(_component_spec(c, f"{path}.components[{i}]", seen))
     return name.strip(), out
+
+
+def _component_spec(c: Any, p: str, seen: set[str]) -> dict[str, Any]:
+    """One component of an environment spec, checked; `seen` holds the names before it."""
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
+        raise FieldError(f"{p}.name", "must be a non-empty string")
+    _no_unknown_keys(c, COMPONENT_FIELDS, p)
+    for key in ("description", "source_hash"):
+        if not isinstance(c.get(key, ""), str):
+            raise FieldError(f"{p}.{key}", "must be a string")
+    if len(c["name"]) > 200 or not all(ch.isalnum() or ch in "_-./" for ch in c["name"]):
+        raise FieldError(f"{p}.name", "letters, digits, _ - . / only, at most 200 characters")
+    if c["name"] in seen:
+        raise FieldError(f"{p}.name", f"duplicate component {c['name']!r}")
+    seen.add(c["name"])
+    w = c.get("weight", 1.0)
+    if not _finite(w):
+        raise FieldError(f"{p}.weight", "must be a finite number")
+    kind = c.get("kind", "outcome")
+    if kind not in KINDS:
+        raise FieldError(f"{p}.kind", f"must be one of {', '.join(sorted(KINDS))}")
+    for key in ("min_value", "max_value"):
+        if c.get(key) is not None and not _finite(c[key]):
+            raise FieldError(f"{p}.{key}", "must be a finite number or null")
+    return {
+        "name": c["name"],
+        "weight": float(w),
+        "kind": kind,
+        "min_value": c.get("min_value"),
+        "max_value": c.get("max_value"),
+        "description": str(c.get("description", ""))[:2000],
+        "source_hash": str(c.get("source_hash", ""))[:64],
+    }
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 # Namespaces of the advisory locks that serialise find-or-create by name (first key of pg_advisory_xact_lock).
@@ -114,7 +122,7 @@ def ensure_environment(
     name: str, components: list[dict[str, Any]], description: str = ""
 ) -> Environment:
     """Get or create the environment and add any component it lacks. Existing components keep their
-    stored weight (a run's own weights live in run.config["reward_weights"]). Safe to call from two
+    stored weight (a run's own weights live on the run: Run.reward_weights). Safe to call from two
     processes at once (two importers of one new run): the name lock makes the second see the first's rows."""
     lock_name(ENVIRONMENT_NAME_LOCK, name)
     env, _ = Environment.objects.get_or_create(name=name, defaults={"description": description})
@@ -252,74 +260,43 @@ def git_commit() -> str:
 
 @transaction.atomic
 def recompute_run_stats(run: Run) -> dict[str, int]:
-    """Recompute every group's aggregate and per-component statistics from the stored scores.
+    """Rebuild a run's derived rows from its stored scores, with the code ingestion uses: each group's
+    aggregate statistics, its GroupComponentStat rows and the run's StepStat rows.
 
-    Used after a run's weights change or to repair stats; advantages sent by a trainer are kept.
+    The repair path for a run whose statistics are missing or stale (StepStat came after the first
+    runs were stored and no migration backfills it). Stored rewards and advantages are kept: they are
+    what the trainer used; a missing reward is recomputed with the run's current weights.
     """
-    from webapp.rollouts import arrays
-    from webapp.rollouts.ingest import run_weights
+    from webapp.rollouts import arrays, ingest_stats, rows
+    from webapp.rollouts.ingest_write import insert, upsert_step_stats
 
     comps = run.components()
     data = arrays.read(run.id, [c.id for c in comps])
-    gids, matrix = data["group_ids"], data["matrix"]
-    if not len(gids):
+    if not len(data["ids"]):
         return {"groups": 0, "rollouts": 0}
-    uniq, inv = np.unique(gids, return_inverse=True)
-    rewards = np.nansum(matrix * run_weights(run, comps)[None, :], axis=1)
-    rewards[np.isnan(matrix).all(axis=1)] = np.nan
-    # A reward the trainer sent (stored on the rollout) wins over the recomputed weighted sum.
-    stored = dict(Rollout.objects.filter(run=run).values_list("id", "reward"))
-    sent = np.array([np.nan if stored.get(i) is None else stored[i] for i in data["ids"].tolist()])
-    rewards = np.where(np.isnan(sent), rewards, sent)
-    agg = stats.group_stats(rewards, inv, len(uniq))
-    cs = stats.group_stats(matrix, inv, len(uniq))
-    steps = dict(Group.objects.filter(run=run).values_list("id", "step"))
+    group_ids, first, group_of = np.unique(
+        data["group_ids"], return_index=True, return_inverse=True
+    )
+    sent = dict(Rollout.objects.filter(run=run).values_list("id", "reward"))
+    nan = math.nan
+    s = ingest_stats.compute(
+        run,
+        comps,
+        data["matrix"],
+        group_of,
+        data["steps"][first],
+        sent_reward=np.array([nan if sent[i] is None else sent[i] for i in data["ids"].tolist()]),
+        sent_advantage=np.full(len(data["ids"]), 0.0),  # kept as stored: not rewritten here
+    )
+    with connection.cursor() as cur:
+        cur.executemany(
+            "UPDATE rollouts_group SET reward_mean = %s, reward_std = %s, zero_std = %s, "
+            "all_unscorable = %s WHERE id = %s",
+            [(*st, gid) for st, gid in zip(rows.group_stats(s), group_ids.tolist(), strict=True)],
+        )
     GroupComponentStat.objects.filter(run=run).delete()
-    fz = lambda x: None if x is None or math.isnan(x) else float(x)  # noqa: E731
-    groups = []
-    for gi, gid in enumerate(uniq.tolist()):
-        std = fz(agg.std[gi])
-        groups.append(
-            Group(
-                id=gid,
-                reward_mean=fz(agg.mean[gi]),
-                reward_std=std,
-                zero_std=agg.count[gi] == 0 or std is None or std <= stats.ZERO_STD_ATOL,
-                all_unscorable=bool(agg.count[gi] == 0),
-            )
-        )
-    Group.objects.bulk_update(
-        groups, ["reward_mean", "reward_std", "zero_std", "all_unscorable"], batch_size=1000
-    )
-    new_stats = [
-        GroupComponentStat(
-            group_id=gid,
-            component=comp,
-            run=run,
-            step=steps[gid],
-            count=int(cs.count[gi, j]),
-            mean=fz(cs.mean[gi, j]),
-            std=fz(cs.std[gi, j]),
-            min=fz(cs.min[gi, j]),
-            max=fz(cs.max[gi, j]),
-            zero_std=bool(cs.zero_std[gi, j]),
-        )
-        for gi, gid in enumerate(uniq.tolist())
-        for j, comp in enumerate(comps)
-        if cs.count[gi, j] > 0
-    ]
-    GroupComponentStat.objects.bulk_create(new_stats, batch_size=1000)
-    from webapp.rollouts.ingest import step_stat_rows, upsert_step_stats
-    from webapp.rollouts.models import StepStat
-
+    stats_table = rows.stat_rows(run.id, comps, s, group_ids.tolist())
+    insert([rows.Table(GroupComponentStat._meta.db_table, rows.STAT_COLUMNS, stats_table)])
     StepStat.objects.filter(run=run).delete()
-    group_steps = np.array([steps[g] for g in uniq.tolist()])
-    upsert_step_stats(
-        run.id,
-        step_stat_rows(
-            group_steps,
-            comps,
-            {"gid": inv, "reward": rewards, "matrix": matrix, "agg": agg, "comp": cs},
-        ),
-    )
-    return {"groups": len(uniq), "rollouts": int(len(gids))}
+    upsert_step_stats(run.id, ingest_stats.step_stat_rows(s, comps))
+    return {"groups": len(group_ids), "rollouts": len(data["ids"])}

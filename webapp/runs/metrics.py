@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from webapp.errors import FieldError
-from webapp.rollouts.ingest import MAX_INT
+from webapp.rollouts.validation import MAX_INT
 from webapp.runs.models import Run, StepMetric
 
 MAX_NAME = 200
