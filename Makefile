@@ -38,15 +38,15 @@ demo: install sandbox-tool
 	$(BIN)/python manage.py rundemo
 
 # Production server: refuses to start with unapplied migrations, collects static files (whitenoise serves
-# them), then gunicorn with 2 x cores + 1 sync workers. Settings come from the environment (DATABASE_URL,
-# SECRET_KEY, DEBUG=0, ALLOWED_HOSTS, CELERY_BROKER_URL); BIND and WORKERS override the defaults.
+# them), then gunicorn with cores + 1 threaded workers of THREADS (4) threads each (gunicorn.conf.py says
+# why). Settings come from the environment (DATABASE_URL, SECRET_KEY, DEBUG=0, ALLOWED_HOSTS,
+# CELERY_BROKER_URL); BIND, WORKERS and THREADS override the defaults.
 BIND ?= 127.0.0.1:8000
-WORKERS ?= $(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1) + 1)))
+WORKERS ?= $(shell echo $$(($$(nproc 2>/dev/null || echo 1) + 1)))
 serve: install
 	@$(BIN)/python manage.py migrate --check >/dev/null 2>&1 || { echo "unapplied migrations: run $(BIN)/python manage.py migrate first"; exit 1; }
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
-	exec $(BIN)/gunicorn webapp.wsgi --bind $(BIND) --workers $(WORKERS) --timeout 120 --graceful-timeout 30 \
-		--max-requests 2000 --max-requests-jitter 200 --access-logfile - --error-logfile -
+	exec $(BIN)/gunicorn webapp.wsgi -c gunicorn.conf.py --bind $(BIND) --workers $(WORKERS)
 
 test: install-dev sandbox-tool
 	$(BIN)/python -m pytest

@@ -159,22 +159,47 @@ class Writer(threading.Thread):
             n += 1
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds (user + system) of every process in a process group, exited children included
+    (a parent's cutime/cstime holds the children it reaped). Linux /proc; 0.0 elsewhere."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ...; utime is 14th
+            total += sum(int(f) for f in fields[11:15]) / tick
+    return total
+
+
 def run_phase(
-    base: str, token: str, run_id: int, seconds: float, readers: int, writers: list
+    base: str,
+    token: str,
+    run_id: int,
+    seconds: float,
+    readers: int,
+    writers: list,
+    server_pgid: int,
 ) -> dict:
     stop = threading.Event()
     rs = [Reader(base, token, run_id, stop, seed=i) for i in range(readers)]
+    load_before, cpu0 = os.getloadavg()[0], group_cpu_seconds(server_pgid)
     for t in rs + writers:
         t.start()
     time.sleep(seconds)
     stop.set()
     for t in rs + writers:
         t.join(timeout=60)
+    cpu = group_cpu_seconds(server_pgid) - cpu0
     lat = [x for r in rs for x in r.latencies]
     return {
         "reads": len(lat),
         "p50": percentile(lat, 0.5),
         "p95": percentile(lat, 0.95),
+        "p99": percentile(lat, 0.99),
+        "server_cpu": cpu,  # gunicorn's CPU seconds in the phase (Postgres not included)
+        "load": (load_before, os.getloadavg()[0]),
         "read_errors": sum(len(r.errors) for r in rs),
         "errors": [e for r in rs for e in r.errors][:3],
     }
@@ -201,9 +226,7 @@ def main() -> int:
         return 2
     ensure_database(url)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    env = dict(
-        os.environ, PYTHONUNBUFFERED="1", DB_CONN_MAX_AGE=os.environ.get("DB_CONN_MAX_AGE", "0")
-    )
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # the server's settings are make serve's own
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True
     )
@@ -225,7 +248,7 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = (
-        open(ROOT / "var" / "load-server.log", "ab")
+        open(ROOT / "var" / "load-server.log", "ab")  # noqa: SIM115 (the server's, for its life)
         if (ROOT / "var").is_dir()
         else subprocess.DEVNULL
     )
@@ -266,7 +289,9 @@ def main() -> int:
             seeded += client.post_groups(
                 run_id, batch(99, n, min(50, args.seed_groups - n), args.group_size, rng)
             )["rollouts"]
-        baseline = run_phase(base, token, run_id, max(5.0, args.seconds / 3), args.readers, [])
+        baseline = run_phase(
+            base, token, run_id, max(5.0, args.seconds / 3), args.readers, [], server.pid
+        )
         writers = [
             Writer(
                 Client(base, token, timeout=60, retries=5, backoff=0.5),
@@ -283,7 +308,7 @@ def main() -> int:
             w.stop = stop_writers
         timer = threading.Timer(args.seconds, stop_writers.set)
         timer.start()
-        loaded = run_phase(base, token, run_id, args.seconds, args.readers, writers)
+        loaded = run_phase(base, token, run_id, args.seconds, args.readers, writers, server.pid)
         stop_writers.set()
         acked = sum(w.acked_rollouts for w in writers)
         stored = Rollout.objects.filter(run_id=run_id).count()
@@ -308,6 +333,19 @@ def main() -> int:
     )
     print(
         f"{'read p95 (ms)':<28}{baseline['p95'] * 1e3:>12.1f}{loaded['p95'] * 1e3:>12.1f}{ratio95:>8.2f}"
+    )
+    print(
+        f"{'read p99 (ms)':<28}{baseline['p99'] * 1e3:>12.1f}{loaded['p99'] * 1e3:>12.1f}"
+        f"{loaded['p99'] / baseline['p99']:>8.2f}"
+    )
+    per_req = [
+        phase["server_cpu"] * 1e3 / max(1, phase["reads"] + extra)
+        for phase, extra in ((baseline, 0), (loaded, batches))
+    ]
+    print(f"{'server CPU ms per request':<28}{per_req[0]:>12.1f}{per_req[1]:>12.1f}")
+    print(
+        f"{'load average (start, end)':<28}"
+        + "".join(f"{f'{a:.1f}, {b:.1f}':>12}" for a, b in (baseline["load"], loaded["load"]))
     )
     print(f"{'batches posted (acked)':<28}{'':>12}{batches:>12}")
     print(f"{'rollouts acked':<28}{seeded:>12}{acked:>12}")

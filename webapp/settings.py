@@ -77,7 +77,11 @@ TEMPLATES = [
 _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_url("DATABASE_URL", _default_db, schemes=("sqlite", "postgres", "postgresql"))
 DATABASES = {
-    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+    # DB_CONN_MAX_AGE > 0 (make serve's default, gunicorn.conf.py): a connection outlives its request,
+    # checked before reuse so a restarted Postgres costs one retry-free reconnect, not a 500.
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0), conn_health_checks=True
+    )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # WAL lets the web server read while the worker writes; IMMEDIATE avoids upgrade deadlocks.
