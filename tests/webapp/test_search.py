@@ -1,9 +1,9 @@
 """Search over whole rollouts and the stored previews that list pages read.
 
 Runs on the configured database: SQLite by default, Postgres with DATABASE_URL=postgres://... (the
-trigram index path); the plan test is Postgres-only. Transcripts are multi-turn agent rollouts in the
-shape the recorder and the API send: system + task messages, assistant turns with OpenAI-style tool
-calls (arguments as a JSON string), tool results, a final answer, reward reasons.
+trigram index path); the plan test is Postgres-only. Transcripts are multi-turn agent rollouts in
+the shape the recorder and the API send: system + task messages, assistant turns with OpenAI-style
+tool calls (arguments as a JSON string), tool results, a final answer, reward reasons.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ PARTS = ["assistant", "args", "result", "final", "reason"]
 
 @pytest.fixture
 def searched(run, env3, personas):
-    """`run` with one rollout per part holding a marker word there, plus a twin run holding every marker."""
+    """`run` with one rollout per part holding a marker word there, plus a twin run holding every
+    marker."""
     ingest_groups(
         run,
         {"groups": [group(0, "g0", [{p: f"{p}needle"} for p in PARTS]), group(1, "g1", [{}, {}])]},
@@ -383,15 +384,19 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
 
     run, _ = searched
     with connection.cursor() as cur:
-        # On a table this small the planner rightly prefers any run_id btree and a filter; at scale the
-        # rows are long and it does not. Without them (rolled back with the test) the plan shows whether
-        # the trigram index can serve the run condition too.
+        # On a table this small the planner rightly prefers any run_id btree and a filter; at scale
+        # the rows are long and it does not. Without them (rolled back with the test) the plan shows
+        # whether the trigram index can serve the run condition too.
         cur.execute(
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
         )
     with CaptureQueriesContext(connection) as ctx:
         assert len(_probe(run, parse_query("resultneedle"))) == 1
-    sql = next(q["sql"] for q in ctx.captured_queries if "LIKE" in q["sql"])
+    sql = next(
+        q["sql"]
+        for q in ctx.captured_queries
+        if q["sql"].startswith("SELECT") and "LIKE" in q["sql"]
+    )
     with connection.cursor() as cur:  # the probe's own planner settings, then its query's plan
         cur.execute("SET enable_seqscan = off; SET enable_indexscan = off")
         cur.execute("EXPLAIN " + sql)
@@ -399,3 +404,29 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
         cur.execute("RESET enable_seqscan; RESET enable_indexscan")
     # Both conditions inside the index: another run's rows are never rechecked.
     assert "rollout_search_run_trgm" in plan and "Index Cond: ((run_id = '" in plan, plan
+
+
+@pytest.mark.postgres
+def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
+    searched, monkeypatch
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    from webapp.rollouts import queries
+    from webapp.rollouts.text import parse_query
+
+    run, _ = searched
+    with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
+        cur.execute(
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+        )
+    # In every reward reason: 7 rollouts in `run`, 2 in the other run.
+    every = parse_query('"tests pass"')
+    assert queries._candidates(run, parse_query("resultneedle")) == 1
+    assert queries._candidates(run, every) == 7
+    assert queries._run_size(run) == 7
+    monkeypatch.setattr(queries, "SEARCH_PROBE", 1)
+    assert len(queries._probe(run, every, limit=50)) == 7  # 7 <= sqrt(51 x 7): fetch them all
+    assert queries._probe(run, every, limit=1) is None  # 7 > sqrt(2 x 7): walk the sort order
+    walked = ids(run, '"tests pass"', limit=1)
+    assert len(walked) == len(set(walked)) == 7

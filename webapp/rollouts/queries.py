@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Value
-from django.db.models.functions import Cast, Greatest, Length, StrIndex, Substr, Upper
+from django.db.models.functions import Cast, Greatest, StrIndex, Substr, Upper
 from django.utils.safestring import SafeString
 
 from webapp.errors import FieldError
@@ -118,26 +118,31 @@ class ExplorerQuery:
             out["zero_std"] = "1"
         if self.text:
             out["q"] = self.text
-        for name, (lo, hi) in self.ranges.items():
-            if lo is not None:
-                out[f"min_{name}"] = repr(lo)
-            if hi is not None:
-                out[f"max_{name}"] = repr(hi)
+        out.update(_range_params(self.ranges, ""))
         if self.label:
             out["label"] = self.label
         if self.annotated is not None:
             out["annotated"] = "1" if self.annotated else "0"
         if self.replay is not None:
             out["replay"] = str(self.replay)
-        for name, (lo, hi) in self.replay_ranges.items():
-            if lo is not None:
-                out[f"min_{REPLAY_PREFIX}{name}"] = repr(lo)
-            if hi is not None:
-                out[f"max_{REPLAY_PREFIX}{name}"] = repr(hi)
+        out.update(_range_params(self.replay_ranges, REPLAY_PREFIX))
         if self.limit != 50:
             out["limit"] = str(self.limit)
         out.update({k: str(v) for k, v in override.items() if v is not None})
         return out
+
+
+def _range_params(
+    ranges: dict[str, tuple[float | None, float | None]], prefix: str
+) -> dict[str, str]:
+    """min_<prefix><name> / max_<prefix><name> for each bound that is set."""
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        if lo is not None:
+            out[f"min_{prefix}{name}"] = repr(lo)
+        if hi is not None:
+            out[f"max_{prefix}{name}"] = repr(hi)
+    return out
 
 
 def _int_param(params: Any, name: str) -> int | None:
@@ -240,9 +245,7 @@ class ExplorerPage:
     components: list[RewardComponent]
 
 
-SEARCH_PROBE = (
-    300  # a search matching at most this many of a run's rollouts is answered from their ids
-)
+SEARCH_PROBE = 300  # hits always fetched outright, whatever the run's size (the index's candidates)
 
 
 def _search_q(search: SearchQuery, prefix: str) -> Q:
@@ -272,56 +275,133 @@ def _plan(**settings: str) -> Iterator[None]:
         yield
 
 
-def _probe(run: Run, search: SearchQuery) -> list[int] | None:
-    """The ids of the run's rollouts that match, when there are at most SEARCH_PROBE; None when more.
-
-    Postgres cannot estimate how many rows a LIKE on long text matches (ANALYZE skips values over 1 KB),
-    so it guesses "few" and rechecks every trigram candidate even for a word in half the run (1.2 s at 6,000
-    rows). We find out: the trigram index alone (bitmap scans only) stops after SEARCH_PROBE + 1 hits.
-    Few hits: the page query filters on their ids. Many: _walk checks rows in sort order until the page
-    is full, a few rows per hit. The index leads with run_id (btree_gin), so other runs cost nothing."""
+def _run_search(run: Run, search: SearchQuery) -> QuerySet:
     # run_id as bigint: btree_gin has no int8 = int4 operator, and an int4 literal leaves run_id out of
     # the index condition (2.2 s instead of 0.5 ms for a word common in another run).
     run_id = Cast(Value(run.id), BigIntegerField())
+    return Rollout.objects.filter(run_id=run_id).filter(_search_q(search, ""))
+
+
+def _candidates(run: Run, search: SearchQuery) -> int | None:
+    """How many of the run's rollouts the trigram index offers for the search's words, before any is
+    rechecked against its text; None off Postgres. Postgres cannot estimate a LIKE on long text (ANALYZE
+    skips values over 1 KB), and a recheck costs a detoast and an UPPER of the whole document (~0.1-0.3
+    ms at 11 KB): counting the hits themselves would cost as much as fetching them. The index's own count
+    comes from running its bitmap scan once, under EXPLAIN ANALYZE with LIMIT 1 (the bitmap is built
+    whole before the first row is read; the heap is then read only up to the first hit). The count is
+    an upper bound of the hits; for words of 3+ characters the two are nearly always equal."""
+    if connection.vendor != "postgresql":
+        return None
+    sql, params = _run_search(run, search).values("id")[:1].query.sql_with_params()
+    with _plan(enable_seqscan="off", enable_indexscan="off"), connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql, params)
+        plan = cur.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    # None when the planner read another index (a table too small for the trigram index to pay).
+    return max(_index_rows(plan[0]["Plan"]), default=None)
+
+
+SEARCH_INDEX = (
+    "rollout_search_run_trgm"  # migration 0008: GIN (run_id, UPPER(search_text) gin_trgm_ops)
+)
+
+
+def _index_rows(node: dict[str, Any]) -> Iterator[int]:
+    """Actual rows of the search index's bitmap scans in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
+    if node.get("Node Type") == "Bitmap Index Scan" and node.get("Index Name") == SEARCH_INDEX:
+        yield int(node.get("Actual Rows", 0))
+    for child in node.get("Plans", ()):
+        yield from _index_rows(child)
+
+
+def _run_size(run: Run) -> int:
+    """The run's rollouts, from the per-step statistics ingestion keeps (one row per step)."""
+    from django.db.models import Sum
+
+    from webapp.rollouts.models import StepStat
+
+    total = StepStat.objects.filter(run=run, component_id=0).aggregate(n=Sum("n_rollouts"))["n"]
+    return int(total or 0)
+
+
+def _probe(run: Run, search: SearchQuery, limit: int = 50) -> list[int] | None:
+    """The ids of the run's rollouts that match when fetching them all is the cheaper plan; None when
+    walking the sort order is (_walk).
+
+    Both plans cost rechecks (a detoast and an UPPER of the document). Fetching every hit costs one per
+    index candidate, C; walking the sort order costs about (limit + 1) / selectivity = (limit + 1) x
+    run size / C. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million rollouts, a word
+    in 0.7% of them, where both cost ~7,100 rechecks: the worst case), walk otherwise. Off Postgres (no
+    count), or when the count fails, the old rule: fetch up to SEARCH_PROBE + 1, walk past that.
+    The index leads with run_id (btree_gin), so other runs cost nothing."""
+    cap = SEARCH_PROBE
+    candidates = _candidates(run, search)
+    if candidates is not None:
+        cap = max(SEARCH_PROBE, math.isqrt((limit + 1) * _run_size(run)))
+        if candidates > cap:
+            return None
     with _plan(enable_seqscan="off", enable_indexscan="off"):
-        ids = list(
-            Rollout.objects.filter(run_id=run_id)
-            .filter(_search_q(search, ""))
-            .values_list("id", flat=True)[: SEARCH_PROBE + 1]
-        )
-    return ids if len(ids) <= SEARCH_PROBE else None
+        ids = list(_run_search(run, search).values_list("id", flat=True)[: cap + 1])
+    return ids if len(ids) <= cap else None
 
 
 WALK_FIRST, WALK_MAX = (
     100,
     3000,
 )  # rows checked per round of _walk: doubling from the first to the last
+DENSE = 20  # a first round with 1 hit in DENSE rows or more (5%) keeps walking: the page is near
 
 
 def _walk(
-    qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, search: SearchQuery | None
-) -> list[tuple[int, Any]]:
-    """keyset_fetch of q.limit + 1 rows; with `search`, rows in keyset order are fetched without it, in
-    rounds, and kept when their rollout matches: the plan cannot turn into a recheck of every hit."""
-    if search is None:
-        return keyset_fetch(qs, value_field, id_field, q.order, q.cursor, q.limit + 1)
+    qs: QuerySet,
+    value_field: str,
+    id_field: str,
+    q: ExplorerQuery,
+    start: tuple[str | None, int] | None = None,
+    rounds: int | None = None,
+) -> tuple[list[tuple[int, Any]], tuple[str | None, int] | None]:
+    """Rows in keyset order from q.cursor (or `start`), fetched without the search in rounds, kept when
+    their rollout matches, until q.limit + 1 are kept or `rounds` rounds ran: the plan cannot turn into
+    a recheck of every hit. Returns the kept rows and where the next round starts (None: the end)."""
+    assert q.search is not None
     hits: list[tuple[int, Any]] = []
-    cursor, n = q.cursor, WALK_FIRST
-    while len(hits) <= q.limit:
+    cursor, n = start or (q.cursor, WALK_FIRST)
+    done = 0
+    while len(hits) <= q.limit and (rounds is None or done < rounds):
         chunk = keyset_fetch(qs, value_field, id_field, q.order, cursor, n)
         with _plan(
             enable_bitmapscan="off", enable_seqscan="off"
         ):  # by primary key, never the trigram index
             found = set(
                 Rollout.objects.filter(id__in=[c[0] for c in chunk])
-                .filter(_search_q(search, ""))
+                .filter(_search_q(q.search, ""))
                 .values_list("id", flat=True)
             )
         hits += [c for c in chunk if c[0] in found]
+        done += 1
         if len(chunk) < n:
-            break
+            return hits, None
         cursor, n = encode_cursor(chunk[-1][1], chunk[-1][0]), min(2 * n, WALK_MAX)
-    return hits[: q.limit + 1]
+    return hits, (cursor, n)
+
+
+def _search_page(
+    run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery
+) -> list[tuple[int, Any]]:
+    """q.limit + 1 matching rows in keyset order, by the cheaper of two plans (_probe says why).
+    One round of the walk comes first: a frequent word fills the page there, before the index is asked
+    to count candidates (a count that costs in proportion to them: 0.1 s for a word in all of 100k)."""
+    assert q.search is not None
+    hits, resume = _walk(qs, value_field, id_field, q, rounds=1)
+    if len(hits) > q.limit or resume is None:
+        return hits[: q.limit + 1]
+    if len(hits) * DENSE >= WALK_FIRST:
+        return (hits + _walk(qs, value_field, id_field, q, start=resume)[0])[: q.limit + 1]
+    ids = _probe(run, q.search, q.limit)
+    if ids is None:
+        return (hits + _walk(qs, value_field, id_field, q, start=resume)[0])[: q.limit + 1]
+    found = qs.filter(**{f"{id_field}__in": ids})
+    return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
 
 
 def _filters(
@@ -329,11 +409,9 @@ def _filters(
     q: ExplorerQuery,
     comps: dict[str, RewardComponent],
     prefix: str,
-    matched: list[int] | None = None,
     step_field: str = "step",
 ) -> Q:
     """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for RewardScore.
-    `matched`: the search's hits when _probe found few (else _walk checks the search row by row).
     `step_field`: Rollout and RewardScore carry step; ReplayScore does not ("rollout__step")."""
     cond = Q()
     if q.step_min is not None:
@@ -344,8 +422,6 @@ def _filters(
         cond &= Q(**{f"{prefix}split": q.split})
     if q.zero_std_only:
         cond &= Q(**{f"{prefix}group__zero_std": True})
-    if matched is not None:
-        cond &= Q(**{f"{prefix}id__in": matched})
     return cond
 
 
@@ -414,9 +490,6 @@ def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
 def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
     comps_list = run.components()
     comps = {c.name: c for c in comps_list}
-    matched = _probe(run, q.search) if q.search is not None else None
-    # Many hits: walk the sort order and check rows as they come (a bitmap would recheck every hit).
-    walk = q.search if q.search is not None and matched is None else None
     replay = _replay(run, q)
     if replay is not None and q.sort.startswith(REPLAY_PREFIX):
         from webapp.replays.models import (
@@ -426,14 +499,14 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
         qs = ReplayScore.objects.filter(
             replay=replay, component=comps[q.sort[len(REPLAY_PREFIX) :]]
         )
-        qs = qs.filter(_filters(run, q, comps, "rollout__", matched, step_field="rollout__step"))
+        qs = qs.filter(_filters(run, q, comps, "rollout__", step_field="rollout__step"))
         outer = "rollout_id"
     elif q.sort in comps:
         qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
-        qs = qs.filter(_filters(run, q, comps, "rollout__", matched))
+        qs = qs.filter(_filters(run, q, comps, "rollout__"))
         outer = "rollout_id"
     else:
-        qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, "", matched))
+        qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, ""))
         outer = "id"
     replay_ranges = (
         _range_exists(q.replay_ranges, replay.scores.all(), comps, outer) if replay else []
@@ -444,7 +517,11 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
         *_annotation_filters(q, outer),
     ]:
         qs = qs.filter(ex)
-    hits = _walk(qs, "value" if outer == "rollout_id" else q.sort, outer, q, walk)
+    value_field = "value" if outer == "rollout_id" else q.sort
+    if q.search is None:
+        hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1)
+    else:
+        hits = _search_page(run, qs, value_field, outer, q)
     more = len(hits) > q.limit
     hits = hits[: q.limit]
     rows = _hydrate(hits, comps_list, comps.get(q.sort), q.search)
@@ -452,28 +529,45 @@ def explore(run: Run, q: ExplorerQuery) -> ExplorerPage:
     return ExplorerPage(rows=rows, next_cursor=next_cursor, components=comps_list)
 
 
+# One detoast and one UPPER per row: the page's documents average ~11 KB (up to ~400 KB), and each
+# reference to search_text in an expression detoasted it again (five times a row, 100 ms a page).
+_SNIPPET_SQL = """
+SELECT id, GREATEST(at - %s, 1), SUBSTR(doc, GREATEST(at - %s, 1), %s) FROM (
+    SELECT id, doc, STRPOS(UPPER(doc), %s) AS at FROM (
+        SELECT id, search_text || '' AS doc FROM rollouts_rollout WHERE id = ANY(%s) OFFSET 0
+    ) AS fetched OFFSET 0
+) AS located"""
+
+
 def _list_rollouts(ids: list[int], search: SearchQuery | None) -> dict[int, Rollout]:
     """The page's rollouts with the list columns only (never transcript, state or search text); for a
-    search, the database cuts a snippet around the first match of the most specific term."""
+    search, the database cuts a snippet around the first match of the most specific term (one
+    character more than shown, to tell whether the document goes on)."""
     qs = Rollout.objects.only(*Rollout.LIST_FIELDS)
-    if search is not None:
+    if search is None:
+        return qs.in_bulk(ids)
+    if connection.vendor != "postgresql":
         pos = StrIndex(Upper("search_text"), Value(search.first.upper()))
-        qs = (
-            qs.annotate(match_at=pos, doc_chars=Length("search_text"))
-            .annotate(
-                snippet_from=Greatest(F("match_at") - SNIPPET_BEFORE, Value(1)),
-            )
-            .annotate(snippet_text=Substr("search_text", F("snippet_from"), SNIPPET_CHARS))
+        qs = qs.annotate(snippet_from=Greatest(pos - SNIPPET_BEFORE, Value(1))).annotate(
+            snippet_text=Substr("search_text", F("snippet_from"), SNIPPET_CHARS + 1)
         )
-    return qs.in_bulk(ids)
+        return qs.in_bulk(ids)
+    rows = qs.in_bulk(ids)
+    with connection.cursor() as cur:
+        cur.execute(
+            _SNIPPET_SQL,
+            [SNIPPET_BEFORE, SNIPPET_BEFORE, SNIPPET_CHARS + 1, search.first.upper(), list(ids)],
+        )
+        for rid, start, text in cur.fetchall():
+            rows[rid].snippet_from, rows[rid].snippet_text = start, text
+    return rows
 
 
 def _snippet(r: Rollout, search: SearchQuery | None) -> SafeString | None:
     if search is None:
         return None
-    return highlight(
-        r.snippet_text, search, r.snippet_from > 1, r.snippet_from + SNIPPET_CHARS - 1 < r.doc_chars
-    )
+    text = r.snippet_text or ""
+    return highlight(text[:SNIPPET_CHARS], search, r.snippet_from > 1, len(text) > SNIPPET_CHARS)
 
 
 def _hydrate(
