@@ -1,6 +1,7 @@
-"""Bad input, naming the field: the one exception every service raises for it (no Django import, so any
-layer may raise or catch it). The API answers it through `webapp.api.errors.exception_handler` as
-`{"errors": [{"field": ..., "error": ...}]}` with `status`; pages and commands show `field: message`."""
+"""Bad input, naming the field: the one exception every service raises for it (no Django import, so
+any layer may raise or catch it). The API answers it through `webapp.api.errors.exception_handler`
+as `{"errors": [{"field": ..., "error": ...}]}` with `status`; pages and commands show `field:
+message`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ MAX_ERRORS = 50  # enough to fix a batch; more only floods the client
 
 
 class FieldError(ValueError):
-    """`errors` is a list of {"field": "groups[0].rollouts[2].rewards.x", "error": "..."}; `field` and
-    `message` are the first one's."""
+    """`errors` is a list of {"field": "groups[0].rollouts[2].rewards.x", "error": "..."}; `field`
+    and `message` are the first one's."""
 
     status = 400
 
@@ -35,7 +36,7 @@ class FieldError(ValueError):
 
 
 class Conflict(FieldError):
-    """The input is well formed but clashes with what is stored (a 409): a run name several runs share,
-    a replay with no results yet."""
+    """The input is well formed but clashes with what is stored (a 409): a run name several runs
+    share, a replay with no results yet."""
 
     status = 409

@@ -13,8 +13,8 @@ import traceback
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the worker that started it dies (a killed worker must not
-    leave a job training on, unobserved). The parent may already be gone: then stop now. Under
+    """Ask Linux to SIGTERM this process when the worker that started it dies (a killed worker must
+    not leave a job training on, unobserved). The parent may already be gone: then stop now. Under
     `accelerate launch` the parent is the launcher, not the worker: nothing to check there."""
     if "LOCAL_RANK" in os.environ:
         return
@@ -52,8 +52,8 @@ def main(run_id: int) -> int:
     if run is None:  # deleted between the worker's claim and now: nothing to do, and nothing wrong
         print(f"run {run_id} no longer exists", file=sys.stderr)
         return 0
-    # Under `accelerate launch` every process runs this; TRL gathers rollouts and metrics to process 0,
-    # which alone writes to the run. The others run the same code with a sink that keeps nothing.
+    # Under `accelerate launch` every process runs this; TRL gathers rollouts and metrics to process
+    # 0, which alone writes to the run. The others run the same code with a sink that keeps nothing.
     primary = int(os.environ.get("RANK", "0") or 0) == 0
     sink = DatabaseSink(run_id) if primary else DiscardSink()
     try:

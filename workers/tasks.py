@@ -1,7 +1,9 @@
-"""Celery tasks. Each takes ids, treats a missing row as a clean exit, and returns a one-line summary."""
+"""Celery tasks. Each takes ids, treats a missing row as a clean exit, and returns a one-line
+summary."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -22,12 +24,14 @@ LOG_TAIL_BYTES = 4000
 
 
 def child_env() -> dict[str, str]:
-    """The job child's environment: the worker's, unbuffered, with its pid (the child exits with it).
+    """The job child's environment: the worker's, unbuffered, with its pid (the child exits with
+    it).
 
-    OMP_WAIT_POLICY=PASSIVE unless set: by default torch's OpenMP threads spin-wait for each other, and on
-    a CPU box where anything else runs (the web server, Postgres, a second job) a spinning thread holds
-    the core its sibling needs. Measured on the 2-core dev machine under load: 15 training steps of the
-    tiny model took 21 s with the default policy, 4.6 s with PASSIVE, 5.9 s with one thread."""
+    OMP_WAIT_POLICY=PASSIVE unless set: by default torch's OpenMP threads spin-wait for each other,
+    and on a CPU box where anything else runs (the web server, Postgres, a second job) a spinning
+    thread holds the core its sibling needs. Measured on the 2-core dev machine under load: 15
+    training steps of the tiny model took 21 s with the default policy, 4.6 s with PASSIVE, 5.9 s
+    with one thread."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RD_WORKER_PID=str(os.getpid()))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
@@ -47,9 +51,10 @@ def recompute_run_stats(run_id: int) -> str:
 
 
 def _child_command(run, gpus_here: int | None = None) -> list[str]:
-    """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU path,
-    one process per GPU) when the run asks for several GPUs. A ValueError names what is missing:
-    accelerate on a host without enough GPUs would fall back to ONE process without a word."""
+    """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU
+    path, one process per GPU) when the run asks for several GPUs. A ValueError names what is
+    missing: accelerate on a host without enough GPUs would fall back to ONE process without a
+    word."""
     from training.jobs import runs_on_several_gpus
     from webapp.runs.services import visible_gpus
 
@@ -80,8 +85,8 @@ def _child_command(run, gpus_here: int | None = None) -> list[str]:
 
 
 def _free_port() -> int:
-    """A port for the job's process group: several multi-GPU jobs on one host (one worker per GPU set)
-    must not all rendezvous on torch's default 29500."""
+    """A port for the job's process group: several multi-GPU jobs on one host (one worker per GPU
+    set) must not all rendezvous on torch's default 29500."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -196,10 +201,8 @@ def _deleted(run_id: int, out: Path) -> str:
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _after(run) -> None:
@@ -214,7 +217,7 @@ def _after(run) -> None:
             child.mark_failed(f"not started: parent run {run.id} {run.status}")
 
 
-# ---- worker heartbeat -------------------------------------------------------------------------------
+# ---- worker heartbeat ----------------------------------------------------------------------------
 
 _current_run: int | None = None
 _stop = threading.Event()
@@ -273,8 +276,9 @@ def _stop_heartbeat(**kwargs) -> None:
 
 @app.task(name="workers.tasks.run_replay", bind=True, queue="default")
 def run_replay(self, replay_id: int, spawn: bool = True) -> str:
-    """Score a reward replay's chunks until none is left (webapp/replays/services.py). The first copy
-    queues more, so every free worker process claims chunks too; the last one out summarises."""
+    """Score a reward replay's chunks until none is left (webapp/replays/services.py). The first
+    copy queues more, so every free worker process claims chunks too; the last one out
+    summarises."""
     from django.db import close_old_connections
 
     from webapp.replays import services

@@ -1,10 +1,11 @@
 """Login with a failure rate limit.
 
 The limit counts failed logins per (normalised username, client address) in Django's cache, which
-settings point at one store for every server process (Redis when configured, else files on the host):
-with several gunicorn workers a per-process counter would allow workers x MAX_FAILURES guesses. We use
-the cache API directly rather than django-ratelimit or django-axes: the rule is one counter with one
-key, and those would bring their own key functions, models and middleware to say the same.
+settings point at one store for every server process (Redis when configured, else files on the
+host): with several gunicorn workers a per-process counter would allow workers x MAX_FAILURES
+guesses. We use the cache API directly rather than django-ratelimit or django-axes: the rule is one
+counter with one key, and those would bring their own key functions, models and middleware to say
+the same.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ WINDOW_SECONDS = 300
 
 def normalise_username(raw: str) -> str:
     """The form of a username that the limit counts: NFKC (as Django normalises usernames, so the
-    full-width "ｖｉｅｗｅｒ" is "viewer"), case-folded and stripped, so no spelling of one name gets a fresh
-    allowance of guesses."""
+    full-width "ｖｉｅｗｅｒ" is "viewer"), case-folded and stripped, so no spelling of one name
+    gets a fresh allowance of guesses."""
     return unicodedata.normalize("NFKC", raw[:150]).casefold().strip()
 
 

@@ -1,31 +1,35 @@
-"""Bad cases → training data: SFT and DPO datasets in TRL's formats, versioned per name, and the launch
-of an SFT / DPO run on one.
+"""Bad cases → training data: SFT and DPO datasets in TRL's formats, versioned per name, and the
+launch of an SFT / DPO run on one.
 
 Record shapes (one JSON object per line):
 - SFT standard:        {"prompt": str, "completion": str}
 - SFT conversational:  {"messages": [..., {"role": "assistant", "content": <the correction>}]}
 - DPO standard:        {"prompt": str, "chosen": str, "rejected": str}
 - DPO conversational:  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}
-Every line also carries `source_rollout_id`, `chosen_rollout_id`, `annotation_label`, `note`, `annotator`.
-The label key is `annotation_label`, not `label`: TRL reads a `label` key as an unpaired-preference (KTO)
-dataset and rejects the record; trainers drop the other extra columns (remove_unused_columns).
+Every line also carries `source_rollout_id`, `chosen_rollout_id`, `annotation_label`, `note`,
+`annotator`. The label key is `annotation_label`, not `label`: TRL reads a `label` key as an
+unpaired-preference (KTO) dataset and rejects the record; trainers drop the other extra columns
+(remove_unused_columns).
 
 Rules:
 - a correction (corrected_completion) replaces the transcript from `first_wrong_turn` on (the whole
   completion when unset); the turns before it join the prompt;
-- SFT takes corrections only (and, when asked, completions annotated only with good labels): a failed
-  trajectory is never a positive example unless someone wrote a correction;
-- DPO takes each bad case as `rejected`; `chosen` is its correction, else the best-rewarded completion of
-  the same group that nobody marked bad, that parsed and finished, and whose reward beats the rejected one's
-  by at least `min_margin` (None: any such sibling). A pair whose chosen text equals the rejected text
-  (after newline normalisation) is never written: it teaches nothing and makes DPO's loss constant;
+- SFT takes corrections only (and, when asked, completions annotated only with good labels): a
+  failed trajectory is never a positive example unless someone wrote a correction;
+- DPO takes each bad case as `rejected`; `chosen` is its correction, else the best-rewarded
+  completion of the same group that nobody marked bad, that parsed and finished, and whose reward
+  beats the rejected one's by at least `min_margin` (None: any such sibling). A pair whose chosen
+  text equals the rejected text (after newline normalisation) is never written: it teaches nothing
+  and makes DPO's loss constant;
 - text is stored and exported with `\n` line endings (a browser's textarea submits `\r\n`);
 - prompts: "conversational" keeps the chat messages, which TRL renders with the trainer's own chat
-  template (what GRPO does with our environment prompts). "standard" strings are rendered with the chat
-  template of `model`'s tokenizer when the export names a model (add_generation_prompt: the string ends
-  where the model's answer starts); without a model a one-message prompt is its text, no role prefix;
-- messages are reduced to {"role", "content"} strings (tool calls are appended to the content as JSON,
-  the `environment` role becomes `user`) so that every line has one schema that `datasets` can load.
+  template (what GRPO does with our environment prompts). "standard" strings are rendered with the
+  chat template of `model`'s tokenizer when the export names a model (add_generation_prompt: the
+  string ends where the model's answer starts); without a model a one-message prompt is its text, no
+  role prefix;
+- messages are reduced to {"role", "content"} strings (tool calls are appended to the content as
+  JSON, the `environment` role becomes `user`) so that every line has one schema that `datasets` can
+  load.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class Built:
     chosen_rollout: Rollout | None = None
 
 
-# --- messages and text ---------------------------------------------------------------------------------
+# --- messages and text ----------------------------------------------------------------------------
 
 
 def normalize_newlines(text: str) -> str:
@@ -106,15 +110,17 @@ def _prompt_messages(rollout: Rollout) -> list[dict[str, str]]:
 
 
 def _text(turns: list[dict[str, str]]) -> str:
-    """A list of turns as one string: a lone assistant turn is its content; more turns are 'role: content'."""
+    """A list of turns as one string: a lone assistant turn is its content; more turns are 'role:
+    content'."""
     if len(turns) == 1 and turns[0]["role"] == "assistant":
         return turns[0]["content"]
     return "\n".join(f"{m['role']}: {m['content']}" for m in turns)
 
 
 class PromptRenderer:
-    """Standard-format prompt strings: the chat template of `model`'s tokenizer, or (no model) the text of
-    a one-message prompt. Tokenizers load from local files only (tiny:<env>, run:<id>, a folder)."""
+    """Standard-format prompt strings: the chat template of `model`'s tokenizer, or (no model) the
+    text of a one-message prompt. Tokenizers load from local files only (tiny:<env>, run:<id>, a
+    folder)."""
 
     def __init__(self, model: str = "") -> None:
         self.model = model.strip()
@@ -168,12 +174,13 @@ def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-# --- building records ------------------------------------------------------------------------------------
+# --- building records -----------------------------------------------------------------------------
 
 
 @dataclass
 class Options:
-    """How records are built: the format, the prompt renderer (standard format) and the DPO margin."""
+    """How records are built: the format, the prompt renderer (standard format) and the DPO
+    margin."""
 
     fmt: str
     render: PromptRenderer
@@ -219,8 +226,9 @@ def _same_text(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
 
 
 def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN) -> Rollout | None:
-    """The highest-reward completion of the same group that nobody marked bad, that parsed and finished,
-    whose text differs from the bad case and whose reward beats it by `min_margin` (None: any reward)."""
+    """The highest-reward completion of the same group that nobody marked bad, that parsed and
+    finished, whose text differs from the bad case and whose reward beats it by `min_margin` (None:
+    any reward)."""
     marked_bad = Exists(Annotation.objects.filter(rollout_id=OuterRef("id"), label__is_bad=True))
     siblings = (
         Rollout.objects.filter(
@@ -243,7 +251,8 @@ def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN
 def build_records(
     rollout_ids: list[int], kind: str, opts: Options
 ) -> tuple[list[Built], dict[str, int]]:
-    """The records for these rollouts, in their order, and the counts of what was skipped and why."""
+    """The records for these rollouts, in their order, and the counts of what was skipped and
+    why."""
     skipped: Counter[str] = Counter()
     anns: dict[int, list[Annotation]] = {}
     for a in (
@@ -321,7 +330,7 @@ def _dpo_for(
     ]
 
 
-# --- sources, datasets, files -----------------------------------------------------------------------------
+# --- sources, datasets, files ---------------------------------------------------------------------
 
 
 def source_rollout_ids(
@@ -362,8 +371,8 @@ def export_dataset(
     model: str = "",
     min_margin: float | None = DEFAULT_MIN_MARGIN,
 ) -> Dataset:
-    """Build the records and store them as the next version of `name`. Nothing is stored when no record
-    results (FieldError naming `source`, with the skip counts)."""
+    """Build the records and store them as the next version of `name`. Nothing is stored when no
+    record results (FieldError naming `source`, with the skip counts)."""
     params = params or {}
     run = queue.run if queue is not None else run
     ids = source_rollout_ids(source, run, queue, label, params)
@@ -408,8 +417,9 @@ def chosen_rule(kind: str, min_margin: float | None) -> str | None:
         else "any reward"
     )
     return (
-        "the annotator's correction; else the best sibling in the group that nobody marked bad, parsed, "
-        f"finished, differs in text and has {margin}. Pairs with chosen == rejected are skipped."
+        "the annotator's correction; else the best sibling in the group that nobody marked bad, "
+        f"parsed, finished, differs in text and has {margin}. Pairs with chosen == rejected are "
+        "skipped."
     )
 
 
@@ -537,9 +547,10 @@ def launch_training(
 ) -> tuple[Run, str]:
     """Create an SFT / DPO run on this dataset and hand it to the workers. Returns (run, message).
 
-    Length: `max_steps` when given, else `epochs` (default DEFAULT_EPOCHS) passes over the records at the
-    job's default batch size. The JSONL is written under RUNS_DIR/datasets/; `data` is the job dataclass's
-    field (workers.jobs keeps the config keys the job knows), `dataset_*` link the run back to the dataset."""
+    Length: `max_steps` when given, else `epochs` (default DEFAULT_EPOCHS) passes over the records
+    at the job's default batch size. The JSONL is written under RUNS_DIR/datasets/; `data` is the
+    job dataclass's field (workers.jobs keeps the config keys the job knows), `dataset_*` link the
+    run back to the dataset."""
     from webapp.rollouts.services import create_run
 
     if kind != dataset.kind:

@@ -1,8 +1,10 @@
 """Labels, annotations of rollouts, review queues with assignments, activity, and exported datasets.
 
 Invariants:
-- one Annotation per (rollout, author): a person edits their own row and nobody else's (admins may delete);
-- a queue's items are materialised when it is created, so a queue is a fixed list even as the run grows;
+- one Annotation per (rollout, author): a person edits their own row and nobody else's (admins may
+  delete);
+- a queue's items are materialised when it is created, so a queue is a fixed list even as the run
+  grows;
 - each item is assigned to `overlap` of the queue's assignees, deterministically (round-robin);
 - a Dataset's version counts per name (1, 2, ...); its records are immutable once written.
 """
@@ -16,7 +18,8 @@ from django.utils import timezone
 
 
 class Label(models.Model):
-    """One entry of the failure-mode taxonomy. `is_bad`: annotating a rollout with it marks a bad case."""
+    """One entry of the failure-mode taxonomy. `is_bad`: annotating a rollout with it marks a bad
+    case."""
 
     slug = models.SlugField(max_length=60, unique=True)
     name = models.CharField(max_length=100)

@@ -1,5 +1,5 @@
-"""Annotation state changes, review queues, progress and agreement; the annotated and bad-case rollout
-ids the diagnostics detector "reward rises but annotated quality does not" reads."""
+"""Annotation state changes, review queues, progress and agreement; the annotated and bad-case
+rollout ids the diagnostics detector "reward rises but annotated quality does not" reads."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from webapp.rollouts.models import Rollout
 from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
 from webapp.runs.models import Run
 
-# --- annotations -------------------------------------------------------------------------------------
+# --- annotations ----------------------------------------------------------------------------------
 
 
 def save_annotation(
@@ -41,7 +41,8 @@ def save_annotation(
     first_wrong_turn: int | None = None,
     error_category: str = "",
 ) -> tuple[Annotation, bool]:
-    """Create or update `author`'s own annotation of `rollout` (never anyone else's). Returns (row, created)."""
+    """Create or update `author`'s own annotation of `rollout` (never anyone else's). Returns (row,
+    created)."""
     from webapp.annotations.export import normalize_newlines
 
     note, corrected_completion = normalize_newlines(note), normalize_newlines(corrected_completion)
@@ -68,7 +69,8 @@ def save_annotation(
                         setattr(ann, name, value)
                     ann.updated_at = timezone.now()
                     ann.save()
-                # Done now: an earlier skip of this rollout in any queue no longer counts as skipped.
+                # Done now: an earlier skip of this rollout in any queue no longer counts as
+                # skipped.
                 ItemAssignment.objects.filter(
                     item__rollout=rollout, user=author, skipped_at__isnull=False
                 ).update(skipped_at=None)
@@ -82,7 +84,8 @@ def save_annotation(
                 )
             return ann, created
         except IntegrityError:
-            # The same author's other request (a double submit) created the row first: update it instead.
+            # The same author's other request (a double submit) created the row first: update it
+            # instead.
             if attempt:
                 raise
     raise AssertionError("unreachable")
@@ -122,14 +125,14 @@ def bad_case_rollout_ids(run: Run | int) -> set[int]:
     )
 
 
-# --- review queues -----------------------------------------------------------------------------------
+# --- review queues --------------------------------------------------------------------------------
 
 
 def select_rollouts(
     run: Run, source: str, params: dict[str, str], limit: int, seed: int | None
 ) -> list[int]:
-    """The rollout ids a queue (or an export) takes: the top `limit` of an explorer view, or a seeded
-    random sample of the run. Raises FieldError naming the bad explorer parameter."""
+    """The rollout ids a queue (or an export) takes: the top `limit` of an explorer view, or a
+    seeded random sample of the run. Raises FieldError naming the bad explorer parameter."""
     if source == ReviewQueue.Source.RANDOM:
         ids = list(Rollout.objects.filter(run=run).order_by("id").values_list("id", flat=True))
         return random.Random(seed or 0).sample(ids, min(limit, len(ids)))
@@ -183,7 +186,8 @@ def create_queue(
 
 
 def round_robin(n_items: int, n_people: int, overlap: int) -> list[list[int]]:
-    """For each item, the indexes of the `overlap` people who annotate it: consecutive people, wrapping.
+    """For each item, the indexes of the `overlap` people who annotate it: consecutive people,
+    wrapping.
 
     >>> round_robin(4, 3, 2)
     [[0, 1], [2, 0], [1, 2], [0, 1]]
@@ -197,8 +201,8 @@ def round_robin(n_items: int, n_people: int, overlap: int) -> list[list[int]]:
 
 @transaction.atomic
 def assign(queue: ReviewQueue, users: list[AbstractBaseUser], overlap: int) -> None:
-    """Replace the queue's assignees; each item goes to `overlap` of them, round-robin in the given order.
-    Annotations already made stay: progress counts them wherever they were made."""
+    """Replace the queue's assignees; each item goes to `overlap` of them, round-robin in the given
+    order. Annotations already made stay: progress counts them wherever they were made."""
     QueueAssignee.objects.filter(queue=queue).delete()
     ItemAssignment.objects.filter(item__queue=queue).delete()
     users = list(dict.fromkeys(users))  # the same person twice would get one item twice
@@ -220,7 +224,8 @@ def assign(queue: ReviewQueue, users: list[AbstractBaseUser], overlap: int) -> N
 
 
 def _items_for(queue: ReviewQueue, user: AbstractBaseUser) -> QuerySet:
-    """The user's assigned items, or every item when the user is not an assignee (anyone may help)."""
+    """The user's assigned items, or every item when the user is not an assignee (anyone may
+    help)."""
     mine = queue.items.filter(assignments__user=user)
     return mine if mine.exists() else queue.items.all()
 
@@ -228,8 +233,8 @@ def _items_for(queue: ReviewQueue, user: AbstractBaseUser) -> QuerySet:
 def next_item(
     queue: ReviewQueue, user: AbstractBaseUser, after: int | None = None
 ) -> QueueItem | None:
-    """The next item the user has not annotated: after `after` first, then from the start; items the user
-    skipped come last, once nothing else is left."""
+    """The next item the user has not annotated: after `after` first, then from the start; items the
+    user skipped come last, once nothing else is left."""
     done = Exists(Annotation.objects.filter(rollout_id=OuterRef("rollout_id"), author=user))
     skipped = Exists(
         ItemAssignment.objects.filter(item_id=OuterRef("id"), user=user, skipped_at__isnull=False)

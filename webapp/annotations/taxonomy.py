@@ -1,7 +1,8 @@
-"""The default label taxonomy: the failure modes of reward design, plus "good". Admins edit it afterwards.
+"""The default label taxonomy: the failure modes of reward design, plus "good". Admins edit it
+afterwards.
 
-Installed by the data migration 0002_default_labels; `ensure_default_labels` re-creates missing entries
-(idempotent: an existing slug is left as the admins edited it)."""
+Installed by the data migration 0002_default_labels; `ensure_default_labels` re-creates missing
+entries (idempotent: an existing slug is left as the admins edited it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ DEFAULT_LABELS = [
         "1",
         True,
         "#d62728",
-        "Scores well by exploiting the reward (a verifier gap, a keyword match) without doing the task.",
+        "Scores well by exploiting the reward (a verifier gap, a keyword match) without doing the "
+        "task.",
     ),
     (
         "format-error",
@@ -23,7 +25,8 @@ DEFAULT_LABELS = [
         "2",
         True,
         "#ff7f0e",
-        "Breaks the required output or action format: unparsable, wrong schema, wrong tool-call syntax.",
+        "Breaks the required output or action format: unparsable, wrong schema, wrong tool-call "
+        "syntax.",
     ),
     (
         "ignores-prompt",
@@ -63,7 +66,8 @@ DEFAULT_LABELS = [
         "7",
         True,
         "#bcbd22",
-        "Imitates surface features of the teacher traces (phrases, length, structure) without their substance.",
+        "Imitates surface features of the teacher traces (phrases, length, structure) without "
+        "their substance.",
     ),
     (
         "false-positive-reward",
@@ -79,7 +83,8 @@ DEFAULT_LABELS = [
         "9",
         False,
         "#1f77b4",
-        "Low reward, good completion: the completion is fine and the reward under-rates it (not a bad case).",
+        "Low reward, good completion: the completion is fine and the reward under-rates it (not a "
+        "bad case).",
     ),
     ("good", "Good", "0", False, "#2ca02c", "A good completion, correctly rewarded."),
 ]

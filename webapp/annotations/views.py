@@ -1,4 +1,5 @@
-"""Thin function views: a permission helper first, then a service call. Login is enforced by middleware."""
+"""Thin function views: a permission helper first, then a service call. Login is enforced by
+middleware."""
 
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def _queue_for(request: HttpRequest, queue_id: int, role: str = "viewer") -> Rev
     return get_object_or_404(ReviewQueue.objects.select_related("run"), id=queue_id)
 
 
-# --- annotating a rollout (the transcript / group page slot) ------------------------------------------------
+# --- annotating a rollout (the transcript / group page slot) --------------------------------------
 
 
 def _slot_next(request: HttpRequest, rollout: Rollout) -> str:
-    # The fragment's own URL (or the POST's) is no page to come back to: links go to the page that holds it.
+    # The fragment's own URL (or the POST's) is no page to come back to: links go to the page that
+    # holds it.
     return _safe_next(request, reverse("annotations-rollout", args=[rollout.id]))
 
 
@@ -92,7 +94,7 @@ def delete(request: HttpRequest, annotation_id: int) -> HttpResponse:
     return redirect(_safe_next(request, reverse("annotations-rollout", args=[ann.rollout_id])))
 
 
-# --- review queues ------------------------------------------------------------------------------------------
+# --- review queues --------------------------------------------------------------------------------
 
 
 @require_safe
@@ -144,7 +146,8 @@ def queue_new(request: HttpRequest) -> HttpResponse:
 @require_safe
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id)
-    # A listing: never the rollouts' transcripts, states or search text (10-200 KB each, up to 1,000 rows).
+    # A listing: never the rollouts' transcripts, states or search text (10-200 KB each, up to 1,000
+    # rows).
     items = (
         queue.items.select_related("rollout")
         .defer("rollout__transcript", "rollout__state", "rollout__search_text")
@@ -282,7 +285,7 @@ def queue_agreement(request: HttpRequest, queue_id: int) -> HttpResponse:
     )
 
 
-# --- taxonomy and activity -------------------------------------------------------------------------------------
+# --- taxonomy and activity ------------------------------------------------------------------------
 
 
 @require_safe
@@ -317,7 +320,7 @@ def activity(request: HttpRequest) -> HttpResponse:
     return render(request, "annotations/activity.html", {"events": events[:500]})
 
 
-# --- datasets ----------------------------------------------------------------------------------------------------
+# --- datasets -------------------------------------------------------------------------------------
 
 
 @require_safe

@@ -1,12 +1,14 @@
 """REST API for diagnostics and ablations. Wired in webapp/api/urls.py:
 
     GET  /api/v1/runs/<run_id>/diagnostics/?window=50|all
-                                            -> component health, findings (code, severity, onset step,
-                                               evidence, fix), per-step health (webapp/diagnostics/report.py)
+                                            -> component health, findings (code, severity,
+                                               onset step, evidence, fix), per-step health
+                                               (webapp/diagnostics/report.py)
 
-    POST /api/v1/runs/<run_id>/ablations/   {"name"?: str, "spec": {drop, weights, scale_rewards, aggregation}}
-                                            -> 201 {"id", "name", "spec", "results"}   (trainer role)
-    GET  /api/v1/runs/<run_id>/ablations/   -> {"ablations": [...]}                     (any login)
+    POST /api/v1/runs/<run_id>/ablations/   {"name"?: str,
+                                             "spec": {drop, weights, scale_rewards, aggregation}}
+                                            -> 201 {"id", "name", "spec", "results"} (trainer role)
+    GET  /api/v1/runs/<run_id>/ablations/   -> {"ablations": [...]} (any login)
     GET  /api/v1/ablations/<ablation_id>/   -> {"id", "run", "name", "spec", "results", ...}
 
 Errors follow the API's shape: {"errors": [{"field": "spec.weights.format", "error": "..."}]}.
@@ -50,7 +52,8 @@ def _json(a: Ablation, results: bool = True) -> dict[str, Any]:
 
 
 @extend_schema(
-    summary="Recompute a run's advantages with components dropped or re-weighted, and save it; or list",
+    summary="Recompute a run's advantages with components dropped or re-weighted, and save it; or "
+    "list",
     request={"application/json": {"type": "object"}},
     responses={200: dict, 201: dict, 400: dict},
 )

@@ -22,8 +22,8 @@ def group_url(group_id: int) -> str:
 
 
 def with_links(run_id: int, findings: list[dict]) -> list[dict]:
-    """Findings (JSON, possibly cached) with the explorer link of their example transcripts: from the step
-    the finding holds from (its onset) on, when it has one."""
+    """Findings (JSON, possibly cached) with the explorer link of their example transcripts: from
+    the step the finding holds from (its onset) on, when it has one."""
     return [
         {
             **f,

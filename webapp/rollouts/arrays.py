@@ -22,12 +22,13 @@ CHUNK_ROLLOUTS = (
     2_000_000  # rollouts per query: each aggregated bytea stays far below Postgres's 1 GB cap
 )
 
-# One row per distinct header: the groups' (id, step, size) and their blobs concatenated in the same row
-# order (both aggregates consume the same input rows), so no ORDER BY (a sort) is needed.
+# One row per distinct header: the groups' (id, step, size) and their blobs concatenated in the same
+# row order (both aggregates consume the same input rows), so no ORDER BY (a sort) is needed.
 _META_DT = np.dtype([("id", ">i8"), ("step", ">i4"), ("size", ">i4")])
 _PACK_SQL = (
-    "SELECT packed_components, string_agg(int8send(id) || int4send(step) || int4send(size), ''::bytea), "
-    "string_agg(packed_scores, ''::bytea) FROM rollouts_group WHERE {where} GROUP BY packed_components"
+    "SELECT packed_components, string_agg(int8send(id) || int4send(step) || int4send(size), "
+    "''::bytea), string_agg(packed_scores, ''::bytea) FROM rollouts_group WHERE {where} GROUP BY "
+    "packed_components"
 )
 _Pack = tuple[
     str, np.ndarray, bytes
@@ -39,7 +40,8 @@ def _where(run_id: int, step_min: int | None) -> str:
 
 
 def _chunks(where: str, expected: int) -> list[str]:
-    """Group-id ranges of about CHUNK_ROLLOUTS rollouts each (one, unbounded, for a run below that)."""
+    """Group-id ranges of about CHUNK_ROLLOUTS rollouts each (one, unbounded, for a run below
+    that)."""
     if expected <= CHUNK_ROLLOUTS:
         return [""]
     with connection.cursor() as cur:
@@ -74,7 +76,8 @@ def _packs_generic(where: str) -> list[_Pack]:
     by_header: dict[str, tuple[list[tuple[int, int, int]], list[bytes]]] = {}
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT id, step, size, packed_components, packed_scores FROM rollouts_group WHERE {where}"
+            "SELECT id, step, size, packed_components, packed_scores FROM rollouts_group WHERE "
+            f"{where}"
         )
         for gid, step, size, header, blob in cur.fetchall():
             meta, blobs = by_header.setdefault(header or "", ([], []))
@@ -117,8 +120,9 @@ def _unpack(pack: _Pack, component_ids: list[int]) -> dict[str, np.ndarray]:
 def read(
     run_id: int, component_ids: list[int], step_min: int | None = None, expected: int = 0
 ) -> dict[str, np.ndarray]:
-    """The run's rollouts (from `step_min` on) as aligned arrays: ids, group_ids, steps, lengths (NaN:
-    unknown) and an (N, K) matrix. `expected` (rollouts) only sizes the chunks of a very large run."""
+    """The run's rollouts (from `step_min` on) as aligned arrays: ids, group_ids, steps, lengths
+    (NaN: unknown) and an (N, K) matrix. `expected` (rollouts) only sizes the chunks of a very large
+    run."""
     where = _where(run_id, step_min)
     packs = (
         _packs_postgres(where, expected)

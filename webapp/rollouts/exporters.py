@@ -2,8 +2,8 @@
 `import_rollouts --format jsonl` or POST /api/v1/runs/{id}/groups/), and a Hugging Face `datasets`
 folder (parquet, one row per rollout) that `datasets.load_dataset(folder)` reads.
 
-Everything streams: groups are read in chunks ordered by id with a keyset (`id > last`), rollouts and
-scores only for the chunk at hand, so memory stays flat at any run size. The page that offers a
+Everything streams: groups are read in chunks ordered by id with a keyset (`id > last`), rollouts
+and scores only for the chunk at hand, so memory stays flat at any run size. The page that offers a
 download calls the same generators.
 """
 
@@ -120,7 +120,7 @@ def write_jsonl(run: Run, out: IO[str], filters: GroupFilter | None = None) -> i
     return n
 
 
-# ------------------------------------------------------------------------------------------------ Hugging Face
+# ------------------------------------------------------------------------------------- Hugging Face
 
 
 def _components(run: Run) -> list[str]:
@@ -224,8 +224,8 @@ def write_hf(
     filters: GroupFilter | None = None,
     query: ExplorerQuery | None = None,
 ) -> int:
-    """Write a `datasets`-loadable folder: data/*.parquet (one row group per chunk) and a README with
-    the dataset card's config. Returns the number of rows; with none, nothing is written."""
+    """Write a `datasets`-loadable folder: data/*.parquet (one row group per chunk) and a README
+    with the dataset card's config. Returns the number of rows; with none, nothing is written."""
     folder = Path(folder)
     path = folder / HF_DATA_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -237,7 +237,8 @@ def write_hf(
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             n += len(rows)
     if n == 0:
-        # `datasets` cannot load a split without rows: write nothing rather than a folder it refuses.
+        # `datasets` cannot load a split without rows: write nothing rather than a folder it
+        # refuses.
         path.unlink()
         return 0
     (folder / "README.md").write_text(_card(run, components, n), encoding="utf-8")
@@ -249,7 +250,8 @@ def _card(run: Run, components: list[str], n: int) -> str:
         "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
         f"    path: {HF_DATA_FILE}\n---\n\n"
         f"# Rollouts of run {run.name!r}\n\n{n} rollouts, one per row. Reward components: "
-        f"{', '.join(components) or 'none'} (columns `rewards/<name>`, null when not scored). `prompt_messages` "
-        "and `transcript` are JSON-encoded chat messages.\n\n"
-        '```python\nimport datasets\nds = datasets.load_dataset("path/to/this/folder", split="train")\n```\n'
+        f"{', '.join(components) or 'none'} (columns `rewards/<name>`, null when not scored). "
+        "`prompt_messages` and `transcript` are JSON-encoded chat messages.\n\n"
+        '```python\nimport datasets\nds = datasets.load_dataset("path/to/this/folder", '
+        'split="train")\n```\n'
     )

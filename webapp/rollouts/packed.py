@@ -31,11 +31,12 @@ def pack_groups(
     rec["id"], rec["length"], rec["values"] = ids, lengths, matrix
     buf, width = rec.tobytes(), rec.dtype.itemsize
     ends = np.cumsum(sizes).tolist()
-    return [buf[(end - n) * width : end * width] for n, end in zip(sizes, ends)]
+    return [buf[(end - n) * width : end * width] for n, end in zip(sizes, ends, strict=True)]
 
 
 def records(buf: bytes, dtype: np.dtype) -> np.ndarray:
-    """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is not whole records."""
+    """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is not whole
+    records."""
     if len(buf) % dtype.itemsize:
         raise ValueError(
             f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record"

@@ -76,7 +76,8 @@ def output_dir(run: Run) -> Path:
 
 
 def resolve_model(base_model: str) -> str:
-    """Translate the app's model references into a path; anything else (a folder, a hub id) as given."""
+    """Translate the app's model references into a path; anything else (a folder, a hub id) as
+    given."""
     if base_model.startswith(TINY_PREFIX):
         from training.tiny import ensure_tiny_model
 
@@ -91,8 +92,8 @@ def resolve_model(base_model: str) -> str:
 def queue_demo_chain(env_name: str = "diagram") -> list[str]:
     """Queue the tiny-model chain: teacher -> SFT -> GRPO -> eval, plus an eval before SFT.
 
-    Each stage is a run whose parent is the stage it needs (its model, or the teacher's dataset), so it
-    starts when that parent succeeds. Returns lines to print.
+    Each stage is a run whose parent is the stage it needs (its model, or the teacher's dataset), so
+    it starts when that parent succeeds. Returns lines to print.
     """
     from django.contrib.auth import get_user_model
 

@@ -47,9 +47,10 @@ class Run(models.Model):
     provenance = models.JSONField(
         default=dict, blank=True
     )  # git commit, component source hashes, versions
-    # What the rewards and advantages of this run were computed with (webapp/runs/reward_settings.py):
-    # weights by component, scale_rewards, aggregation, advantage epsilon, group size, and the trainer's
-    # own settings as its recorder read them. Set at creation, overwritten by the trainer's values.
+    # What the rewards and advantages of this run were computed with
+    # (webapp/runs/reward_settings.py): weights by component, scale_rewards, aggregation, advantage
+    # epsilon, group size, and the trainer's own settings as its recorder read them. Set at
+    # creation, overwritten by the trainer's values.
     reward_settings = models.JSONField(default=dict, blank=True)
     base_model = models.CharField(max_length=500, blank=True)
     parent = models.ForeignKey(
@@ -86,8 +87,8 @@ class Run(models.Model):
         return self.status in self.FINISHED
 
     def components(self) -> list:
-        """The run's reward components (RewardComponent rows) in environment order: the columns of its
-        score matrix."""
+        """The run's reward components (RewardComponent rows) in environment order: the columns of
+        its score matrix."""
         from webapp.rollouts.models import RewardComponent
 
         if self.environment_id is None:
@@ -101,7 +102,8 @@ class Run(models.Model):
     def reward_weights(self, components: list | None = None) -> dict[str, float]:
         """{component: weight} this run's rewards were summed with: the trainer's (or creation-time)
         settings, then the job config's reward_weights (ablation twins, launched jobs), then the
-        environment's defaults. `components` (RewardComponent rows) saves a query when the caller has them."""
+        environment's defaults. `components` (RewardComponent rows) saves a query when the caller
+        has them."""
         if components is None:
             components = self.components()
         config = (self.config or {}).get("reward_weights")
@@ -110,15 +112,16 @@ class Run(models.Model):
         return {c.name: float(own.get(c.name, legacy.get(c.name, c.weight))) for c in components}
 
     def advantage_settings(self) -> dict[str, Any]:
-        """How this run's advantages were computed: {"scale_rewards", "aggregation", "advantage_epsilon",
-        "group_size"} (group_size None when unknown), the run's settings over its job config over TRL's
-        defaults."""
+        """How this run's advantages were computed: {"scale_rewards", "aggregation",
+        "advantage_epsilon", "group_size"} (group_size None when unknown), the run's settings over
+        its job config over TRL's defaults."""
         from webapp.runs.reward_settings import advantage_settings
 
         return advantage_settings(self.reward_settings or {}, self.config or {})
 
     def claim(self, worker: str) -> bool:
-        """queued -> running, atomically. False when another worker (or a cancel) got there first."""
+        """queued -> running, atomically. False when another worker (or a cancel) got there
+        first."""
         now = timezone.now()
         n = Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
             status=self.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker
@@ -126,7 +129,8 @@ class Run(models.Model):
         return n == 1 and self._refresh()
 
     def _refresh(self) -> bool:
-        """Reload the row; False when it is gone (a run may be deleted while a worker or an import holds it)."""
+        """Reload the row; False when it is gone (a run may be deleted while a worker or an import
+        holds it)."""
         try:
             self.refresh_from_db()
         except Run.DoesNotExist:
@@ -134,7 +138,8 @@ class Run(models.Model):
         return True
 
     def _finish(self, status: str, error: str = "") -> bool:
-        # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice versa.
+        # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice
+        # versa.
         n = (
             Run.objects.filter(id=self.id)
             .exclude(status__in=self.FINISHED)
@@ -182,7 +187,8 @@ class Run(models.Model):
 
 
 class StepMetric(models.Model):
-    """One scalar a trainer logged at one step (TRL's keys verbatim: loss, kl, reward, rewards/x/std...)."""
+    """One scalar a trainer logged at one step (TRL's keys verbatim: loss, kl, reward,
+    rewards/x/std...)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
     step = models.IntegerField()

@@ -8,7 +8,8 @@ Standard deviations are Bessel-corrected, as TRL's `nanstd` and our stored group
     N = n_values    S1 = sum_values    S2 = sum_squares
     mean = S1 / N   batch std = sqrt((S2 - S1^2 / N) / (N - 1))
 
-The mean within-group std is sum_group_std / n_group_std; the zero-std fraction n_zero_std / n_groups.
+The mean within-group std is sum_group_std / n_group_std; the zero-std fraction n_zero_std /
+n_groups.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def _pooled(
 
 
 def _step_rows(run: Run, since: int | None = None) -> dict[int, list[dict]]:
-    """StepStat rows of the run (one per step and column, kept at ingest), by component id (0: reward);
-    from step `since` on when given."""
+    """StepStat rows of the run (one per step and column, kept at ingest), by component id (0:
+    reward); from step `since` on when given."""
     out: dict[int, list[dict]] = defaultdict(list)
     rows = StepStat.objects.filter(run=run)
     if since is not None:
@@ -179,7 +180,8 @@ class RunSummary:
 
 
 def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
-    """Steps, rollouts, last reward mean and the reward curve of many runs in ONE query (StepStat)."""
+    """Steps, rollouts, last reward mean and the reward curve of many runs in ONE query
+    (StepStat)."""
     rows = (
         StepStat.objects.filter(run_id__in=run_ids, component_id=0)
         .values_list("run_id", "n_rollouts", "n_values", "sum_values")

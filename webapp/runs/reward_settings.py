@@ -2,17 +2,20 @@
 
 Stored in `Run.reward_settings`:
 
-    {"weights": {component: float},       the weight of each reward component in the aggregate
+    {"weights": {component: float},   the weight of each reward component in the aggregate
      "scale_rewards": "group"|"batch"|"none",
      "aggregation": "sum_then_normalize"|"normalize_then_sum",   TRL's multi_objective_aggregation
-     "advantage_epsilon": float,          added to the std in the advantage denominator (TRL 1e-4, verl 1e-6)
-     "group_size": int,                   completions per prompt (num_generations, n_samples_per_prompt)
-     "trainer": {name: scalar},           everything else the trainer's recorder read (loss_type, beta, ...)
-     "source": str}                       who set them last: "created", "trainer", "import"
+     "advantage_epsilon": float,      added to the std in the advantage denominator (TRL 1e-4,
+                                      verl 1e-6)
+     "group_size": int,               completions per prompt (num_generations, n_samples_per_prompt)
+     "trainer": {name: scalar},       everything else the trainer's recorder read (loss_type, beta,
+                                      ...)
+     "source": str}                   who set them last: "created", "trainer", "import"
 
-They are given when the run is created (API, import) and overwritten by what the trainer reports when
-training starts: the trainer's values are what it trained on. Every recomputation (ingest, ablation,
-diagnostics, pages) reads them through `Run.reward_weights()` and `Run.advantage_settings()`.
+They are given when the run is created (API, import) and overwritten by what the trainer reports
+when training starts: the trainer's values are what it trained on. Every recomputation (ingest,
+ablation, diagnostics, pages) reads them through `Run.reward_weights()` and
+`Run.advantage_settings()`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,19 @@ def validate(raw: Any, components: list[str], path: str = "reward_settings") -> 
             if raw[key] not in choices:
                 raise FieldError(f"{path}.{key}", f"must be one of {', '.join(choices)}")
             out[key] = raw[key]
+    out.update(_numbers(raw, path))
+    if raw.get("trainer") is not None:
+        out["trainer"] = _trainer(raw["trainer"], f"{path}.trainer")
+    if raw.get("source") is not None:
+        if not isinstance(raw["source"], str):
+            raise FieldError(f"{path}.source", "must be a string")
+        out["source"] = raw["source"][:100]
+    return out
+
+
+def _numbers(raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """advantage_epsilon and group_size, when given."""
+    out: dict[str, Any] = {}
     eps = raw.get("advantage_epsilon")
     if eps is not None:
         if not _finite(eps) or eps < 0:
@@ -73,12 +89,6 @@ def validate(raw: Any, components: list[str], path: str = "reward_settings") -> 
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 100_000:
             raise FieldError(f"{path}.group_size", "must be an integer between 1 and 100000")
         out["group_size"] = size
-    if raw.get("trainer") is not None:
-        out["trainer"] = _trainer(raw["trainer"], f"{path}.trainer")
-    if raw.get("source") is not None:
-        if not isinstance(raw["source"], str):
-            raise FieldError(f"{path}.source", "must be a string")
-        out["source"] = raw["source"][:100]
     return out
 
 
@@ -134,7 +144,8 @@ def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str,
 def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
     """Store validated `settings` on `run` (a Run); the new values win over the stored ones. Returns
     one line per value that changed, which also goes to the run's log. Rollouts stored before keep
-    their aggregate reward (it may be the trainer's own); ablations and diagnostics use the new values."""
+    their aggregate reward (it may be the trainer's own); ablations and diagnostics use the new
+    values."""
     comps = run.components()
     weights_before = run.reward_weights(comps)
     before = run.advantage_settings()

@@ -13,7 +13,8 @@ STALE_BEATS = 6  # a run whose worker missed this many heartbeats is presumed lo
 
 
 def reap_stale_runs() -> int:
-    """Mark `running` job runs failed when their worker's heartbeat stopped (worker killed, host lost).
+    """Mark `running` job runs failed when their worker's heartbeat stopped (worker killed, host
+    lost).
 
     Import runs are fed by the API from elsewhere and have no worker heartbeat: they are left alone.
     """
@@ -43,7 +44,8 @@ def visible_gpus() -> int:
 
 
 def device_name() -> str:
-    """The device jobs run on in this process: the worker's config, else CUDA when present, else CPU."""
+    """The device jobs run on in this process: the worker's config, else CUDA when present, else
+    CPU."""
     if settings.WORKER_DEVICE != "auto":
         return settings.WORKER_DEVICE
     gpus = visible_gpus()
@@ -55,8 +57,8 @@ def device_name() -> str:
 
 
 def weights_differ(runs: list[Run]) -> list[tuple[Run, dict[str, float]]] | None:
-    """Each run's reward weights when they are not all the same: the aggregate reward curves then differ
-    by construction, and only the per-component curves compare like with like."""
+    """Each run's reward weights when they are not all the same: the aggregate reward curves then
+    differ by construction, and only the per-component curves compare like with like."""
     weights = [(r, r.reward_weights()) for r in runs if r.environment_id]
     if len({tuple(sorted(w.items())) for _, w in weights}) <= 1:
         return None

@@ -1,5 +1,5 @@
-"""Rendering helpers for rollout pages. Model output is hostile: every string that reaches markup here
-goes through `escape` / `format_html`; only numbers we computed are interpolated raw."""
+"""Rendering helpers for rollout pages. Model output is hostile: every string that reaches markup
+here goes through `escape` / `format_html`; only numbers we computed are interpolated raw."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def num(value: Any, digits: int = 3) -> str:
 
 
 def _number(value: Any) -> float | None:
-    # Templates resolve a missing score's `.value` to "": anything not a finite number is "no value".
+    # Templates resolve a missing score's `.value` to "": anything not a finite number is "no
+    # value".
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -71,7 +72,8 @@ def bar(value: float | None, component: Any) -> SafeString:
         return format_html('<span class="bar none" title="{}: not scored">—</span>', name)
     kind = getattr(component, "kind", "")
     return format_html(
-        '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span><span class="bar-num">{}</span>',
+        '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span><span '
+        'class="bar-num">{}</span>',
         "penalty" if kind == "penalty" else "",
         name,
         f"{value:.4g}",
@@ -82,7 +84,8 @@ def bar(value: float | None, component: Any) -> SafeString:
 
 @register.filter
 def pretty_json(value: Any) -> str:
-    """Tool-call arguments arrive as a JSON string or an object: pretty-print either (plain text out)."""
+    """Tool-call arguments arrive as a JSON string or an object: pretty-print either (plain text
+    out)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

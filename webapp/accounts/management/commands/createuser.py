@@ -2,7 +2,8 @@
 
 The password comes from, in order: `--password-env NAME` (the variable NAME), the RD_PASSWORD
 variable, or a prompt (typed twice, not echoed) when stdin is a terminal. `--password P` still works
-but is discouraged: a command line is readable by every user of the machine (`ps`, /proc/PID/cmdline).
+but is discouraged: a command line is readable by every user of the machine (`ps`,
+/proc/PID/cmdline).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def _interactive() -> bool:
 
 class Command(BaseCommand):
     help = (
-        "Create or update a user with a role (viewer, annotator, trainer, admin). The password is read "
-        f"from --password-env NAME, else ${DEFAULT_VARIABLE}, else a prompt."
+        "Create or update a user with a role (viewer, annotator, trainer, admin). The password is "
+        f"read from --password-env NAME, else ${DEFAULT_VARIABLE}, else a prompt."
     )
 
     def add_arguments(self, parser):

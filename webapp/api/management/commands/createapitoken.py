@@ -6,7 +6,10 @@ from webapp.accounts.roles import role_of, set_role
 
 
 class Command(BaseCommand):
-    help = "Create USERNAME if needed (role trainer unless it has one) and print its API token on the last line."
+    help = (
+        "Create USERNAME if needed (role trainer unless it has one) and print its API token on "
+        "the last line."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
@@ -16,9 +19,8 @@ class Command(BaseCommand):
         if created:
             user.set_unusable_password()
             user.save()
-        if created or not user.groups.exists():
-            if not user.is_superuser:
-                set_role(user, "trainer")
+        if (created or not user.groups.exists()) and not user.is_superuser:
+            set_role(user, "trainer")
         token, _ = Token.objects.get_or_create(user=user)
         self.stderr.write(f"token for {username} ({role_of(user)})")
         self.stdout.write(token.key)

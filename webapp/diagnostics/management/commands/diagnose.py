@@ -1,8 +1,10 @@
 """`python manage.py diagnose RUN [--window N|all] [--fail-on critical|warning] [--json]`
 
 Prints a run's findings (each with the step it holds from and what to try), or the diagnosis as JSON
-(the API's document). Exit status, so that a training pipeline can stop a run that has stopped learning:
-    0  no finding at the --fail-on level (always 0 without --fail-on; "not enough groups to judge" is 0)
+(the API's document). Exit status, so that a training pipeline can stop a run that has stopped
+learning:
+    0  no finding at the --fail-on level (always 0 without --fail-on; "not enough groups to
+       judge" is 0)
     1  at least one finding at that level or worse
     2  bad input: no such run, or a bad --window
 """
@@ -83,7 +85,8 @@ def _text(doc: dict[str, Any]) -> str:
     steps = doc["steps"]
     lines = [
         f"run {doc['run']} ({doc['run_name']}): {doc['status']} over {window} "
-        f"(steps {steps['min']}-{steps['max']}, {doc['n_groups']} groups, {doc['n_rollouts']} rollouts)"
+        f"(steps {steps['min']}-{steps['max']}, {doc['n_groups']} groups, {doc['n_rollouts']} "
+        "rollouts)"
     ]
     if doc["note"]:
         lines.append(f"  {doc['note']}")

@@ -62,7 +62,10 @@ class ImportStats:
     )  # what the trainer's settings replaced
 
     def line(self) -> str:
-        return f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} skipped records)"
+        return (
+            f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} "
+            "skipped records)"
+        )
 
 
 class Importer:
@@ -159,8 +162,8 @@ class Importer:
                 batch = [item for i, item in enumerate(batch) if i not in bad]
 
     def _settings(self, item: SettingsItem) -> None:
-        """The trainer's reward settings (the JSONL sink's header) become the run's: they win over what the
-        run was created with, and the run's log says what they replaced."""
+        """The trainer's reward settings (the JSONL sink's header) become the run's: they win over
+        what the run was created with, and the run's log says what they replaced."""
         weights = item.record.get("weights")
         if self.grow_components and isinstance(weights, dict) and self.run.environment_id:
             new = [str(n) for n in weights if n not in self._known and _valid_component(str(n))]
@@ -181,8 +184,8 @@ class Importer:
     def _attribute(
         self, e: FieldError, kind: str, batch: list[Any]
     ) -> dict[int, list[tuple[int | None, str]]]:
-        """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items, report
-        each with its file and line, and count what is skipped."""
+        """Map the service's field paths (groups[3].rollouts[2].rewards.x) back to batch items,
+        report each with its file and line, and count what is skipped."""
         bad: dict[int, list[tuple[int | None, str]]] = {}
         for err in e.errors:
             m = _ERROR_AT.match(err["field"])
@@ -294,7 +297,10 @@ def _weights(raw: str) -> dict[str, float]:
 
 
 class Command(BaseCommand):
-    help = "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) into a run."
+    help = (
+        "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) "
+        "into a run."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -350,7 +356,8 @@ class Command(BaseCommand):
                 weights=o["weights"],
                 scale_rewards=o["scale_rewards"],
             )
-            reader.files()  # a folder without files of the format fails here, before a run is created
+            # A folder without files of the format fails here, before a run is created
+            reader.files()
         except ReaderError as e:
             raise CommandError(str(e)) from None
         run = self._run(o, reader)
@@ -498,7 +505,8 @@ def _created_by_import(run: Run) -> bool:
 
 
 def resume(run: Run) -> None:
-    """A failed import run goes back to running for another import into it (its stored groups stay)."""
+    """A failed import run goes back to running for another import into it (its stored groups
+    stay)."""
     Run.objects.filter(id=run.id, status=Run.Status.FAILED).update(
         status=Run.Status.RUNNING, error="", finished_at=None
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,13 +63,11 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(f"open http://{addr}/  (log in as demo / demo-password)")
         )
-        # SIGTERM (a supervisor, `timeout`) must also stop the worker: turn it into SystemExit so the
-        # finally clause runs, as it does for Ctrl-C.
+        # SIGTERM (a supervisor, `timeout`) must also stop the worker: turn it into SystemExit so
+        # the finally clause runs, as it does for Ctrl-C.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             call_command("runserver", addr, use_reloader=False)
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
