@@ -1,13 +1,14 @@
-"""Ablation recompute at scale: read a stored run and recompute every group's advantages for one ablation.
+"""Ablation recompute at scale: read a stored run and recompute every group's advantages for one
+ablation.
 
-    DATABASE_URL=postgres://... python -m bench.ablation                 # 1,000,000 rollouts, run "bench-1m"
+    DATABASE_URL=postgres://... python -m bench.ablation  # 1,000,000 rollouts, run "bench-1m"
     DATABASE_URL=postgres://... python -m bench.ablation --rollouts 80000
 
 The run is seeded through the ingestion service if absent (G=8, 4 components, 500 steps; the same
-name and shape as bench/pages.py, so whichever bench runs first seeds it for both). Prints the end-to-
-end time (read + recompute; every byte from the database, read from the groups' packed scores by
-webapp/rollouts/arrays.py; target < 2 s at 1M) and the ratio against a plain Python loop over groups
-doing the same sum-then-normalise math, measured in the same process.
+name and shape as bench/pages.py, so whichever bench runs first seeds it for both). Prints the
+end-to- end time (read + recompute; every byte from the database, read from the groups' packed
+scores by webapp/rollouts/arrays.py; target < 2 s at 1M) and the ratio against a plain Python loop
+over groups doing the same sum-then-normalise math, measured in the same process.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     data = load_run_arrays(run)
     n_groups = int(np.unique(data.group_ids).size)
-    # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over groups.
+    # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over
+    # groups.
     keep = np.array([c.name != "format" for c in data.components])
     w_new = [
         2.0 if c.name == "correct" else c.weight for c in data.components if c.name != "format"
@@ -161,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         gids, mat = gids[mask], mat[mask]
     scale = n_groups / np.unique(gids).size
     t0 = time.perf_counter()
-    rows_old = list(zip(gids.tolist(), mat.tolist()))
-    rows_new = list(zip(gids.tolist(), mat[:, keep].tolist()))
+    rows_old = list(zip(gids.tolist(), mat.tolist(), strict=True))
+    rows_new = list(zip(gids.tolist(), mat[:, keep].tolist(), strict=True))
     abl.python_loop_advantages(rows_old, data.weights.tolist())
     abl.python_loop_advantages(rows_new, w_new)
     loop_s = (time.perf_counter() - t0) * scale
@@ -170,22 +172,26 @@ def main(argv: list[str] | None = None) -> int:
     cold_med = statistics.median(t for t, _, _ in colds)
     compute = min(c for _, _, c in colds)
     print(
-        f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, {n_groups:,} groups, "
-        f"{len(data.components)} components; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, "
+        f"{n_groups:,} groups, {len(data.components)} components; load average "
+        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
     print(f"ablation {spec.as_dict()}")
     print(
         f"  COLD end to end (every byte from the database): best {cold_best[0]:.3f} s, median "
-        f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute {cold_best[2]:.3f} s)  "
-        f"target < {TARGET_S} s: {'PASS' if cold_best[0] < TARGET_S else 'FAIL'}"
+        f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute "
+        f"{cold_best[2]:.3f} s)  target < {TARGET_S} s: "
+        f"{'PASS' if cold_best[0] < TARGET_S else 'FAIL'}"
     )
     print(
-        f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  -> "
-        f"vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end {loop_s / cold_best[0]:.1f}x"
+        f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  "
+        f"-> vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end "
+        f"{loop_s / cold_best[0]:.1f}x"
     )
     print(
-        f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips {result['sign_flip_frac']:.4f}, "
-        f"best changed {result['best_changed_frac']:.4f}, spearman {result['spearman_mean']:.4f}"
+        f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips "
+        f"{result['sign_flip_frac']:.4f}, best changed {result['best_changed_frac']:.4f}, spearman "
+        f"{result['spearman_mean']:.4f}"
     )
     return 0 if cold_best[0] < TARGET_S else 1
 

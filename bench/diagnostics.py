@@ -6,11 +6,11 @@
 Healthy runs have varied shapes: group size 4-16, 1-6 components (declared kinds or none), 10-500
 steps, graded and binary rewards, improving and flat. Planted failures start at a chosen step (the
 onset) in an otherwise healthy run: a component that goes dead, a behavioural reward that saturates
-while the outcome keeps varying, an outcome that becomes unreachable, signal collapse (prompts solved
-by every completion), valid-but-trivial outputs; length hacking and aggregation collapse are planted
-over the whole run. Each plant is generated with declared kinds and again with none (the kind-free
-rules). Prints, per failure, the detection rate and the onset error in steps; and the rate of healthy
-runs with a critical (target 0) or any finding. Pure numpy: no database, no Django.
+while the outcome keeps varying, an outcome that becomes unreachable, signal collapse (prompts
+solved by every completion), valid-but-trivial outputs; length hacking and aggregation collapse are
+planted over the whole run. Each plant is generated with declared kinds and again with none (the
+kind-free rules). Prints, per failure, the detection rate and the onset error in steps; and the rate
+of healthy runs with a critical (target 0) or any finding. Pure numpy: no database, no Django.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class Spec:
     binary: bool
     start: float
     end: float
-    # after the onset (step >= onset): "const" (value `after`), "level" (level becomes `after`), or None
+    # after the onset (step >= onset): "const" (value `after`), "level" (level becomes `after`), or
+    # None
     mode: str | None = None
     after: float = 0.0
     slip: float = (
@@ -85,10 +86,11 @@ def random_shape(rng: np.random.Generator, min_steps: int = 10) -> Shape:
 
 
 def healthy_specs(rng: np.random.Generator, k: int, declared: bool) -> list[Spec]:
-    """Component 0 is the outcome; the rest behavioural, process or penalty. Levels stay where groups
-    keep varying: that is what healthy means here."""
+    """Component 0 is the outcome; the rest behavioural, process or penalty. Levels stay where
+    groups keep varying: that is what healthy means here."""
     improving = rng.random() < 0.5
-    # Distinct, unround weights: equal weights make distinct score vectors tie on purpose (the plant below).
+    # Distinct, unround weights: equal weights make distinct score vectors tie on purpose (the plant
+    # below).
     weights = rng.permutation([0.13, 0.21, 0.34, 0.55, 0.77])
     out = []
     for j in range(k):
@@ -116,9 +118,10 @@ def generate(
     length_hack: bool = False,
 ) -> dg.RunArrays:
     """Rollouts step by step. Each prompt has a difficulty offset; a binary component succeeds with
-    probability level + offset, a graded one scores level + offset + noise, on a grid of eighths (like a
-    fraction of 8 tests). Penalties fire with probability `level` (-1, or a graded -U). From `onset` on,
-    a spec's `mode` applies, and a `solved_after` fraction of groups score every component at its best."""
+    probability level + offset, a graded one scores level + offset + noise, on a grid of eighths
+    (like a fraction of 8 tests). Penalties fire with probability `level` (-1, or a graded -U). From
+    `onset` on, a spec's `mode` applies, and a `solved_after` fraction of groups score every
+    component at its best."""
     s, m, g, k = shape.steps, shape.groups, shape.G, len(specs)
     mats, lens = [], []
     for step in range(s):
@@ -209,7 +212,8 @@ def plant(kind: str, rng: np.random.Generator, declared: bool) -> Planted:
         specs[0] = replace(
             specs[0], binary=True, mode="level", after=-0.1
         )  # p = offset - 0.1: 0.6% succeed
-        # Not one success after the onset (small runs) reads as "never varies", with "out of reach" in its fix.
+        # Not one success after the onset (small runs) reads as "never varies", with "out of reach"
+        # in its fix.
         return Planted(
             kind,
             generate(specs, shape, onset, rng),
@@ -314,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                 if errors
                 else "n/a"
             )
+            declared_s = "declared" if declared else "none"
             print(
-                f"{kind:<22}{'declared' if declared else 'none':<10}{found:>4}/{args.runs:<3}{err:>42}"
+                f"{kind:<22}{declared_s:<10}{found:>4}/{args.runs:<3}{err:>42}"
                 f"{before:>24}/{args.runs}"
             )
     critical = warned = 0
@@ -331,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{warned}/{args.healthy} with any finding {dict(sorted(codes.items()))}"
     )
     print(
-        f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on "
+        f"{os.cpu_count()} CPUs"
     )
     return 1 if critical or missed_any else 0
 

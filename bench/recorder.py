@@ -6,7 +6,8 @@ GRPO on the tiny offline model with the diagram environment's components, same s
 and without the recorder (writing to a JSONL sink through its background thread). Runs alternate
 (off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time is the gap
 between consecutive `on_step_begin` events, so it includes generation, reward functions, the update,
-every callback (the recorder's included) and logging. The first step of each run is warm-up and dropped.
+every callback (the recorder's included) and logging. The first step of each run is warm-up and
+dropped.
 
 Both runs of a pair use the same seed, so they generate the same completions and do the same work;
 the only difference is the recorder. On a shared machine the wall-clock ratio is noisy, so the bench
@@ -18,6 +19,7 @@ the step time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -32,7 +34,8 @@ RECORDER_SECONDS = [0.0]  # time spent inside the recorder's own code, summed ov
 
 
 def instrument_recorder() -> None:
-    """Time the recorder's entry points (bench only): the part of the overhead that sits on the training thread."""
+    """Time the recorder's entry points (bench only): the part of the overhead that sits on the
+    training thread."""
     from training.recorder import RolloutRecorder
 
     def timed(fn):
@@ -114,7 +117,7 @@ def run_once(
     trainer.train()
     if recorder is not None:
         recorder.close()
-    pairs = list(zip(marks[1:], marks[2:]))  # drop the warm-up step
+    pairs = list(itertools.pairwise(marks[1:]))  # drop the warm-up step
     return {
         "wall": [b[0] - a[0] for a, b in pairs],
         "cpu": [b[1] - a[1] for a, b in pairs],
@@ -126,8 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    # 3 pairs (15 steps a side) measured anywhere from 0.98 to 1.13 on a quiet machine, and a control whose
-    # only difference was a thread came in at 1.13: step-to-step noise is ~10%. 8 pairs settle it.
+    # 3 pairs (15 steps a side) measured anywhere from 0.98 to 1.13 on a quiet machine, and a
+    # control whose only difference was a thread came in at 1.13: step-to-step noise is ~10%. 8
+    # pairs settle it.
     parser.add_argument("--rounds", type=int, default=8, help="off/on pairs")
     parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run")
     parser.add_argument("--completion-length", type=int, default=48, help="max_completion_length")
@@ -159,14 +163,15 @@ def main() -> None:
     print(f"steps per side: {len(off['wall'])}")
     for k in ("wall", "cpu"):
         print(
-            f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on {statistics.fmean(on[k]):.4f}s  "
-            f"ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
+            f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on "
+            f"{statistics.fmean(on[k]):.4f}s  ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
             f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})"
         )
     inside = sum(on["recorder"]) / len(on["recorder"])
     print(
-        f"inside the recorder: {inside * 1e3:.2f} ms per step = {inside / statistics.fmean(on['wall']):.4%} "
-        f"of the step -> ratio bound {1 + inside / statistics.fmean(off['wall']):.4f}"
+        f"inside the recorder: {inside * 1e3:.2f} ms per step = "
+        f"{inside / statistics.fmean(on['wall']):.4%} of the step -> ratio bound "
+        f"{1 + inside / statistics.fmean(off['wall']):.4f}"
     )
 
 

@@ -1,15 +1,17 @@
-"""Reward replay at scale: re-score stored diagram rollouts with a changed component and recompute advantages.
+"""Reward replay at scale: re-score stored diagram rollouts with a changed component and recompute
+advantages.
 
-    DATABASE_URL=postgres://... python -m bench.replay                    # 100,000 rollouts
-    DATABASE_URL=postgres://... python -m bench.replay --rollouts 20000   # a size that fits a loaded box
+    DATABASE_URL=postgres://... python -m bench.replay                   # 100,000 rollouts
+    DATABASE_URL=postgres://... python -m bench.replay --rollouts 20000  # fits a loaded box
 
-Seeds a diagram run through the ingestion service if absent (run "bench-replay-<N>", G=8, every rollout a
-realistic completion of its own synthetic prompt, scored by the environment as the recorder would), then
-replays it with `semantic_coverage@strict` twice: once with one worker process, once with two, each a real
-`services.work` loop in its own process claiming chunks from the database (what Celery worker processes
-run). Prints the wall time per 1,000 rollouts (scoring + storing + summary with the advantages recomputed),
-the 2-vs-1 process ratio measured in this run, and the load average before and after: on a shared 2-core
-machine the ratio says as much about the neighbours as about the code.
+Seeds a diagram run through the ingestion service if absent (run "bench-replay-<N>", G=8, every
+rollout a realistic completion of its own synthetic prompt, scored by the environment as the
+recorder would), then replays it with `semantic_coverage@strict` twice: once with one worker
+process, once with two, each a real `services.work` loop in its own process claiming chunks from the
+database (what Celery worker processes run). Prints the wall time per 1,000 rollouts (scoring +
+storing + summary with the advantages recomputed), the 2-vs-1 process ratio measured in this run,
+and the load average before and after: on a shared 2-core machine the ratio says as much about the
+neighbours as about the code.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ TARGET_S = 60.0  # the issue's target for 100,000 rollouts
 
 
 def _completions(prompt) -> list[str]:
-    """A group's G completions: exact, an edge missing, a node missing, edge spam, stacked, prose..."""
+    """A group's G completions: exact, an edge missing, a node missing, edge spam, stacked,
+    prose..."""
     from tests.webapp.replay_fixtures import actions
 
     nodes = prompt.spec["nodes"]
@@ -104,7 +107,8 @@ def seed(n: int):
 
 
 def seed_sandboxed(n: int):
-    """An ask_to_code run whose `correctness` replay re-runs every submitted program in the sandbox."""
+    """An ask_to_code run whose `correctness` replay re-runs every submitted program in the
+    sandbox."""
     from training.environments import ask_to_code as atc
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.services import create_run, environment_from_training
@@ -130,7 +134,8 @@ def seed_sandboxed(n: int):
 
 
 def sandbox_throughput(n: int) -> dict:
-    """One worker process replaying ask_to_code's correctness: each distinct submission runs in the sandbox."""
+    """One worker process replaying ask_to_code's correctness: each distinct submission runs in the
+    sandbox."""
     from webapp.replays import services
     from webapp.replays.models import Replay
 
@@ -182,8 +187,8 @@ def timed_replay(run, processes: int) -> tuple[float, dict]:
         )
     from django.db.models import Min
 
-    # What a warm Celery worker would take: from the first chunk claimed to the summary stored (the wall
-    # time above also holds each bench process's interpreter and Django start-up).
+    # What a warm Celery worker would take: from the first chunk claimed to the summary stored (the
+    # wall time above also holds each bench process's interpreter and Django start-up).
     first = replay.chunks.aggregate(t=Min("claimed_at"))["t"]
     seconds = sorted(replay.chunks.values_list("seconds", flat=True))
     return elapsed, {
