@@ -11,12 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Before torch loads: idle OpenMP threads sleep instead of spinning (Postgres and the worker share the
-# two cores; see workers.tasks.child_env for the measurement).
+# Before torch loads: idle OpenMP threads sleep instead of spinning (Postgres and the worker share
+# the two cores; see workers.tasks.child_env for the measurement).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# CI runs the property-based tests on a fixed seed: a submission must not pass or fail by luck. Locally
-# they explore new examples on every run (and save failures to .hypothesis/ to replay).
+# CI runs the property-based tests on a fixed seed: a submission must not pass or fail by luck.
+# Locally they explore new examples on every run (and save failures to .hypothesis/ to replay).
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
 _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -135,10 +135,10 @@ def api(db):
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache():
-    """Tests in this process get a cache of their own: settings point at the shared Redis or file cache,
-    which outlives the test database (a cached diagnosis of run 1 would answer for the next session's
-    run 1) and which cache.clear() would wipe for everyone. Server processes a test starts keep the
-    configured shared cache (test_login_limit_shared checks it holds across processes)."""
+    """Tests in this process get a cache of their own: settings point at the shared Redis or file
+    cache, which outlives the test database (a cached diagnosis of run 1 would answer for the next
+    session's run 1) and which cache.clear() would wipe for everyone. Server processes a test starts
+    keep the configured shared cache (test_login_limit_shared checks it holds across processes)."""
     from django.test.utils import override_settings
 
     private = override_settings(

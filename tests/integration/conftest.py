@@ -1,4 +1,5 @@
-"""Fixtures for tests that cross process boundaries: a real web server process on the test database."""
+"""Fixtures for tests that cross process boundaries: a real web server process on the test
+database."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def free_port() -> int:
 
 class AppServer:
     """`manage.py runserver` in a child process on the test database: the whole HTTP stack (Django's
-    WSGI handler, DRF, token auth, ingestion) in another process, which a test can stop and start again
-    on the same address, as a real server goes down and comes back."""
+    WSGI handler, DRF, token auth, ingestion) in another process, which a test can stop and start
+    again on the same address, as a real server goes down and comes back."""
 
     def __init__(self, log_path: Path) -> None:
         self.port = free_port()

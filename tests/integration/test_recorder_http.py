@@ -1,10 +1,10 @@
-"""The recorder's HTTP path end to end: a real TRL GRPO job on the tiny model, its HttpSink posting to a
-real server process (`manage.py runserver` on the test database), compared with the same job recorded
-through the workers' DatabaseSink, and the spool + `python -m training.sinks upload` resume after the
-server went down mid-run.
+"""The recorder's HTTP path end to end: a real TRL GRPO job on the tiny model, its HttpSink posting
+to a real server process (`manage.py runserver` on the test database), compared with the same job
+recorded through the workers' DatabaseSink, and the spool + `python -m training.sinks upload` resume
+after the server went down mid-run.
 
-The diagram environment scores a random tiny model 0 on every component, so every advantage would be 0
-and the comparisons vacuous. These jobs train on `VaryingEnv`, registered for the test, whose
+The diagram environment scores a random tiny model 0 on every component, so every advantage would be
+0 and the comparisons vacuous. These jobs train on `VaryingEnv`, registered for the test, whose
 components vary inside every group (and one is sometimes unscorable: None must survive JSON and the
 database alike).
 """
@@ -17,8 +17,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -96,7 +97,8 @@ def grpo_config(tiny_model: str, output_dir: Path):
         num_generations=4,  # smallest group that still shows within-group variance
         per_device_batch_size=8,  # 2 prompts x 4 completions per step
         max_completion_length=24,  # short rollouts: generation dominates CPU time
-        learning_rate=1e-3,  # large, so step 1's update reaches step 2's samples (the comparison is not vacuous)
+        # Large, so step 1's update reaches step 2's samples (the comparison is not vacuous)
+        learning_rate=1e-3,
     )
 
 
@@ -223,7 +225,8 @@ def captured_metrics(sink: MemorySink) -> dict[tuple[int, str], float | None]:
 
 
 def create_api_run(url: str, token: str, name: str) -> int:
-    """Create the run the way a remote training script does: through the API, environment included."""
+    """Create the run the way a remote training script does: through the API, environment
+    included."""
     from training.client import Client
 
     comps = [
@@ -308,7 +311,8 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
         r["rewards"]["has_digit"][0] is None for r in in_db.values()
     )  # None survived both paths
 
-    # The metrics TRL logged arrive the same way too (wall-clock ones differ between runs, by nature).
+    # The metrics TRL logged arrive the same way too (wall-clock ones differ between runs, by
+    # nature).
     m_http, m_db = stored_metrics(http_run), stored_metrics(db_run.id)
     assert m_http.keys() == m_db.keys() == captured_metrics(via_http).keys()
     for key in ("loss", "reward", "reward_std", "rewards/distinct_chars/mean", "entropy"):
@@ -371,7 +375,8 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
     assert [e["kind"] for e in entries].count("groups") == 1 and len(
         entries
     ) > 2  # step 2's groups + metrics
-    # The dead server cost one round of retries; the cooldown sent every later batch straight to the spool.
+    # The dead server cost one round of retries; the cooldown sent every later batch straight to the
+    # spool.
     assert caplog.text.count("not delivered after 3 tries") == 1
 
     # The server comes back at the same address; the resume command sends the spool.
@@ -425,8 +430,8 @@ def _upload(spool: Path, url: str, token: str, run_id: int) -> dict[str, int]:
 def test_it_spools_a_batch_the_server_rejects_and_uploads_the_others_around_it(
     app_server, trainer_token, tmp_path, caplog
 ):
-    """A 4xx would fail the same way every time: no retry, the batch is kept in the spool, the log says
-    what the server objected to, and it does not hold back the batches spooled after it."""
+    """A 4xx would fail the same way every time: no retry, the batch is kept in the spool, the log
+    says what the server objected to, and it does not hold back the batches spooled after it."""
     from training.sinks import upload_spool
     from webapp.rollouts.models import Group
 
@@ -536,8 +541,9 @@ class ThreeComponentEnv(VaryingEnv):
 
 
 def assert_faithful(run_id: int, weights: dict[str, float], scale: str) -> None:
-    """The ablation baseline recomputed from the run's stored settings and scores is TRL's own advantage
-    (max |Δ| < 1e-6), the identity ablation changes nothing, and each stored aggregate is TRL's weighted sum."""
+    """The ablation baseline recomputed from the run's stored settings and scores is TRL's own
+    advantage (max |Δ| < 1e-6), the identity ablation changes nothing, and each stored aggregate is
+    TRL's weighted sum."""
     import numpy as np
 
     from training import stats
@@ -608,8 +614,9 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     http_sink.close()
     assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0}
 
-    weights = dict(zip([c["name"] for c in comps], TRAINED_WEIGHTS))
-    # Over HTTP: the trainer's settings won over the creation-time weights, and the run's log says so.
+    weights = dict(zip([c["name"] for c in comps], TRAINED_WEIGHTS, strict=True))
+    # Over HTTP: the trainer's settings won over the creation-time weights, and the run's log says
+    # so.
     run = Run.objects.get(id=run_id)
     assert "weight of has_digit: 2 replaces 1" in run.log_tail
     trainer = run.reward_settings["trainer"]

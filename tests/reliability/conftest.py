@@ -4,6 +4,7 @@ restart at will (never the machine's shared ones: other engineers and CI use the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -35,7 +36,8 @@ def _port_open(port: int) -> bool:
 
 
 def row_counts() -> dict[str, int]:
-    """Rows of every table ingestion writes to (plus metrics and runs): before/after deltas of a case."""
+    """Rows of every table ingestion writes to (plus metrics and runs): before/after deltas of a
+    case."""
     from webapp.rollouts.models import (
         Group,
         GroupComponentStat,
@@ -51,7 +53,7 @@ def row_counts() -> dict[str, int]:
     }
 
 
-# ------------------------------------------------------------------------------------------------ Postgres
+# ----------------------------------------------------------------------------------------- Postgres
 
 
 def _pg_bin(name: str) -> str:
@@ -63,7 +65,8 @@ def _pg_bin(name: str) -> str:
 
 class PrivatePostgres:
     """A throwaway cluster in a temp dir, run as the `postgres` OS user (initdb refuses root), trust
-    auth on 127.0.0.1:<free port>. `restart()` is a real stop (fast: open connections are cut) + start."""
+    auth on 127.0.0.1:<free port>. `restart()` is a real stop (fast: open connections are cut) +
+    start."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rd-pg-"))
@@ -125,10 +128,8 @@ class PrivatePostgres:
         return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
 
     def cleanup(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already down, or never started
             self.stop("immediate")
-        except Exception:  # already down, or never started
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -145,7 +146,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         pg.cleanup()
 
 
-# ------------------------------------------------------------------------------------------------ Redis
+# -------------------------------------------------------------------------------------------- Redis
 
 
 class PrivateRedis:
@@ -207,7 +208,7 @@ def private_redis() -> Iterator[PrivateRedis]:
             r.proc.wait(timeout=10)
 
 
-# ------------------------------------------------------------------------------------------------ processes
+# ---------------------------------------------------------------------------------------- processes
 
 
 class Server:

@@ -1,5 +1,5 @@
-"""Hostile programs for training.sandbox.run_tests: a plain module (no pytest, no Django) so that the
-non-root driver, an interpreter dropped to an unprivileged uid, can load it by path.
+"""Hostile programs for training.sandbox.run_tests: a plain module (no pytest, no Django) so that
+the non-root driver, an interpreter dropped to an unprivileged uid, can load it by path.
 
 Each program defines `f()` and tries one attack; it returns "pwned" (or the stolen secret) only when
 the attack worked, and the hidden test expects exactly that, so a pass means an escape. `@NAME@`
@@ -27,8 +27,8 @@ class Program:
 
 REIMPORT = "import sys\nfor _m in ('posix', 'os'):\n    sys.modules.pop(_m, None)\nimport posix\n"
 CTYPES = (
-    "import sys\nfor _m in ('ctypes', '_ctypes', 'ctypes.util'):\n    sys.modules.pop(_m, None)\nimport ctypes\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "import sys\nfor _m in ('ctypes', '_ctypes', 'ctypes.util'):\n    sys.modules.pop(_m, "
+    "None)\nimport ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 )
 SOCKETS = "import sys\nsys.modules.pop('_socket', None)\nimport _socket\n"
 
@@ -36,7 +36,10 @@ SOCKETS = "import sys\nsys.modules.pop('_socket', None)\nimport _socket\n"
 def attempt(body: str, prelude: str = "") -> str:
     """A function `f()` running `body`; any exception means the attack failed ("blocked")."""
     indented = "\n".join("        " + line for line in body.strip().splitlines())
-    return f"{prelude}\ndef f():\n    try:\n{indented}\n    except BaseException as e:\n        return 'blocked'\n"
+    return (
+        f"{prelude}\ndef f():\n    try:\n{indented}\n    except BaseException as e:\n        "
+        "return 'blocked'\n"
+    )
 
 
 def render(code: str, ctx: dict[str, object]) -> str:
@@ -73,16 +76,16 @@ PROGRAMS: list[Program] = [
     Program(
         "kill(-1) every process it can see",
         attempt(
-            "ppid = posix.getppid()\nposix.kill(-1, 9)\ntry:\n    posix.kill(ppid, 0)\nexcept ProcessLookupError:\n"
-            "    return 'pwned'\nreturn 'parent alive'",
+            "ppid = posix.getppid()\nposix.kill(-1, 9)\ntry:\n    posix.kill(ppid, 0)\nexcept "
+            "ProcessLookupError:\n    return 'pwned'\nreturn 'parent alive'",
             REIMPORT,
         ),
     ),
     Program(
         "write a 1 GB file",
         attempt(
-            "with open('big', 'wb') as fh:\n    for _ in range(1024):\n        fh.write(b'x' * (1 << 20))\n"
-            "return 'pwned'"
+            "with open('big', 'wb') as fh:\n    for _ in range(1024):\n        fh.write(b'x' * (1 "
+            "<< 20))\nreturn 'pwned'"
         ),
         5,
         area="resources",
@@ -91,7 +94,8 @@ PROGRAMS: list[Program] = [
         "spawn threads in a loop",
         attempt(
             "import threading, time\nn = 0\nwhile n < 100000:\n"
-            "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    n += 1\nreturn 'pwned'"
+            "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    n += "
+            "1\nreturn 'pwned'"
         ),
         area="resources",
     ),
@@ -110,15 +114,15 @@ PROGRAMS: list[Program] = [
         "read /proc/self/environ and the parent's",
         attempt(
             "import os\nseen = open('/proc/self/environ', 'rb').read()\n"
-            "try:\n    seen += open('/proc/%d/environ' % os.getppid(), 'rb').read()\nexcept OSError:\n    pass\n"
-            "return 'pwned' if b'SANDBOX_HOSTILE_SECRET' in seen else ''"
+            "try:\n    seen += open('/proc/%d/environ' % os.getppid(), 'rb').read()\nexcept "
+            "OSError:\n    pass\nreturn 'pwned' if b'SANDBOX_HOSTILE_SECRET' in seen else ''"
         ),
     ),
     Program(
         "forge equality: str subclass, builtins patched",
         (
-            "import builtins\nclass S(str):\n    def __eq__(self, o):\n        return True\n    __hash__ = str.__hash__\n"
-            "builtins.isinstance = lambda *a: True\nbuiltins.str = S\n"
+            "import builtins\nclass S(str):\n    def __eq__(self, o):\n        return True\n    "
+            "__hash__ = str.__hash__\nbuiltins.isinstance = lambda *a: True\nbuiltins.str = S\n"
             "def f():\n    return S('anything')\n"
         ),
         area="forgery",
@@ -126,7 +130,8 @@ PROGRAMS: list[Program] = [
     Program(
         "sleep past the timeout in a finally block",
         (
-            "import time\ndef f():\n    try:\n        return 'pwned'\n    finally:\n        time.sleep(60)\n"
+            "import time\ndef f():\n    try:\n        return 'pwned'\n    finally:\n        "
+            "time.sleep(60)\n"
         ),
         1,
         area="resources",
@@ -150,8 +155,8 @@ PROGRAMS: list[Program] = [
             "        m = __import__('re').search(rb'S3CR3T-[0-9a-f]{12}', blob)\n"
             "        if m:\n            return m.group().decode()\n"
             "    fr = sys._getframe()\n    while fr:\n        for v in fr.f_globals.values():\n"
-            "            if isinstance(v, str) and v.startswith('S3CR3T'):\n                return v\n"
-            "        fr = fr.f_back\n"
+            "            if isinstance(v, str) and v.startswith('S3CR3T'):\n                return "
+            "v\n        fr = fr.f_back\n"
             "    return 'not found'\n"
         ),
         expect="SECRET",
@@ -171,16 +176,18 @@ PROGRAMS: list[Program] = [
     Program(
         "raw socket to a loopback listener (_socket re-imported)",
         attempt(
-            "s = _socket.socket()\ns.settimeout(0.5)\ns.connect(('127.0.0.1', @PORT@))\nreturn 'pwned'",
+            "s = _socket.socket()\ns.settimeout(0.5)\ns.connect(('127.0.0.1', @PORT@))\nreturn "
+            "'pwned'",
             SOCKETS,
         ),
     ),
     Program(
         "write outside its cwd",
         attempt(
-            "done = []\nfor p in ('@MARKER@', '@PROJECT_MARKER@', '/etc/pwned_@TAG@', '/root/pwned_@TAG@', '../x'):\n"
-            "    try:\n        open(p, 'w').write('x'); done.append(p)\n    except OSError:\n        pass\n"
-            "return 'pwned' if [p for p in done if not p.startswith('/tmp/')] else 'only its private /tmp'"
+            "done = []\nfor p in ('@MARKER@', '@PROJECT_MARKER@', '/etc/pwned_@TAG@', "
+            "'/root/pwned_@TAG@', '../x'):\n    try:\n        open(p, 'w').write('x'); "
+            "done.append(p)\n    except OSError:\n        pass\nreturn 'pwned' if [p for p in done "
+            "if not p.startswith('/tmp/')] else 'only its private /tmp'"
         ),
     ),
     Program(
@@ -197,8 +204,8 @@ PROGRAMS: list[Program] = [
     Program(
         "unshare/mount via ctypes to regain root",
         attempt(
-            "return 'pwned' if libc.unshare(0x10000000) == 0 and libc.mount(b'none', b'/', b'tmpfs', 0, None) == 0 "
-            "else ''",
+            "return 'pwned' if libc.unshare(0x10000000) == 0 and libc.mount(b'none', b'/', "
+            "b'tmpfs', 0, None) == 0 else ''",
             CTYPES,
         ),
     ),
@@ -218,24 +225,27 @@ PROGRAMS: list[Program] = [
         (
             CHANNEL + "import json\n"
             "def f():\n    print('OK 1/1 passed')\n"
-            "    os.write(RES, (json.dumps({'t': 'case', 'i': 0, 'ok': True, 'out': 'pwned'}) + '\\n').encode())\n"
-            "    return 'nope'\n"
+            "    os.write(RES, (json.dumps({'t': 'case', 'i': 0, 'ok': True, 'out': 'pwned'}) + "
+            "'\\n').encode())\n    return 'nope'\n"
         ),
         expect="SECRET",
         area="channel",
     ),
-    # --- host Unix sockets: path-named sockets ignore the network namespace; only the root hides them
+    # --- host Unix sockets: path-named sockets ignore the network namespace; only the root hides
+    # them
     Program(
         "connect to the Postgres Unix socket",
         attempt(
-            "s = _socket.socket(_socket.AF_UNIX)\ns.connect('/run/postgresql/.s.PGSQL.5432')\nreturn 'pwned'",
+            "s = _socket.socket(_socket.AF_UNIX)\n"
+            "s.connect('/run/postgresql/.s.PGSQL.5432')\nreturn 'pwned'",
             SOCKETS,
         ),
     ),
     Program(
         "connect to the MariaDB Unix socket",
         attempt(
-            "s = _socket.socket(_socket.AF_UNIX)\ns.connect('/run/mysqld/mysqld.sock')\nreturn 'pwned'",
+            "s = _socket.socket(_socket.AF_UNIX)\ns.connect('/run/mysqld/mysqld.sock')\nreturn "
+            "'pwned'",
             SOCKETS,
         ),
     ),
@@ -257,24 +267,25 @@ PROGRAMS: list[Program] = [
         attempt(
             "import os, stat\nfor top in ('/run', '/var', '/tmp', '/sandbox', '/python'):\n"
             "    for d, _, files in os.walk(top):\n        for n in files:\n"
-            "            if stat.S_ISSOCK(os.lstat(os.path.join(d, n)).st_mode):\n                return 'pwned'\n"
-            "return 'none'"
+            "            if stat.S_ISSOCK(os.lstat(os.path.join(d, n)).st_mode):\n                "
+            "return 'pwned'\nreturn 'none'"
         ),
     ),
     # --- other checkouts of the project and host folders
     Program(
         "read the task bank through another checkout",
         attempt(
-            "import glob\nfor p in glob.glob('/work/*/training/environments/ask_to_code_tasks.py') + "
-            "['@PROJECT@/training/environments/ask_to_code_tasks.py']:\n    try:\n"
-            "        if open(p).read():\n            return 'pwned'\n    except OSError:\n        pass\nreturn 'none'"
+            "import glob\nfor p in glob.glob('/work/*/training/environments/ask_to_code_tasks.py') "
+            "+ ['@PROJECT@/training/environments/ask_to_code_tasks.py']:\n    try:\n"
+            "        if open(p).read():\n            return 'pwned'\n    except OSError:\n        "
+            "pass\nreturn 'none'"
         ),
     ),
     Program(
         "list /work, /root, /home, /var, /run, /etc",
         attempt(
-            "import os\nfor d in ('/work', '/root', '/home', '/var', '/run', '/etc', '/usr', '/srv', '/mnt'):\n"
-            "    if os.path.exists(d):\n        return 'pwned'\nreturn 'none'"
+            "import os\nfor d in ('/work', '/root', '/home', '/var', '/run', '/etc', '/usr', "
+            "'/srv', '/mnt'):\n    if os.path.exists(d):\n        return 'pwned'\nreturn 'none'"
         ),
     ),
     Program(
@@ -289,11 +300,13 @@ PROGRAMS: list[Program] = [
     Program(
         "reach the host through /proc/1/root and /proc/self/cwd",
         attempt(
-            "import os\nfor p in ('/proc/1/root/work', '/proc/1/root/etc/passwd', '/proc/self/root/root'):\n"
-            "    if os.path.exists(p):\n        return 'pwned'\nreturn 'none'"
+            "import os\nfor p in ('/proc/1/root/work', '/proc/1/root/etc/passwd', "
+            "'/proc/self/root/root'):\n    if os.path.exists(p):\n        return 'pwned'\nreturn "
+            "'none'"
         ),
     ),
-    # --- results channel: forgery, truncation, malformed lines; each must void the run, not crash it
+    # --- results channel: forgery, truncation, malformed lines; each must void the run, not crash
+    # it
     Program(
         "channel: truncate it and exit (was NaN: 'sandbox setup failed')",
         CHANNEL + "def f():\n    os.ftruncate(RES, 0)\n    os._exit(0)\n",
@@ -303,7 +316,8 @@ PROGRAMS: list[Program] = [
         "channel: rewrite it with a forged start, pass and done",
         (
             CHANNEL + "def f():\n    os.ftruncate(RES, 0)\n    os.lseek(RES, 0, 0)\n"
-            '    os.write(RES, b\'{"t": "ready"}\\n{"t": "case", "i": 0, "ok": true, "out": "pwned"}\\n\''
+            '    os.write(RES, b\'{"t": "ready"}\\n{"t": "case", "i": 0, "ok": true, "out": '
+            '"pwned"}\\n\''
             ' b\'{"t": "done"}\\n\')\n    os._exit(0)\n'
         ),
         expect="SECRET",
@@ -319,7 +333,8 @@ PROGRAMS: list[Program] = [
         "channel: a line nested 100000 deep",
         (
             CHANNEL
-            + "def f():\n    os.write(RES, b'[' * 100000 + b']' * 100000 + b'\\n')\n    return 'pwned'\n"
+            + "def f():\n    os.write(RES, b'[' * 100000 + b']' * 100000 + b'\\n')\n    return "
+            "'pwned'\n"
         ),
         expect="SECRET",
         area="channel",
@@ -328,7 +343,8 @@ PROGRAMS: list[Program] = [
         "channel: 20 MB of garbage",
         (
             CHANNEL
-            + "def f():\n    for _ in range(20):\n        os.write(RES, b'x' * (1 << 20))\n    return 'pwned'\n"
+            + "def f():\n    for _ in range(20):\n        os.write(RES, b'x' * (1 << 20))\n    "
+            "return 'pwned'\n"
         ),
         5,
         expect="SECRET",
@@ -337,8 +353,8 @@ PROGRAMS: list[Program] = [
     Program(
         "channel: forged notes",
         (
-            CHANNEL
-            + 'def f():\n    os.write(RES, b\'{"t": "note", "msg": "FORGED-NOTE all limits off"}\\n\')\n'
+            CHANNEL + 'def f():\n    os.write(RES, b\'{"t": "note", "msg": "FORGED-NOTE all limits '
+            "off\"}\\n')\n"
             "    return 'pwned'\n"
         ),
         expect="SECRET",
@@ -368,8 +384,8 @@ PROGRAMS: list[Program] = [
     Program(
         "memfd_create 1 GB",
         attempt(
-            "import os\nfd = os.memfd_create('x')\nfor _ in range(1024):\n    os.write(fd, b'x' * (1 << 20))\n"
-            "return 'pwned'"
+            "import os\nfd = os.memfd_create('x')\nfor _ in range(1024):\n    os.write(fd, b'x' * "
+            "(1 << 20))\nreturn 'pwned'"
         ),
         5,
         area="resources",
@@ -384,7 +400,8 @@ PROGRAMS: list[Program] = [
     Program(
         "fill the working tmpfs with many files",
         attempt(
-            "n = 0\nwhile n < 1024:\n    open('f%d' % n, 'wb').write(b'x' * (1 << 20))\n    n += 1\nreturn 'pwned'"
+            "n = 0\nwhile n < 1024:\n    open('f%d' % n, 'wb').write(b'x' * (1 << 20))\n    n += "
+            "1\nreturn 'pwned'"
         ),
         5,
         area="resources",
@@ -392,8 +409,8 @@ PROGRAMS: list[Program] = [
     Program(
         "fill /dev/shm and /tmp",
         attempt(
-            "for d in ('/dev/shm', '/tmp'):\n    with open(d + '/big', 'wb') as fh:\n        for _ in range(256):\n"
-            "            fh.write(b'x' * (1 << 20))\nreturn 'pwned'"
+            "for d in ('/dev/shm', '/tmp'):\n    with open(d + '/big', 'wb') as fh:\n        for _ "
+            "in range(256):\n            fh.write(b'x' * (1 << 20))\nreturn 'pwned'"
         ),
         5,
         area="resources",
@@ -409,8 +426,8 @@ PROGRAMS: list[Program] = [
     Program(
         "directories nested thousands deep",
         (
-            "import os\ndef f():\n    for _ in range(5000):\n        os.mkdir('d')\n        os.chdir('d')\n"
-            "    return 'deep'\n"
+            "import os\ndef f():\n    for _ in range(5000):\n        os.mkdir('d')\n        "
+            "os.chdir('d')\n    return 'deep'\n"
         ),
         5,
         area="resources",
@@ -419,8 +436,8 @@ PROGRAMS: list[Program] = [
     Program(
         "fork-setsid-exit loop (posix re-imported)",
         attempt(
-            "for _ in range(500):\n    if posix.fork() != 0:\n        posix._exit(0)\n    posix.setsid()\n"
-            "return 'pwned'",
+            "for _ in range(500):\n    if posix.fork() != 0:\n        posix._exit(0)\n    "
+            "posix.setsid()\nreturn 'pwned'",
             REIMPORT,
         ),
         2,
@@ -429,8 +446,8 @@ PROGRAMS: list[Program] = [
     Program(
         "raw clone syscall without CLONE_THREAD (ctypes)",
         attempt(
-            "pid = libc.syscall(56, 17, 0, 0, 0, 0)\nif pid == 0:\n    import time\n    time.sleep(60)\n"
-            "return 'pwned' if pid > 0 else 'refused'",
+            "pid = libc.syscall(56, 17, 0, 0, 0, 0)\nif pid == 0:\n    import time\n    "
+            "time.sleep(60)\nreturn 'pwned' if pid > 0 else 'refused'",
             CTYPES,
         ),
         2,
@@ -440,9 +457,9 @@ PROGRAMS: list[Program] = [
     Program(
         "read a key from the parent's session keyring",
         attempt(
-            "kid = libc.syscall(250, 10, -3, b'user', b'@KEY_DESC@', 0)\nif kid < 0:\n    return 'refused'\n"
-            "buf = ctypes.create_string_buffer(256)\nn = libc.syscall(250, 11, kid, buf, 256)\n"
-            "return buf.raw[:max(n, 0)].decode()",
+            "kid = libc.syscall(250, 10, -3, b'user', b'@KEY_DESC@', 0)\nif kid < 0:\n    return "
+            "'refused'\nbuf = ctypes.create_string_buffer(256)\nn = libc.syscall(250, 11, kid, "
+            "buf, 256)\nreturn buf.raw[:max(n, 0)].decode()",
             CTYPES,
         ),
         expect="SECRET",
@@ -456,34 +473,38 @@ PROGRAMS: list[Program] = [
         attempt(
             "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        try:\n"
             "            if b'@CMDLINE_SECRET@' in open('/proc/%s/cmdline' % p, 'rb').read():\n"
-            "                return 'pwned'\n        except OSError:\n            pass\nreturn 'none'"
+            "                return 'pwned'\n        except OSError:\n            pass\nreturn "
+            "'none'"
         ),
     ),
     Program(
         "count the processes it can see",
         attempt(
-            "import os\nreturn 'pwned' if len([p for p in os.listdir('/proc') if p.isdigit()]) > 2 else 'alone'"
+            "import os\nreturn 'pwned' if len([p for p in os.listdir('/proc') if p.isdigit()]) > 2 "
+            "else 'alone'"
         ),
     ),
     Program(
         "unmount the read-only runtime (ctypes)",
         attempt(
-            "return 'pwned' if libc.umount2(b'/python', 2) == 0 or libc.umount2(b'/proc', 2) == 0 else 'refused'",
+            "return 'pwned' if libc.umount2(b'/python', 2) == 0 or libc.umount2(b'/proc', 2) == 0 "
+            "else 'refused'",
             CTYPES,
         ),
     ),
     Program(
         "capabilities in its user namespace",
         attempt(
-            "caps = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
-            "return 'pwned' if any(int(l.split()[1], 16) for l in caps) else 'none'"
+            "caps = [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', "
+            "'CapBnd'))]\nreturn 'pwned' if any(int(l.split()[1], 16) for l in caps) else 'none'"
         ),
     ),
     Program(
         "remount /sandbox elsewhere and write the root (ctypes)",
         attempt(
             "ok = libc.mount(b'/sandbox', b'/python', None, 4096, None) == 0\n"
-            "ok = ok or libc.mount(None, b'/', None, 32 | 4096, None) == 0\nopen('/pwned', 'w')\nreturn 'pwned'",
+            "ok = ok or libc.mount(None, b'/', None, 32 | 4096, None) == 0\nopen('/pwned', "
+            "'w')\nreturn 'pwned'",
             CTYPES,
         ),
     ),
@@ -495,14 +516,16 @@ PROGRAMS: list[Program] = [
             CTYPES,
         ),
     ),
-    # Harmless even where it escapes: it writes back the value it read, and only opens sysrq-trigger.
+    # Harmless even where it escapes: it writes back the value it read, and only opens
+    # sysrq-trigger.
     Program(
         "write a kernel sysctl and open /proc/sysrq-trigger",
         attempt(
             "same = open('/proc/sys/kernel/core_pattern').read()\n"
-            "for path, text in (('/proc/sys/kernel/core_pattern', same), ('/proc/sysrq-trigger', '')):\n"
-            "    try:\n        with open(path, 'w') as fh:\n            fh.write(text)\n        return 'pwned'\n"
-            "    except OSError:\n        pass\nreturn 'refused'"
+            "for path, text in (('/proc/sys/kernel/core_pattern', same), ('/proc/sysrq-trigger', "
+            "'')):\n    try:\n        with open(path, 'w') as fh:\n            "
+            "fh.write(text)\n        return 'pwned'\n    except OSError:\n        pass\nreturn "
+            "'refused'"
         ),
     ),
     Program(
@@ -513,7 +536,8 @@ PROGRAMS: list[Program] = [
         "signal a host process (ctypes, pidfd too)",
         attempt(
             "hit = libc.kill(@SLEEPER_PID@, 9) == 0\nfd = libc.syscall(434, @SLEEPER_PID@, 0)\n"
-            "hit = hit or (fd >= 0 and libc.syscall(424, fd, 9, None, 0) == 0)\nreturn 'pwned' if hit else 'refused'",
+            "hit = hit or (fd >= 0 and libc.syscall(424, fd, 9, None, 0) == 0)\nreturn 'pwned' if "
+            "hit else 'refused'",
             CTYPES,
         ),
     ),
@@ -521,8 +545,8 @@ PROGRAMS: list[Program] = [
         "io_uring, bpf and perf_event_open (ctypes)",
         attempt(
             "buf = ctypes.create_string_buffer(256)\n"
-            "fds = [libc.syscall(425, 8, buf), libc.syscall(321, 0, buf, 48), libc.syscall(298, buf, 0, -1, -1, 0)]\n"
-            "return 'pwned' if any(fd >= 0 for fd in fds) else 'refused'",
+            "fds = [libc.syscall(425, 8, buf), libc.syscall(321, 0, buf, 48), libc.syscall(298, "
+            "buf, 0, -1, -1, 0)]\nreturn 'pwned' if any(fd >= 0 for fd in fds) else 'refused'",
             CTYPES,
         ),
     ),

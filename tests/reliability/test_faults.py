@@ -1,18 +1,20 @@
 """Faults injected into the real processes, each under 90 s. Only PRIVATE servers are stopped here.
 
 (a) The training child killed mid-step: covered by
-    tests/workers/test_jobs_e2e.py::test_it_fails_a_killed_job_and_keeps_its_rollouts (not duplicated).
-(b) The Celery worker SIGKILLed (its whole process group) while a job runs: once its heartbeat stops,
-    `reap_stale_runs()` fails the run; the rollouts already recorded stay.
+    tests/workers/test_jobs_e2e.py::test_it_fails_a_killed_job_and_keeps_its_rollouts (not
+    duplicated).
+(b) The Celery worker SIGKILLed (its whole process group) while a job runs: once its heartbeat
+    stops, `reap_stale_runs()` fails the run; the rollouts already recorded stay.
 (c) The broker (a private Redis) restarted mid-job: the job still finishes (its state is in the
     database) and the worker reconnects and runs a second job queued after the restart.
-(d) A private Postgres restarted while a client streams batches through a real API server: the client
-    retries, and every acknowledged batch is stored exactly once (nothing acknowledged is lost, nothing
-    is duplicated).
+(d) A private Postgres restarted while a client streams batches through a real API server: the
+    client retries, and every acknowledged batch is stored exactly once (nothing acknowledged is
+    lost, nothing is duplicated).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -119,13 +121,12 @@ def _alive(pid: int | None) -> bool:
 
 
 def _kill_orphan_child(run) -> None:
-    """Clean-up only: the job child runs in its own session, so a test kills it if it is still there."""
+    """Clean-up only: the job child runs in its own session, so a test kills it if it is still
+    there."""
     run.refresh_from_db()
     if run.pid:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(

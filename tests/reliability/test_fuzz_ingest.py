@@ -3,14 +3,14 @@
 Every generated body goes through DRF with a real token, in process. For each case:
 - never a 500 (the test client re-raises a view's exception, so a crash fails the case loudly);
 - a refusal is a 4xx whose errors each name a field ("body" for what is not even JSON);
-- a refused batch stores nothing at all, even when all but one of its groups were valid (row counts of
-  Group / Rollout / RewardScore / GroupComponentStat / StepMetric / Run before and after);
+- a refused batch stores nothing at all, even when all but one of its groups were valid (row counts
+  of Group / Rollout / RewardScore / GroupComponentStat / StepMetric / Run before and after);
 - an accepted batch stores exactly what the response says, and the explorer can read it back.
 
-Bodies: random JSON, and valid batches with exactly one mutation (wrong types, NaN / Infinity tokens,
-1e309, 20-digit and 5000-digit integers, negative and duplicate indexes, unknown components, nesting
-100k deep, 10k-character keys, NUL bytes and lone surrogates, missing and extra fields, ...).
-The number of malformed cases each test generated is asserted and written to
+Bodies: random JSON, and valid batches with exactly one mutation (wrong types, NaN / Infinity
+tokens, 1e309, 20-digit and 5000-digit integers, negative and duplicate indexes, unknown components,
+nesting 100k deep, 10k-character keys, NUL bytes and lone surrogates, missing and extra fields,
+...). The number of malformed cases each test generated is asserted and written to
 test-artifacts/fuzz_counts.json.
 """
 
@@ -77,7 +77,7 @@ def _record(name: str, n: int) -> None:
     out.write_text(json.dumps(saved, indent=1, sort_keys=True))
 
 
-# ------------------------------------------------------------------------------------------------ strategies
+# --------------------------------------------------------------------------------------- strategies
 
 json_scalars = (
     st.none()
@@ -91,7 +91,8 @@ random_json = st.recursive(
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
     max_leaves=20,
 )
-# Values that are the wrong type for nearly every field (some are right for a few: the response decides).
+# Values that are the wrong type for nearly every field (some are right for a few: the response
+# decides).
 wrong_values = st.sampled_from(
     [
         None,
@@ -188,148 +189,189 @@ REQUIRED = {
     "group": ("step", "key", "prompt", "rollouts"),
     "rollout": ("index", "completion", "transcript"),
 }
-MUTATIONS = (
-    "wrong_type",
-    "nan_token",
-    "huge_number",
-    "negative",
-    "duplicate_index",
-    "duplicate_key",
-    "unknown_component",
-    "deep_prompt",
-    "long_key",
-    "weird_text",
-    "missing_field",
-    "extra_field",
-    "partial_advantage",
-    "not_a_list",
-    "bad_role",
-)
+
+
+# One function per mutation: each edits the drawn batch, group `g` or rollout `r` in place and may
+# add raw text substitutions (tokens JSON cannot carry) to `raw`.
+
+
+def _wrong_type(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    where = draw(st.sampled_from([g, r, body]))
+    fields = GROUP_FIELDS if where is g else ROLLOUT_FIELDS if where is r else ("groups",)
+    where[draw(st.sampled_from(fields))] = draw(wrong_values)
+
+
+def _nan_token(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    token = draw(st.sampled_from(["NaN", "Infinity", "-Infinity"]))
+    target = draw(st.sampled_from(["reward", "advantage", "rewards", "step"]))
+    if target == "rewards":
+        r["rewards"]["correct"] = "__TOKEN__"
+    elif target == "step":
+        g["step"] = "__TOKEN__"
+    else:
+        r[target] = "__TOKEN__"
+    raw['"__TOKEN__"'] = token
+
+
+def _huge_number(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    value = draw(
+        st.sampled_from(
+            [
+                "1e309",
+                "-1e309",
+                "1e308",
+                "-1e308",
+                "4e307",
+                "123456789012345678901",
+                "9" * 5000,
+                "1" + "0" * 400 + ".5",
+                "5e-324",
+            ]
+        )
+    )
+    target = draw(st.sampled_from(["step", "index", "length", "reward", "advantage", "rewards"]))
+    if target == "step":
+        g["step"] = "__NUM__"
+    elif target == "rewards":
+        r["rewards"]["format"] = "__NUM__"
+    else:
+        r[target] = "__NUM__"
+    raw['"__NUM__"'] = value
+
+
+def _negative(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    target = draw(st.sampled_from(["step", "index", "length"]))
+    (g if target == "step" else r)[target] = -draw(st.integers(1, 2**40))
+
+
+def _duplicate_index(
+    draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]
+) -> None:
+    g["rollouts"].append(dict(g["rollouts"][0]))
+
+
+def _duplicate_key(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    body["groups"].append(json.loads(json.dumps(g)))
+
+
+def _unknown_component(
+    draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]
+) -> None:
+    r["rewards"][draw(st.sampled_from(["nope", "", "correct ", "CORRECT", "x" * 300]))] = 0.5
+
+
+def _deep_prompt(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    g["prompt"] = "__DEEP__"
+    depth = draw(st.sampled_from([64, 500, 990, 5_000, 100_000]))
+    raw['"__DEEP__"'] = "[" * depth + "]" * depth
+
+
+def _long_key(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    target = draw(st.sampled_from(["group_key", "component", "extra"]))
+    long = "k" * 10_000
+    if target == "group_key":
+        g["key"] = long
+    elif target == "component":
+        r["rewards"][long] = 1.0
+    else:
+        r[long] = 1  # an unknown field: ignored, the batch stays valid
+
+
+def _weird_text(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    text = draw(weird_text)
+    target = draw(
+        st.sampled_from(
+            [
+                "prompt",
+                "key",
+                "completion",
+                "finish_reason",
+                "parse_error",
+                "reason",
+                "state",
+                "tool_name",
+            ]
+        )
+    )
+    if target in ("prompt", "key"):
+        g[target] = text
+    elif target == "completion":
+        r.pop("transcript", None)
+        r["completion"] = text
+    elif target == "reason":
+        r["rewards"]["correct"] = {"value": 1.0, "reason": text}
+    elif target == "state":
+        r["state"] = {text: [text]}
+    elif target == "tool_name":
+        r.pop("completion", None)
+        r["transcript"] = [{"role": "tool", "name": text, "content": text}]
+    else:
+        r[target] = text
+
+
+def _missing_field(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    level = draw(st.sampled_from(["group", "rollout"]))
+    target = g if level == "group" else r
+    for f in REQUIRED[level]:
+        if f in target and draw(st.booleans()):
+            del target[f]
+    if level == "group" and all(f in g for f in REQUIRED["group"]):
+        del g["key"]
+    if level == "rollout" and "index" in r and ("completion" in r or "transcript" in r):
+        del r["index"]
+
+
+def _extra_field(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    where = draw(st.sampled_from([g, r, body]))
+    where[draw(st.text(min_size=1, max_size=12))] = draw(random_json)
+
+
+def _partial_advantage(
+    draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]
+) -> None:
+    g["rollouts"].append({"index": 99, "completion": "x"})
+    g["rollouts"][0]["advantage"] = 0.5
+
+
+def _not_a_list(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    g["rollouts"] = draw(st.sampled_from([[], {}, "r", None, [None], [[]], [1]]))
+
+
+def _bad_role(draw: Any, body: dict[str, Any], g: dict, r: dict, raw: dict[str, str]) -> None:
+    r.pop("completion", None)
+    r["transcript"] = [
+        {"role": draw(st.sampled_from(["hacker", "", None, 1, "USER"])), "content": "x"}
+    ]
+
+
+MUTATE = {
+    "wrong_type": _wrong_type,
+    "nan_token": _nan_token,
+    "huge_number": _huge_number,
+    "negative": _negative,
+    "duplicate_index": _duplicate_index,
+    "duplicate_key": _duplicate_key,
+    "unknown_component": _unknown_component,
+    "deep_prompt": _deep_prompt,
+    "long_key": _long_key,
+    "weird_text": _weird_text,
+    "missing_field": _missing_field,
+    "extra_field": _extra_field,
+    "partial_advantage": _partial_advantage,
+    "not_a_list": _not_a_list,
+    "bad_role": _bad_role,
+}
 
 
 @st.composite
 def mutated_batch(draw: Any) -> tuple[dict[str, Any], dict[str, str], str]:
     """A valid batch, then exactly one mutation. Returns (body, raw text substitutions, label)."""
     body = draw(valid_batch())
-    kind = draw(st.sampled_from(MUTATIONS))
+    kind = draw(st.sampled_from(list(MUTATE)))
     g = draw(st.sampled_from(body["groups"]))
     r = draw(st.sampled_from(g["rollouts"]))
     raw: dict[str, str] = {}
-    if kind == "wrong_type":
-        where = draw(st.sampled_from([g, r, body]))
-        fields = GROUP_FIELDS if where is g else ROLLOUT_FIELDS if where is r else ("groups",)
-        where[draw(st.sampled_from(fields))] = draw(wrong_values)
-    elif kind == "nan_token":
-        token = draw(st.sampled_from(["NaN", "Infinity", "-Infinity"]))
-        target = draw(st.sampled_from(["reward", "advantage", "rewards", "step"]))
-        if target == "rewards":
-            r["rewards"]["correct"] = "__TOKEN__"
-        elif target == "step":
-            g["step"] = "__TOKEN__"
-        else:
-            r[target] = "__TOKEN__"
-        raw['"__TOKEN__"'] = token
-    elif kind == "huge_number":
-        value = draw(
-            st.sampled_from(
-                [
-                    "1e309",
-                    "-1e309",
-                    "1e308",
-                    "-1e308",
-                    "4e307",
-                    "123456789012345678901",
-                    "9" * 5000,
-                    "1" + "0" * 400 + ".5",
-                    "5e-324",
-                ]
-            )
-        )
-        target = draw(
-            st.sampled_from(["step", "index", "length", "reward", "advantage", "rewards"])
-        )
-        if target == "step":
-            g["step"] = "__NUM__"
-        elif target == "rewards":
-            r["rewards"]["format"] = "__NUM__"
-        else:
-            r[target] = "__NUM__"
-        raw['"__NUM__"'] = value
-    elif kind == "negative":
-        target = draw(st.sampled_from(["step", "index", "length"]))
-        (g if target == "step" else r)[target] = -draw(st.integers(1, 2**40))
-    elif kind == "duplicate_index":
-        g["rollouts"].append(dict(g["rollouts"][0]))
-    elif kind == "duplicate_key":
-        body["groups"].append(json.loads(json.dumps(g)))
-    elif kind == "unknown_component":
-        r["rewards"][draw(st.sampled_from(["nope", "", "correct ", "CORRECT", "x" * 300]))] = 0.5
-    elif kind == "deep_prompt":
-        g["prompt"] = "__DEEP__"
-        depth = draw(st.sampled_from([64, 500, 990, 5_000, 100_000]))
-        raw['"__DEEP__"'] = "[" * depth + "]" * depth
-    elif kind == "long_key":
-        target = draw(st.sampled_from(["group_key", "component", "extra"]))
-        long = "k" * 10_000
-        if target == "group_key":
-            g["key"] = long
-        elif target == "component":
-            r["rewards"][long] = 1.0
-        else:
-            r[long] = 1  # an unknown field: ignored, the batch stays valid
-    elif kind == "weird_text":
-        text = draw(weird_text)
-        target = draw(
-            st.sampled_from(
-                [
-                    "prompt",
-                    "key",
-                    "completion",
-                    "finish_reason",
-                    "parse_error",
-                    "reason",
-                    "state",
-                    "tool_name",
-                ]
-            )
-        )
-        if target in ("prompt", "key"):
-            g[target] = text
-        elif target == "completion":
-            r.pop("transcript", None)
-            r["completion"] = text
-        elif target == "reason":
-            r["rewards"]["correct"] = {"value": 1.0, "reason": text}
-        elif target == "state":
-            r["state"] = {text: [text]}
-        elif target == "tool_name":
-            r.pop("completion", None)
-            r["transcript"] = [{"role": "tool", "name": text, "content": text}]
-        else:
-            r[target] = text
-    elif kind == "missing_field":
-        level = draw(st.sampled_from(["group", "rollout"]))
-        target = g if level == "group" else r
-        for f in REQUIRED[level]:
-            if f in target and draw(st.booleans()):
-                del target[f]
-        if level == "group" and all(f in g for f in REQUIRED["group"]):
-            del g["key"]
-        if level == "rollout" and "index" in r and ("completion" in r or "transcript" in r):
-            del r["index"]
-    elif kind == "extra_field":
-        where = draw(st.sampled_from([g, r, body]))
-        where[draw(st.text(min_size=1, max_size=12))] = draw(random_json)
-    elif kind == "partial_advantage":
-        g["rollouts"].append({"index": 99, "completion": "x"})
-        g["rollouts"][0]["advantage"] = 0.5
-    elif kind == "not_a_list":
-        g["rollouts"] = draw(st.sampled_from([[], {}, "r", None, [None], [[]], [1]]))
-    elif kind == "bad_role":
-        r.pop("completion", None)
-        r["transcript"] = [
-            {"role": draw(st.sampled_from(["hacker", "", None, 1, "USER"])), "content": "x"}
-        ]
+    MUTATE[kind](draw, body, g, r, raw)
     return body, raw, kind
 
 
@@ -341,7 +383,8 @@ def _serialise(body: Any, raw: dict[str, str]) -> bytes:
     ):
         if isinstance(grp, dict) and isinstance(grp.get("key"), str):
             grp["key"] = (
-                f"{next(_fresh)}-{grp['key']}"  # fresh keys: a stored group never hides a partial write
+                # Fresh keys: a stored group never hides a partial write
+                f"{next(_fresh)}-{grp['key']}"
             )
     text = json.dumps(body, ensure_ascii=True)
     for placeholder, token in raw.items():
@@ -349,11 +392,12 @@ def _serialise(body: Any, raw: dict[str, str]) -> bytes:
     return text.encode()
 
 
-# ------------------------------------------------------------------------------------------------ checks
+# ------------------------------------------------------------------------------------------- checks
 
 
 def check_case(client: Any, url: str, data: bytes, name: str, readback: str | None = None) -> int:
-    """POST one body; assert the invariants. Returns 1 when the body was refused (a malformed case)."""
+    """POST one body; assert the invariants. Returns 1 when the body was refused (a malformed
+    case)."""
     before = counts()
     res = client.post(url, data=data, content_type="application/json")
     after = counts()
@@ -399,7 +443,8 @@ def test_it_refuses_every_mutated_batch_whole_and_names_the_field(trainer_api, r
 
 
 def test_it_generated_enough_malformed_batches():
-    # Runs after the property test above (file order); guards against a strategy that quietly went valid.
+    # Runs after the property test above (file order); guards against a strategy that quietly went
+    # valid.
     if TALLY["groups_mutated"] == 0:
         pytest.skip("the mutated-batch property test did not run in this session")
     assert TALLY["groups_mutated"] >= 250, dict(TALLY)
@@ -515,8 +560,8 @@ def test_it_reports_fuzz_counts(capsys):
 
 
 def test_it_stores_an_overflowing_aggregate_as_unknown_and_still_serves_it(trainer_api, run):
-    # Found by the fuzzer: 1e308 is finite, but a weighted sum or a std of such values overflows to inf,
-    # which was stored and then made every explorer page a 500 (inf is not JSON).
+    # Found by the fuzzer: 1e308 is finite, but a weighted sum or a std of such values overflows to
+    # inf, which was stored and then made every explorer page a 500 (inf is not JSON).
     group = {
         "step": 0,
         "key": "overflow",

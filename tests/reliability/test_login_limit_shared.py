@@ -1,7 +1,7 @@
-"""The login rate limit holds across server processes: two `runserver` processes on one database and the
-configured cache (the broker's Redis when CELERY_BROKER_URL is Redis, else the file cache under
-RD_VAR_DIR), failed logins sent to them in turn, and the limit trips after MAX_FAILURES in total, not
-per process."""
+"""The login rate limit holds across server processes: two `runserver` processes on one database and
+the configured cache (the broker's Redis when CELERY_BROKER_URL is Redis, else the file cache under
+RD_VAR_DIR), failed logins sent to them in turn, and the limit trips after MAX_FAILURES in total,
+not per process."""
 
 from __future__ import annotations
 

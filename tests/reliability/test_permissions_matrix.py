@@ -1,10 +1,10 @@
 """Every URL pattern x every persona, for GET and POST, against an explicit expectation table.
 
 The URL list comes from the resolver itself, so a new view without an entry in EXPECTED fails the
-test until someone classifies it. Int path parameters are filled with ids of real objects (a run with
-groups and rollouts, an annotation, a review queue, a dataset, an ablation). Each POST runs inside a
-savepoint that is rolled back, so cells are independent (a delete by one role leaves the object for
-the next). A viewer's POSTs must all be 403/405 with every table's row count unchanged.
+test until someone classifies it. Int path parameters are filled with ids of real objects (a run
+with groups and rollouts, an annotation, a review queue, a dataset, an ablation). Each POST runs
+inside a savepoint that is rolled back, so cells are independent (a delete by one role leaves the
+object for the next). A viewer's POSTs must all be 403/405 with every table's row count unchanged.
 
 The matrix is printed (pytest -s) and written to test-artifacts/permissions_matrix.txt.
 """
@@ -293,10 +293,10 @@ def test_it_enforces_the_permission_matrix_on_every_url(client, personas, world,
     lines.append(header)
     lines.append("-" * len(header))
     viewer_posts = 0
-    for name, route in sorted(patterns):
+    for name, _route in sorted(patterns):
         url = fill(name, world)
         is_api = url.startswith("/api/")
-        for method, need in zip(("GET", "POST"), EXPECTED[name]):
+        for method, need in zip(("GET", "POST"), EXPECTED[name], strict=True):
             cells = []
             for persona in PERSONAS:
                 if persona == "token" and not is_api:

@@ -1,6 +1,6 @@
-"""Races on real Postgres: identical ingests, identical imports and find-or-create of one run name, at
-the same moment, from separate connections (threads, each with its own connection; one case with two
-processes). Nothing may fail with a 500 or an exception, and nothing may be stored twice.
+"""Races on real Postgres: identical ingests, identical imports and find-or-create of one run name,
+at the same moment, from separate connections (threads, each with its own connection; one case with
+two processes). Nothing may fail with a 500 or an exception, and nothing may be stored twice.
 
 Run with DATABASE_URL=postgres://... (skipped on SQLite, where BEGIN IMMEDIATE serialises writers).
 """
@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,8 @@ def test_it_stores_two_identical_api_batches_sent_at_once_once(run, api, persona
         body = batch(f"t{trial}")
         url = f"/api/v1/runs/{run.id}/groups/"
         (a, b), errors = at_once(
-            lambda: client_a.post(url, body, format="json"),
-            lambda: client_b.post(url, body, format="json"),
+            partial(client_a.post, url, body, format="json"),
+            partial(client_b.post, url, body, format="json"),
         )
         assert errors == []
         assert sorted([a.status_code, b.status_code]) == [200, 201], (a.content, b.content)
@@ -132,7 +133,7 @@ def test_it_gives_every_caller_naming_a_new_run_the_same_run(env3):
     for trial in range(TRIALS):
         name = f"named-{trial}"
         results, errors = at_once(
-            *[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3
+            *[partial(get_or_create_run, name=name, kind="import", environment=env3)] * 3
         )
         assert errors == []
         assert len({run.id for run, _ in results}) == 1
@@ -149,8 +150,8 @@ def test_it_answers_racing_api_get_or_create_requests_with_one_run(api, personas
             "environment": {"name": f"api-env-{trial}", "components": [{"name": "correct"}]},
         }
         (a, b), errors = at_once(
-            lambda: client_a.post("/api/v1/runs/", body, format="json"),
-            lambda: client_b.post("/api/v1/runs/", body, format="json"),
+            partial(client_a.post, "/api/v1/runs/", body, format="json"),
+            partial(client_b.post, "/api/v1/runs/", body, format="json"),
         )
         assert errors == []
         assert sorted([a.status_code, b.status_code]) == [200, 201], (a.content, b.content)
@@ -189,7 +190,7 @@ def test_it_imports_one_file_twice_at_once_into_one_new_run_once(tmp_path):
     for trial in range(TRIALS):
         dump = write_dump(tmp_path / f"{trial}.jsonl", f"imp{trial}")
         name = f"import-{trial}"
-        outs, errors = at_once(lambda: import_file(dump, name), lambda: import_file(dump, name))
+        outs, errors = at_once(partial(import_file, dump, name), partial(import_file, dump, name))
         assert errors == []
         [run] = Run.objects.filter(name=name)
         assert run.status == "succeeded"
@@ -202,7 +203,7 @@ def test_it_imports_into_one_existing_run_from_two_imports_at_once(run, tmp_path
     for trial in range(TRIALS):
         dump = write_dump(tmp_path / f"{trial}.jsonl", f"into{trial}")
         _, errors = at_once(
-            lambda: import_file(dump, run.name), lambda: import_file(dump, run.name)
+            partial(import_file, dump, run.name), partial(import_file, dump, run.name)
         )
         assert errors == []
     assert Group.objects.filter(run=run).count() == TRIALS * 30
@@ -255,7 +256,7 @@ def test_it_adds_the_same_new_components_from_two_callers_at_once():
     ]
     for trial in range(TRIALS):
         _, errors = at_once(
-            lambda: ensure_environment(f"env-{trial}", comps),
-            lambda: ensure_environment(f"env-{trial}", comps),
+            partial(ensure_environment, f"env-{trial}", comps),
+            partial(ensure_environment, f"env-{trial}", comps),
         )
         assert errors == []

@@ -1,11 +1,12 @@
-"""Hostile programs (tests/reliability/sandbox_hostile_programs.py) against training.sandbox.run_tests,
-as this process's user (root in CI) and as an unprivileged worker (a driver dropped to a spare uid).
+"""Hostile programs (tests/reliability/sandbox_hostile_programs.py) against
+training.sandbox.run_tests, as this process's user (root in CI) and as an unprivileged worker (a
+driver dropped to a spare uid).
 
 Each run must end as a scored failure: passed 0, fraction exactly 0.0 (never NaN), a reason (an
 error or a failure line), within its timeout plus a margin. Around it we check the host: our process
 and a host "sleeper" are alive, no marker file appeared, nobody connected to the TCP, Unix-path or
-abstract-socket listeners, no sandbox process survived (found by the run id on its command line), the
-per-run cgroup is gone, no forged note got into the result.
+abstract-socket listeners, no sandbox process survived (found by the run id on its command line),
+the per-run cgroup is gone, no forged note got into the result.
 """
 
 from __future__ import annotations
@@ -228,7 +229,8 @@ SPARE_UID = 1_900_000_000 + secrets.randbelow(1_000_000)
 DRIVER = r"""
 import importlib.util, json, os, sys, time
 spec = importlib.util.spec_from_file_location("programs", sys.argv[1])
-programs = sys.modules["programs"] = importlib.util.module_from_spec(spec)  # dataclasses looks it up
+# dataclasses looks the module up
+programs = sys.modules["programs"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(programs)
 sys.path.insert(0, sys.argv[2])
 from training.sandbox import run_tests
@@ -236,11 +238,12 @@ ctx, secret = json.loads(sys.argv[3]), sys.argv[4]
 ctx["PARENT_PID"] = os.getpid()
 for p in programs.PROGRAMS:
     t0 = time.monotonic()
-    r = run_tests(programs.render(p.code, ctx), "f", [((), secret if p.expect == "SECRET" else "pwned")],
-                  timeout_s=p.timeout_s)
+    expected = secret if p.expect == "SECRET" else "pwned"
+    r = run_tests(programs.render(p.code, ctx), "f", [((), expected)], timeout_s=p.timeout_s)
     print(json.dumps({"name": p.name, "passed": r.passed, "total": r.total, "fraction": r.fraction,
-                      "error": r.error, "failures": r.failures, "notes": r.notes, "took": time.monotonic() - t0,
-                      "run_id": r.run_id, "uid": os.getuid()}), flush=True)
+                      "error": r.error, "failures": r.failures, "notes": r.notes,
+                      "took": time.monotonic() - t0, "run_id": r.run_id, "uid": os.getuid()}),
+          flush=True)
 """
 
 
@@ -337,7 +340,7 @@ def _outcome(rec: dict) -> str:
 
 
 def test_it_covers_every_attack_class_with_at_least_40_programs():
-    assert WAITING <= {p.name for p in PROGRAMS}
+    assert {p.name for p in PROGRAMS} >= WAITING
     areas = {p.area for p in PROGRAMS}
     assert len(PROGRAMS) >= 40 and areas == {"escape", "resources", "channel", "forgery"}
     assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)  # names identify programs in messages
@@ -351,6 +354,7 @@ def test_it_prints_the_outcome_table(capsys):
         for name, outcome, took in RESULTS:
             print(f"{name[:72]:<72} {took:>5.2f}  {outcome}")
         print(
-            f"{len(RESULTS)} runs, {sum(t for *_, t in RESULTS):.1f} s, load {os.getloadavg()[0]:.2f}"
+            f"{len(RESULTS)} runs, {sum(t for *_, t in RESULTS):.1f} s, load "
+            f"{os.getloadavg()[0]:.2f}"
         )
     assert all(outcome.startswith("passed 0/") for _, outcome, _ in RESULTS)

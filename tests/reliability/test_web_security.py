@@ -1,6 +1,7 @@
-"""Deployment security, measured against the real settings module with DEBUG=0 (in a subprocess, since
-settings are read once per process): `check --deploy` is clean, cookies are Secure and HttpOnly behind
-TLS, the security headers are sent; and in process: the login rate limit, and passwords never logged."""
+"""Deployment security, measured against the real settings module with DEBUG=0 (in a subprocess,
+since settings are read once per process): `check --deploy` is clean, cookies are Secure and
+HttpOnly behind TLS, the security headers are sent; and in process: the login rate limit, and
+passwords never logged."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _prod_env(tmp_path: Path) -> dict[str, str]:
     alphabet = string.ascii_letters + string.digits + "!@#%^&*(-_=+)"
-    # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests' conftest (Playwright runs an event loop);
-    # a production process never has it, and check --deploy rightly refuses it.
+    # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests' conftest (Playwright runs an event
+    # loop); a production process never has it, and check --deploy rightly refuses it.
     env = {
         k: v
         for k, v in os.environ.items()
@@ -67,7 +68,8 @@ from django.test import Client
 get_user_model().objects.create_user("alice", password="s3cure-pass-word")
 c = Client(HTTP_HOST="example.com")
 page = c.get("/accounts/login/", secure=True)
-login = c.post("/accounts/login/", {"username": "alice", "password": "s3cure-pass-word"}, secure=True)
+creds = {"username": "alice", "password": "s3cure-pass-word"}
+login = c.post("/accounts/login/", creds, secure=True)
 plain = Client(HTTP_HOST="example.com").get("/accounts/login/")
 proxied = Client(HTTP_HOST="example.com").get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https")
 def cookie(resp, name):
@@ -75,11 +77,13 @@ def cookie(resp, name):
     return None if m is None else {"secure": bool(m["secure"]), "httponly": bool(m["httponly"]),
                                    "samesite": m["samesite"]}
 print(json.dumps({
-    "page": page.status_code, "login": login.status_code, "plain": [plain.status_code, plain.get("Location")],
+    "page": page.status_code, "login": login.status_code,
+    "plain": [plain.status_code, plain.get("Location")],
     "proxied": proxied.status_code,
     "csrf": cookie(page, "csrftoken"), "session": cookie(login, "sessionid"),
-    "headers": {h: page.get(h) for h in ("X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options",
-                                         "Strict-Transport-Security", "Cross-Origin-Opener-Policy")},
+    "headers": {h: page.get(h) for h in ("X-Content-Type-Options", "Referrer-Policy",
+                                         "X-Frame-Options", "Strict-Transport-Security",
+                                         "Cross-Origin-Opener-Policy")},
     "proxied_hsts": proxied.get("Strict-Transport-Security"),
 }))
 """

@@ -45,7 +45,7 @@ def group(step: int, key: str, values: list[float]) -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------------------------------ live server
+# -------------------------------------------------------------------------------------- live server
 
 
 def test_it_creates_a_run_posts_and_reads_it_back(api):
@@ -112,7 +112,7 @@ def test_it_raises_the_servers_errors_on_a_4xx(api, live_server):
         api.get_group(run_id, 0, "missing")
 
 
-# ------------------------------------------------------------------------------------------------ retries
+# ------------------------------------------------------------------------------------------ retries
 
 
 class Scripted(http.server.BaseHTTPRequestHandler):

@@ -166,9 +166,9 @@ def test_it_runs_the_whole_chain_in_process_and_prints_the_table(tmp_path, capsy
 
 @pytest.mark.slow
 def test_the_full_chain_makes_json_valid_with_sft_and_raises_coverage_with_grpo(tmp_path):
-    """The demo's claims, on the real configs (about three minutes on two cores): before SFT nothing is
-    valid, after SFT the JSON is, and GRPO raises held-out coverage (measured 0.545 -> 0.68, the share
-    of answers without connections 58% -> 9%; the margin below is ~4x the eval's noise)."""
+    """The demo's claims, on the real configs (about three minutes on two cores): before SFT nothing
+    is valid, after SFT the JSON is, and GRPO raises held-out coverage (measured 0.545 -> 0.68, the
+    share of answers without connections 58% -> 9%; the margin below is ~4x the eval's noise)."""
     from training.demo_chain import run_chain
 
     rows = {r["name"]: r["summary"] for r in run_chain(tmp_path, log=lambda *_: None)}

@@ -1,5 +1,6 @@
-"""training/diagnostics.py and training/ablation.py: health numbers, every detector on a planted case and
-on a healthy run, and the ablation recomputation on hand-computable cases. Pure numpy: no database."""
+"""training/diagnostics.py and training/ablation.py: health numbers, every detector on a planted
+case and on a healthy run, and the ablation recomputation on hand-computable cases. Pure numpy: no
+database."""
 
 from __future__ import annotations
 
@@ -243,7 +244,8 @@ def test_it_detects_aggregation_collapse_and_what_normalise_then_sum_would_do() 
 
 
 def test_it_counts_collapse_on_a_hand_made_group() -> None:
-    # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1: all distinct sums.
+    # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1: all distinct
+    # sums.
     x = np.array([[1, 0], [0, 1], [1, 1], [1, 0], [0, 0], [1, 1]], dtype=float)
     data = dg.RunArrays(
         [C("a", 1.0), C("b", 1.0)], x, np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, int)
@@ -328,7 +330,8 @@ def test_it_counts_sign_flips_best_changes_and_spearman() -> None:
     x = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
     data = dg.RunArrays([C("a", 1.0), C("b", 0.1)], x, np.zeros(3, int), np.zeros(3, int))
     r = abl.ablate(data, abl.AblationSpec(weights={"b": 3.0}))
-    # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the mean both times.
+    # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the mean both
+    # times.
     assert r["sign_flip_frac"] == 1.0
     assert r["best_changed_frac"] == 1.0
     assert r["spearman_mean"] == pytest.approx(-1.0)
@@ -360,7 +363,7 @@ def test_it_ranks_ties_by_their_average_like_scipy() -> None:
 
 def test_it_matches_the_python_loop_baseline() -> None:
     data = healthy()
-    rows = list(zip(data.group_ids.tolist(), data.matrix.tolist()))
+    rows = list(zip(data.group_ids.tolist(), data.matrix.tolist(), strict=True))
     loop = abl.python_loop_advantages(rows, data.weights.tolist())
     vec = stats.compute_advantages(
         data.matrix, data.weights, data.group_ids, batch_ids=data.steps
@@ -421,14 +424,14 @@ def test_it_gives_the_same_ablation_whatever_the_row_order() -> None:
     assert [t["group_id"] for t in a["top_groups"]] == [t["group_id"] for t in b["top_groups"]]
 
 
-# ---------------------------------------------------------------- over time: onsets, collapse, kind-free
+# ----------------------------------------------------------- over time: onsets, collapse, kind-free
 
 
 def ask_to_code_like(
     steps: int = 40, onset: int = 5, kinds: bool = True, groups: int = 8
 ) -> dg.RunArrays:
-    """The issue's case: 'asked_before_coding' (behavioural, 0.6) at its maximum in every group from step
-    `onset`, while 'correctness' (outcome, 1.0) stays sparse and varying."""
+    """The issue's case: 'asked_before_coding' (behavioural, 0.6) at its maximum in every group from
+    step `onset`, while 'correctness' (outcome, 1.0) stays sparse and varying."""
     comps = [
         C("correctness", 1.0, "outcome" if kinds else "", 0, 1),
         C("asked_before_coding", 0.6, "behavioural" if kinds else "", 0, 1),
@@ -475,7 +478,7 @@ def test_it_pools_per_step_health_into_the_whole_window_numbers() -> None:
     whole = dg.component_health(data)
     table = dg.step_table(data)
     pooled = table.health(0, table.steps.size)
-    for a, b in zip(whole.components, pooled.components):
+    for a, b in zip(whole.components, pooled.components, strict=True):
         for key in ("mean", "zero_std_frac", "share", "at_max", "at_min", "within_std", "level"):
             assert getattr(a, key) == pytest.approx(getattr(b, key), abs=1e-9), (a.name, key)
     assert pooled.reward_zero_std_frac == pytest.approx(whole.reward_zero_std_frac)
@@ -485,7 +488,7 @@ def test_it_pools_per_step_health_into_the_whole_window_numbers() -> None:
     )  # vectorised over steps: the same numbers as the health of each single step
     for i in (0, 7, 19):
         one = table.health(i, i + 1)
-        for j, c in enumerate(one.components):
+        for c in one.components:
             for key in ("zero_std_frac", "at_max", "at_min", "share"):
                 assert series["components"][c.name][key][i] == pytest.approx(getattr(c, key)), (
                     i,

@@ -19,12 +19,13 @@ from training import stats
 from training.importers import BadRecord, GroupItem, MetricsItem, ReaderError, open_reader
 from training.importers.base import stable_hash
 
-# ------------------------------------------------------------------------------------------------ sample writers
+# ----------------------------------------------------------------------------------- sample writers
 
 
 def trl_rows(step: int, prompts: list[Any], g: int, seed: int = 0) -> dict[str, list[Any]]:
-    """Columns exactly as TRL 1.16's GRPOTrainer.log writes them: step, prompt, completion, one column
-    per reward function (here "correct" and "format"), the log_extra columns ("judge"), advantage."""
+    """Columns exactly as TRL 1.16's GRPOTrainer.log writes them: step, prompt, completion, one
+    column per reward function (here "correct" and "format"), the log_extra columns ("judge"),
+    advantage."""
     rng = np.random.default_rng(seed + step)
     n = len(prompts) * g
     correct = rng.integers(0, 2, n).astype(float)
@@ -54,9 +55,9 @@ def write_trl(
 
 
 def verl_lines(step: int, inputs: list[str], n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Keys exactly as verl's _dump_generations writes them (input, output, gts, score, step) plus the
-    reward function's extra info ("acc" numeric, "pred" a string), with the group rows interleaved
-    the way balance_batch leaves them."""
+    """Keys exactly as verl's _dump_generations writes them (input, output, gts, score, step) plus
+    the reward function's extra info ("acc" numeric, "pred" a string), with the group rows
+    interleaved the way balance_batch leaves them."""
     rng = np.random.default_rng(seed + step)
     rows = []
     for j in range(n):
@@ -145,7 +146,7 @@ def items(reader) -> tuple[list[GroupItem], list[BadRecord], list[MetricsItem]]:
     )
 
 
-# ------------------------------------------------------------------------------------------------ TRL
+# ---------------------------------------------------------------------------------------------- TRL
 
 
 def test_it_groups_trl_rows_by_consecutive_prompt(tmp_path):
@@ -225,7 +226,7 @@ def test_it_refuses_a_folder_without_trl_files(tmp_path):
         open_reader("trl", tmp_path).files()
 
 
-# ------------------------------------------------------------------------------------------------ verl
+# --------------------------------------------------------------------------------------------- verl
 
 
 def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path):
@@ -258,7 +259,8 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
 
 
 def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path):
-    """verl's math reward returns acc as a bool; a reward function may return the batch's uid too."""
+    """verl's math reward returns acc as a bool; a reward function may return the batch's uid
+    too."""
     lines = verl_lines(3, ["Q1"], n=4)  # one prompt drawn twice in the step: two uids
     for j, line in enumerate(lines):
         line.update(acc=bool(j % 2), uid=f"u{j // 2}")
@@ -299,7 +301,7 @@ def test_it_reports_a_bad_verl_line_with_its_number_and_drops_its_group(tmp_path
     assert "line 4" in bad[2].message  # Q1's good line, dropped with the bad one
 
 
-# ------------------------------------------------------------------------------------------------ PRIME-RL
+# ----------------------------------------------------------------------------------------- PRIME-RL
 
 
 def test_it_groups_prime_rl_records_by_example_id(tmp_path):
@@ -328,7 +330,7 @@ def test_it_refuses_a_prime_rl_group_with_some_advantages_missing(tmp_path):
     assert groups == [] and bad[0].records == 2 and "give all or none" in bad[0].message
 
 
-# ------------------------------------------------------------------------------------------------ BYOO
+# --------------------------------------------------------------------------------------------- BYOO
 
 
 def test_it_turns_byoo_episodes_into_transcript_groups(tmp_path):
@@ -373,7 +375,7 @@ def test_it_names_the_bad_turn_of_a_byoo_episode(tmp_path):
     assert (bad[1].line, bad[1].records) == (1, 1)
 
 
-# ------------------------------------------------------------------------------------------------ JSONL
+# -------------------------------------------------------------------------------------------- JSONL
 
 
 def test_it_reads_ingestion_jsonl_and_the_jsonl_sink_format(tmp_path):
@@ -494,8 +496,9 @@ def test_it_reads_the_recorders_settings_file_beside_the_completions(tmp_path):
 def test_it_imports_a_real_trl_run_with_its_weights_groups_and_only_its_reward_functions(
     tiny_model, tmp_path
 ):
-    """TRL's own completions parquet (log_completions) from a real GRPO run on the tiny model, with the
-    recorder attached: its log_extra columns are in the parquet, and one prompt is drawn twice per step."""
+    """TRL's own completions parquet (log_completions) from a real GRPO run on the tiny model, with
+    the recorder attached: its log_extra columns are in the parquet, and one prompt is drawn twice
+    per step."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -559,7 +562,7 @@ def test_it_imports_a_real_trl_run_with_its_weights_groups_and_only_its_reward_f
             assert set(r["rewards"]) == {"distinct_chars", "has_digit"}
 
 
-# ------------------------------------------------------------------------------------------------ PRIME-RL episodes
+# -------------------------------------------------------------------------------- PRIME-RL episodes
 
 
 def prime_episode(
@@ -571,8 +574,9 @@ def prime_episode(
     advantages: float | None = None,
     ok: bool = True,
 ) -> dict[str, Any]:
-    """One verifiers Episode.to_record() as PRIME-RL's FileMonitor writes it (verifiers/v1/episode.py,
-    trace.py, graph.py; model_dump(mode="json", exclude_none=True): None fields are left out)."""
+    """One verifiers Episode.to_record() as PRIME-RL's FileMonitor writes it
+    (verifiers/v1/episode.py, trace.py, graph.py; model_dump(mode="json", exclude_none=True): None
+    fields are left out)."""
     task = {
         "type": "MathTask",
         "data": {"question": f"Q {group}", "answer": "4"},
@@ -732,8 +736,9 @@ def test_it_takes_prime_rl_token_advantages_and_names_an_episode_without_traces(
 
 
 def rft_record(sample_id: str, question: str, answer: str, accuracy: float) -> dict[str, Any]:
-    """A reward Lambda's sample (id, messages, reference_answer) joined with its output, field for field as
-    the Bedrock / Nova RFT template writes it: {id, aggregate_reward_score, metrics_list: [{name, value, type}]}."""
+    """A reward Lambda's sample (id, messages, reference_answer) joined with its output, field for
+    field as the Bedrock / Nova RFT template writes it: {id, aggregate_reward_score, metrics_list:
+    [{name, value, type}]}."""
     return {
         "id": sample_id,
         "messages": [

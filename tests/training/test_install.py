@@ -38,9 +38,10 @@ from training.sinks import read_jsonl_sink
 def distinct(prompts, completions, **kw):
     return [len(set(c)) / 20.0 for c in completions]
 
-args = GRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=4, max_completion_length=8,
-                  max_steps=1, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
-                  save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0)
+args = GRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=4,
+                  max_completion_length=8, max_steps=1, use_cpu=True, bf16=False,
+                  activation_checkpointing=False, report_to="none", save_strategy="no",
+                  disable_tqdm=True, logging_steps=1, seed=0)
 trainer = GRPOTrainer(model=sys.argv[2], reward_funcs=[distinct], args=args,
                       train_dataset=Dataset.from_list([{"prompt": "Draw:"}] * 4),
                       callbacks=[RolloutRecorder(jsonl="rollouts.jsonl")])

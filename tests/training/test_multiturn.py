@@ -1,9 +1,10 @@
-"""Multi-turn GRPO on ask_to_code (training/multiturn.py): the turn-by-turn episode driver, and a GRPO job
-whose recorded groups carry whole transcripts.
+"""Multi-turn GRPO on ask_to_code (training/multiturn.py): the turn-by-turn episode driver, and a
+GRPO job whose recorded groups carry whole transcripts.
 
-The tiny model is random, so a scripted sampler plays half of each group: its rows ask, guess or submit
-code, so the four components vary inside a group and the advantage comparison with TRL is not vacuous.
-The other rows are sampled from the model through the real path. Shrinks are commented with their reason.
+The tiny model is random, so a scripted sampler plays half of each group: its rows ask, guess or
+submit code, so the four components vary inside a group and the advantage comparison with TRL is not
+vacuous. The other rows are sampled from the model through the real path. Shrinks are commented with
+their reason.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class ScriptedSampler:
 
     def __call__(self, contexts, max_new_tokens, rows):
         out: list[list[int] | None] = [None] * len(rows)
-        for k, (context, row) in enumerate(zip(contexts, rows)):
+        for k, (context, row) in enumerate(zip(contexts, rows, strict=True)):
             style = self.styles[row % len(self.styles)]
             if style is None:
                 continue
@@ -80,7 +81,7 @@ class ScriptedSampler:
             sampled = self.fallback(
                 [contexts[k] for k in model_rows], max_new_tokens, [rows[k] for k in model_rows]
             )
-            for k, ids in zip(model_rows, sampled):
+            for k, ids in zip(model_rows, sampled, strict=True):
                 out[k] = ids
         return out
 
@@ -107,8 +108,9 @@ def test_it_interleaves_policy_turns_and_user_replies_token_for_token(ask_model)
 
     for row in rows:
         assert row.done and len(row.env_mask) == len(row.completion_ids) and row.policy_tokens > 0
-        # The ids TRL trains on are exactly the chat template's rendering of the transcript (up to the last
-        # agent turn; the final reply is not appended): nothing the policy wrote was re-tokenized.
+        # The ids TRL trains on are exactly the chat template's rendering of the transcript (up to
+        # the last agent turn; the final reply is not appended): nothing the policy wrote was
+        # re-tokenized.
         last_agent = max(i for i, m in enumerate(row.transcript) if m["role"] == "assistant")
         plain = [
             {"role": m["role"], "content": m["content"]} for m in row.transcript[: last_agent + 1]
@@ -124,7 +126,7 @@ def test_it_interleaves_policy_turns_and_user_replies_token_for_token(ask_model)
         )
         # The loss sees the agent's tokens only: the mask-1 runs decode to the agent's messages.
         runs, current = [], []
-        for tok, m in zip(row.completion_ids, row.env_mask):
+        for tok, m in zip(row.completion_ids, row.env_mask, strict=True):
             if m:
                 current.append(tok)
             elif current:
@@ -174,7 +176,8 @@ def test_it_closes_a_cut_turn_and_stops_at_the_token_budget(ask_model):
     reply = reply_suffix_ids(
         tokenizer, {"role": "user", "content": f"Good question. {task.detail}"}
     )
-    # 8 tokens a turn cut the question; the budget fits two cut turns and one reply, not a second reply.
+    # 8 tokens a turn cut the question; the budget fits two cut turns and one reply, not a second
+    # reply.
     budget = 2 * 8 + 1 + len(reply) + 1
     tokenizer, _, _, rows = _play(
         ask_model, ["loop"], max_turn_tokens=8, max_completion_length=budget
@@ -232,7 +235,8 @@ def test_it_runs_multi_turn_grpo_and_records_whole_transcripts(
             per_device_batch_size=8,  # 2 prompts x 4 episodes
             max_turns=3,  # enough for ask, answer, code
             max_turn_tokens=48,  # short model turns: generation dominates CPU time
-            max_completion_length=256,  # whole episode, replies included; scripted code may still be cut
+            # Whole episode, replies included; scripted code may still be cut
+            max_completion_length=256,
             record_state=True,
         ),
         sink=sink,
@@ -242,7 +246,7 @@ def test_it_runs_multi_turn_grpo_and_records_whole_transcripts(
         summary["global_step"] == 2 and summary["groups_recorded"] == 4 and len(trl_advantages) == 2
     )
     assert [g["step"] for g in sink.groups] == [1, 1, 2, 2]
-    for step, expected in zip([1, 2], trl_advantages):
+    for step, expected in zip([1, 2], trl_advantages, strict=True):
         rollouts = [r for g in sink.groups if g["step"] == step for r in g["rollouts"]]
         np.testing.assert_allclose([r["advantage"] for r in rollouts], expected, atol=1e-5)
         matrix = np.array(

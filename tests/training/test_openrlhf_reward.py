@@ -71,9 +71,9 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> di
 
     answers = [
         q[len(p) :].removesuffix(EOS).strip() if q.startswith(p) else q
-        for q, p in zip(queries, prompts)
+        for q, p in zip(queries, prompts, strict=True)
     ]
-    correct = torch.tensor([float(a == lab) for a, lab in zip(answers, labels)])
+    correct = torch.tensor([float(a == lab) for a, lab in zip(answers, labels, strict=True)])
     return {
         "rewards": correct + 0.1,
         "scores": correct,
@@ -86,13 +86,15 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> di
 
 
 def sample(question: str, answer: str) -> tuple[str, str]:
-    """(query, prompt) as the executor builds them: the decoded prompt + response tokens, and the prompt."""
+    """(query, prompt) as the executor builds them: the decoded prompt + response tokens, and the
+    prompt."""
     prompt = TEMPLATE.format(q=question)
     return prompt + answer + EOS, prompt
 
 
 async def engine(wrapped: Any, prompts: list[tuple[str, str, list[str]]]) -> list[Any]:
-    """One vLLM engine: every sample of each prompt concurrently, the reward call in a thread each."""
+    """One vLLM engine: every sample of each prompt concurrently, the reward call in a thread
+    each."""
 
     async def execute(question: str, label: str, answer: str) -> Any:
         await asyncio.sleep(random.uniform(0, 0.01))  # generation: samples finish in any order
@@ -106,7 +108,7 @@ async def engine(wrapped: Any, prompts: list[tuple[str, str, list[str]]]) -> lis
 ROUND = [("1+1?", "2", ["2", "3", "2", "11"]), ("2+2?", "4", ["4", "4", "5", "4"])]
 
 
-# ------------------------------------------------------------------------------------------------ since 0.9.1
+# -------------------------------------------------------------------------------------- since 0.9.1
 
 
 def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_prompt():
@@ -200,7 +202,7 @@ def test_it_survives_a_reward_result_it_cannot_read(caplog):
     wrapped = wrap_reward_func(
         lambda q, p, lab: {"rewards": [1.0]}, client=client, run=1, background=False
     )
-    queries, prompts = zip(*(sample("1+1?", a) for a in ("2", "3")))
+    queries, prompts = zip(*(sample("1+1?", a) for a in ("2", "3")), strict=True)
     assert wrapped(list(queries), list(prompts), ["2", "2"]) == {
         "rewards": [1.0]
     }  # wrong length: logged only
@@ -223,11 +225,12 @@ def test_it_takes_the_step_from_step_fn_when_given():
     assert client.groups[0]["step"] == 5
 
 
-# ------------------------------------------------------------------------------------------------ up to 0.9.0
+# -------------------------------------------------------------------------------------- up to 0.9.0
 
 
 def expanded(n: int) -> tuple[list[str], list[str], list[str]]:
-    """The experience maker's expanded batch: each prompt n times in a row, as queries, prompts, labels."""
+    """The experience maker's expanded batch: each prompt n times in a row, as queries, prompts,
+    labels."""
     rows = [sample(q, a) + (label,) for q, label, answers in ROUND for a in answers[:n]]
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
@@ -282,11 +285,12 @@ def test_it_is_a_function_ray_can_pickle_without_its_threads():
     copy.recorded.recorder.close()
 
 
-# ------------------------------------------------------------------------------------------------ many processes
+# ----------------------------------------------------------------------------------- many processes
 
 
 def engine_process(pickled: bytes, prompts: list[tuple[str, str, list[str]]]) -> int:
-    """A vLLM engine's process (since 0.9.1) or a Ray worker (up to 0.9.0): the wrapper arrives pickled."""
+    """A vLLM engine's process (since 0.9.1) or a Ray worker (up to 0.9.0): the wrapper arrives
+    pickled."""
     import cloudpickle
 
     wrapped = cloudpickle.loads(pickled)

@@ -176,7 +176,8 @@ def test_it_spools_when_the_server_is_down_and_upload_resumes(tmp_path):
 
 
 def distinct_chars(prompts, completions, **kwargs):
-    """Varies with every sample; returns (value, reason) pairs, which the recorder unpacks for TRL."""
+    """Varies with every sample; returns (value, reason) pairs, which the recorder unpacks for
+    TRL."""
     return [(len(set(c)) / 40.0, f"{len(set(c))} distinct chars") for c in completions]
 
 
@@ -207,7 +208,8 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
         reward_weights=[1.0, 0.5],
         use_cpu=True,
         bf16=False,  # CPU: fp32 (TRL's default is bf16)
-        activation_checkpointing=False,  # tiny model: recomputation only costs time (TRL defaults it on)
+        # Tiny model: recomputation only costs time (TRL defaults it on)
+        activation_checkpointing=False,
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
@@ -224,7 +226,8 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
 
 
 def _spy_on_advantages(trainer) -> list[list[float]]:
-    """TRL's own advantages, straight from the output of `_generate_and_score_completions` (test only)."""
+    """TRL's own advantages, straight from the output of `_generate_and_score_completions` (test
+    only)."""
     seen: list[list[float]] = []
     original = trainer._generate_and_score_completions
 
@@ -254,7 +257,7 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
     )  # one generation per optimizer step (steps_per_generation = grad_accum)
     steps = sorted({g["step"] for g in sink.groups})
     assert steps == [1, 2, 3] and len(trl_advantages) == 3
-    for step, expected in zip(steps, trl_advantages):
+    for step, expected in zip(steps, trl_advantages, strict=True):
         groups = [g for g in sink.groups if g["step"] == step]
         rollouts = [r for g in groups for r in g["rollouts"]]
         assert len(groups) == rows_per_step // 4 and all(len(g["rollouts"]) == 4 for g in groups)
@@ -283,7 +286,8 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
         )
         assert np.mean([r["reward"] for r in rollouts]) == pytest.approx(logged["reward"], abs=1e-5)
 
-        # And training.stats reproduces TRL from the recorded components (the ingestion path's math).
+        # And training.stats reproduces TRL from the recorded components (the ingestion path's
+        # math).
         matrix = np.array(
             [
                 [

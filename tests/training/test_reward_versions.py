@@ -169,8 +169,10 @@ def test_it_registers_a_users_own_module(tmp_path, monkeypatch):
         def brevity(prompt, completion, *, max_chars=100):
             return 1.0 if len(completion) <= max_chars else 0.0
 
-        reward_versions.register("diagram", "layout_quality", "my_rewards_mod:brevity", {"max_chars": 10},
-                                 name="layout_quality@brevity")
+        reward_versions.register(
+            "diagram", "layout_quality", "my_rewards_mod:brevity", {"max_chars": 10},
+            name="layout_quality@brevity",
+        )
     """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -288,8 +290,9 @@ def marker(prompt, completion, *, value=0.5):
 
 @pytest.mark.slow
 def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatch):
-    """Two GRPO steps with semantic_coverage replaced by a version that scores a constant: every recorded
-    rollout carries the new version's value and reason; the other components are the environment's."""
+    """Two GRPO steps with semantic_coverage replaced by a version that scores a constant: every
+    recorded rollout carries the new version's value and reason; the other components are the
+    environment's."""
     from training.grpo import GRPOJobConfig
     from training.grpo import main as grpo
     from training.sinks import MemorySink
@@ -309,7 +312,8 @@ def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatc
             GRPOJobConfig(
                 base_model=tiny_model,
                 output_dir=str(tmp_path / "grpo"),
-                max_steps=1,  # one step is enough: the reward functions are built once, before training
+                # One step is enough: the reward functions are built once, before training
+                max_steps=1,
                 num_prompts=4,
                 num_generations=2,
                 per_device_batch_size=4,
@@ -350,8 +354,8 @@ def test_it_refuses_to_train_a_version_whose_source_changed(tmp_path):
 
 
 def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, monkeypatch):
-    """The swapped function is what the trainer calls: a raise or a NaN scores the component's minimum
-    with the reason instead of raising into TRL or handing it NaN."""
+    """The swapped function is what the trainer calls: a raise or a NaN scores the component's
+    minimum with the reason instead of raising into TRL or handing it NaN."""
     (tmp_path / "bad_versions_mod.py").write_text(
         textwrap.dedent("""
         def boom(prompt, completion):
@@ -413,7 +417,8 @@ def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, 
     ],
 )
 def test_it_trains_only_registered_versions_with_fitting_params(change, field, words):
-    """A job config is JSON a trainer can write by hand: it may name only deployed, registered code."""
+    """A job config is JSON a trainer can write by hand: it may name only deployed, registered
+    code."""
     strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), **change}
     with pytest.raises(rv.VersionError) as e:
         rv.apply_versions(diagram.DiagramEnvironment(), [strict])

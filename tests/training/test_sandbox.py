@@ -1,7 +1,7 @@
 """The sandbox on ordinary and careless code, its verdict rules and its results-channel parser.
 
-Every run is a real bubblewrap sandbox (about 0.1-0.3 s each); the few that wait for a limit use a 1 s
-budget. The hostile programs live in tests/reliability/test_sandbox_hostile.py.
+Every run is a real bubblewrap sandbox (about 0.1-0.3 s each); the few that wait for a limit use a 1
+s budget. The hostile programs live in tests/reliability/test_sandbox_hostile.py.
 """
 
 from __future__ import annotations
@@ -92,15 +92,15 @@ def test_it_blocks_network_access():
         "    results = []\n"
         "    import socket\n"
         "    try:\n"
-        "        socket.create_connection(('127.0.0.1', port), timeout=0.5).sendall(b'x'); results.append('stub')\n"
-        "    except Exception as e:\n"
+        "        socket.create_connection(('127.0.0.1', port), timeout=0.5).sendall(b'x'); "
+        "results.append('stub')\n    except Exception as e:\n"
         "        pass\n"
         # Bypass the stub: a fresh _socket module. The network namespace must still stop it.
         "    del sys.modules['_socket']\n"
         "    import _socket\n"
         "    try:\n"
-        "        s = _socket.socket(); s.settimeout(0.5); s.connect(('127.0.0.1', port)); results.append('raw')\n"
-        "    except Exception as e:\n"
+        "        s = _socket.socket(); s.settimeout(0.5); s.connect(('127.0.0.1', port)); "
+        "results.append('raw')\n    except Exception as e:\n"
         "        pass\n"
         "    return results\n"
     )
@@ -138,8 +138,8 @@ def test_it_blocks_the_plain_fork_and_subprocess_entry_points():
         "import os, subprocess\n"
         "def spawn():\n"
         "    out = []\n"
-        "    for attempt in (os.fork, lambda: subprocess.run(['true']), lambda: os.system('true')):\n"
-        "        try:\n"
+        "    for attempt in (os.fork, lambda: subprocess.run(['true']), lambda: "
+        "os.system('true')):\n        try:\n"
         "            attempt(); out.append('ran')\n"
         "        except Exception as e:\n"
         "            out.append(type(e).__name__)\n"
@@ -156,14 +156,14 @@ def test_it_cannot_write_outside_its_working_directory():
     code = (
         "def write(paths):\n"
         "    ok = []\n"
-        "    for p in paths + ['../pwned_%s', '../../pwned_%s']:\n"
+        f"    for p in paths + ['../pwned_{tag}', '../../pwned_{tag}']:\n"
         "        try:\n"
         "            open(p, 'w').write('x'); ok.append(p)\n"
         "        except OSError:\n"
         "            pass\n"
         "    open('inside.txt', 'w').write('fine')  # its own cwd is writable\n"
         "    return ok\n"
-    ) % (tag, tag)
+    )
     r = run_tests(code, "write", [((targets,), [])])
     assert r.ran == 1
     for path in targets + [f"/tmp/pwned_{tag}"]:
@@ -256,8 +256,8 @@ def test_it_cannot_import_the_hidden_tests():
         "    except Exception:\n"
         "        pass\n"
         "    try:\n"
-        f"        open({str(PROJECT_ROOT / 'training' / 'sandbox.py')!r}).read(); found.append('file')\n"
-        "    except Exception:\n"
+        f"        open({str(PROJECT_ROOT / 'training' / 'sandbox.py')!r}).read(); "
+        "found.append('file')\n    except Exception:\n"
         "        pass\n"
         "    return found\n"
     )
@@ -312,11 +312,13 @@ def test_it_refuses_an_interpreter_that_does_not_exist():
     "code,reason",
     [
         (
-            "import __main__, os\ndef add(a, b):\n    os.ftruncate(__main__.RES, 0)\n    os._exit(0)\n",
+            "import __main__, os\ndef add(a, b):\n    os.ftruncate(__main__.RES, 0)\n    "
+            "os._exit(0)\n",
             "results channel",
         ),
         (
-            "import __main__, os\ndef add(a, b):\n    os.write(__main__.RES, b'[]\\n')\n    return a + b\n",
+            "import __main__, os\ndef add(a, b):\n    os.write(__main__.RES, b'[]\\n')\n    return "
+            "a + b\n",
             "not a JSON object",
         ),
         ("import time\ndef add(a, b):\n    time.sleep(60)\n", "timed out"),

@@ -1,5 +1,5 @@
-"""Diagram runs for the replay tests: groups written through the ingestion service exactly as the recorder
-sends them (every component scored by the environment itself, with its reason)."""
+"""Diagram runs for the replay tests: groups written through the ingestion service exactly as the
+recorder sends them (every component scored by the environment itself, with its reason)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ EDGES = [("Build", "Test"), ("Test", "Deploy")]
 
 
 def actions(nodes: list[str], edges: list[tuple[str, str]], stacked: bool = False) -> str:
-    """A ```json answer: one column of boxes (or all on one spot: a layout fault), then the edges."""
+    """A ```json answer: one column of boxes (or all on one spot: a layout fault), then the
+    edges."""
     acts: list[dict[str, Any]] = [
         {
             "action": "create_shape",

@@ -1,4 +1,5 @@
-"""Login rate limit keyed on the normalised username, and `createuser` without a password on argv."""
+"""Login rate limit keyed on the normalised username, and `createuser` without a password on
+argv."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_it_counts_every_spelling_of_a_username_in_one_bucket(client, personas, 
 
 
 def test_it_keeps_separate_buckets_per_client_address(client, personas):
-    for attempt in range(MAX_FAILURES):
+    for _ in range(MAX_FAILURES):
         client.post(
             "/accounts/login/", {"username": "viewer", "password": "no"}, REMOTE_ADDR="10.0.0.1"
         )
@@ -175,8 +176,9 @@ def test_it_shares_the_brokers_redis_or_a_file_cache_by_default(env, backend, tm
     import sys
 
     code = (
-        "import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'webapp.settings'; from django.conf import settings; "
-        "c = settings.CACHES['default']; print(c['BACKEND'].rsplit('.', 1)[1], c['LOCATION'])"
+        "import os; os.environ['DJANGO_SETTINGS_MODULE'] = 'webapp.settings'; from django.conf "
+        "import settings; c = settings.CACHES['default']; print(c['BACKEND'].rsplit('.', 1)[1], "
+        "c['LOCATION'])"
     )
     base = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "CELERY_BROKER_URL")}
     out = subprocess.run(

@@ -1,6 +1,6 @@
-"""Annotations: the taxonomy, one annotation per (rollout, author), permissions, the rollout slot, review
-queues (materialisation, round-robin assignment, the focus walk, progress), the explorer filter hook,
-activity and the diagnostics hook."""
+"""Annotations: the taxonomy, one annotation per (rollout, author), permissions, the rollout slot,
+review queues (materialisation, round-robin assignment, the focus walk, progress), the explorer
+filter hook, activity and the diagnostics hook."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def annotate(rollout: Rollout, user, slug: str, **kw) -> Annotation:
     return services.save_annotation(rollout, user, label=label(slug), **kw)[0]
 
 
-# --- taxonomy ---------------------------------------------------------------------------------------------------
+# --- taxonomy -------------------------------------------------------------------------------------
 
 
 def test_it_installs_the_default_taxonomy_with_keys(db):
@@ -93,7 +93,7 @@ def test_it_rejects_a_taken_key_and_a_bad_colour(client_as):
     assert not Label.objects.filter(slug="new").exists()
 
 
-# --- annotating ---------------------------------------------------------------------------------------------------
+# --- annotating -----------------------------------------------------------------------------------
 
 
 def test_it_keeps_one_row_per_author_and_updates_in_place(rollouts, personas):
@@ -301,7 +301,7 @@ def test_it_prefills_the_slot_form_with_my_annotation(client_as, rollouts, perso
     assert 'value="loop-repetition" checked' in html and "again and again</textarea>" in html
 
 
-# --- explorer hook -------------------------------------------------------------------------------------------------
+# --- explorer hook --------------------------------------------------------------------------------
 
 
 def test_it_filters_the_explorer_by_label_and_annotated(run, rollouts, personas):
@@ -309,12 +309,12 @@ def test_it_filters_the_explorer_by_label_and_annotated(run, rollouts, personas)
     annotate(rollouts[1], personas["annotator"], "good")
     for sort in ("reward", "correct"):  # both query paths: Rollout and RewardScore
 
-        def ids(**p):
+        def ids(sort=sort, **p):
             return {
                 row.rollout.id
                 for row in explore(
                     run,
-                    ExplorerQuery.from_params(  # noqa: E731
+                    ExplorerQuery.from_params(
                         {"sort": sort, "limit": "100", **p}, ["correct", "format", "penalty"]
                     ),
                 ).rows
@@ -332,7 +332,7 @@ def test_it_names_the_label_parameter_when_the_slug_is_unknown(run, rollouts):
     assert e.value.field == "label" and "reward-hacking" in e.value.message
 
 
-# --- queues -----------------------------------------------------------------------------------------------------
+# --- queues ---------------------------------------------------------------------------------------
 
 
 def make_queue(run, personas, **kw) -> ReviewQueue:
@@ -557,7 +557,7 @@ def test_it_shows_progress_per_person_on_the_queue_page(
     )
 
 
-# --- activity and hooks ----------------------------------------------------------------------------------------
+# --- activity and hooks ---------------------------------------------------------------------------
 
 
 def test_it_shows_activity_to_admins_only(client_as, rollouts, personas):
@@ -592,7 +592,7 @@ def test_it_clears_a_skip_once_the_item_is_annotated(run, rollouts, personas):
     )
 
 
-# --- pages ---------------------------------------------------------------------------------------------------
+# --- pages ----------------------------------------------------------------------------------------
 
 
 def test_it_renders_every_annotation_page(client_as, run, rollouts, personas):

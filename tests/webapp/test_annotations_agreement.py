@@ -1,5 +1,5 @@
-"""Agreement math against hand-computed and published examples, a brute-force definition on random data,
-and the queue's agreement page."""
+"""Agreement math against hand-computed and published examples, a brute-force definition on random
+data, and the queue's agreement page."""
 
 from __future__ import annotations
 
@@ -27,19 +27,21 @@ def test_it_computes_wikipedias_cohen_kappa_example():
 
 
 def test_it_computes_a_three_category_kappa_by_hand():
-    # p_o = 4/6; A: a3 b2 c1, B: a2 b2 c2 -> p_e = (6 + 4 + 2)/36 = 1/3; kappa = (2/3 - 1/3)/(2/3) = 0.5.
+    # p_o = 4/6; A: a3 b2 c1, B: a2 b2 c2 -> p_e = (6 + 4 + 2)/36 = 1/3; kappa = (2/3 - 1/3)/(2/3) =
+    # 0.5.
     assert cohen_kappa(list("aaabbc"), list("aabbcc")) == pytest.approx(0.5)
 
 
 def test_it_reproduces_krippendorffs_nominal_example():
-    # Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", C: 4 observers, 12 units, missing data.
+    # Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", C: 4 observers, 12 units,
+    # missing data.
     obs = [
         [1, 2, 3, 3, 2, 1, 4, 1, 2, None, None, None],
         [1, 2, 3, 3, 2, 2, 4, 1, 2, 5, None, 3],
         [None, 3, 3, 3, 2, 3, 4, 2, 2, 5, 1, None],
         [1, 2, 3, 3, 2, 4, 4, 1, 2, 5, 1, None],
     ]
-    units = [[v for v in col if v is not None] for col in zip(*obs)]
+    units = [[v for v in col if v is not None] for col in zip(*obs, strict=True)]
     assert krippendorff_alpha_nominal(units) == pytest.approx(0.743, abs=5e-4)
 
 
@@ -71,7 +73,7 @@ def _alpha_by_definition(units: list[list[str]]) -> float:
 def _kappa_by_definition(a: list[str], b: list[str]) -> float:
     cats = sorted(set(a) | set(b))
     n = len(a)
-    p_o = sum(x == y for x, y in zip(a, b)) / n
+    p_o = sum(x == y for x, y in zip(a, b, strict=True)) / n
     p_e = sum((a.count(c) / n) * (b.count(c) / n) for c in cats)
     return (p_o - p_e) / (1 - p_e)
 
@@ -88,8 +90,8 @@ def test_it_matches_the_definitions_on_random_data(seed):
 
 
 def test_it_computes_per_label_binary_agreement_by_hand():
-    # hack vs not: (T,T) (F,T) (F,F) (F,F) -> o_TT 2, o_TF = o_FT 1, o_FF 4 -> alpha = 1 - 7*2/30 = 0.5333;
-    # kappa: p_o 3/4, A says T 1/4, B 2/4 -> p_e = 1/4*2/4 + 3/4*2/4 = 0.5 -> 0.5.
+    # hack vs not: (T,T) (F,T) (F,F) (F,F) -> o_TT 2, o_TF = o_FT 1, o_FF 4 -> alpha = 1 - 7*2/30 =
+    # 0.5333; kappa: p_o 3/4, A says T 1/4, B 2/4 -> p_e = 1/4*2/4 + 3/4*2/4 = 0.5 -> 0.5.
     r = {
         1: {"a": "hack", "b": "hack"},
         2: {"a": "good", "b": "hack"},
@@ -114,7 +116,7 @@ def test_it_shows_the_queues_agreement_and_disagreements(
         ("good", "good"),
         ("good", "good"),
     ]
-    for item, (x, y) in zip(items, pairs):
+    for item, (x, y) in zip(items, pairs, strict=False):  # the fifth item is rated by bob only
         annotate(item.rollout, personas["annotator"], x, note=f"ann says {x}")
         annotate(item.rollout, bob, y)
     annotate(items[4].rollout, bob, "loop-repetition")  # one rating only: not pairable

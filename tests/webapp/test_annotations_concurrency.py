@@ -16,10 +16,10 @@ from webapp.annotations.models import Annotation, Label
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
 
-# No serialized_rollback: restoring the serialized database collides (UNIQUE on django_content_type) with
-# the content types that post_migrate re-creates after an earlier transactional test's flush. The flush
-# wipes the default labels (a data migration), as every transactional test's does; code that needs them
-# calls taxonomy.ensure_default_labels.
+# No serialized_rollback: restoring the serialized database collides (UNIQUE on django_content_type)
+# with the content types that post_migrate re-creates after an earlier transactional test's flush.
+# The flush wipes the default labels (a data migration), as every transactional test's does; code
+# that needs them calls taxonomy.ensure_default_labels.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -99,8 +99,8 @@ def test_it_keeps_both_rows_when_both_transactions_are_open_together(rollout, pe
 
 @pytest.mark.postgres
 def test_it_turns_the_same_persons_racing_insert_into_an_update(rollout, personas):
-    """A holds an uncommitted insert; B's insert of the same (rollout, author) waits on it, fails on the
-    unique constraint once A commits, and the retry updates A's row: one row, B's values."""
+    """A holds an uncommitted insert; B's insert of the same (rollout, author) waits on it, fails on
+    the unique constraint once A commits, and the retry updates A's row: one row, B's values."""
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
     me = personas["annotator"]

@@ -1,5 +1,5 @@
-"""Bad cases -> training data: SFT / DPO records, the never-a-positive rule, versioning, the JSONL loaded
-back by `datasets` and accepted by TRL and our own trainers, and the SFT / DPO launch."""
+"""Bad cases -> training data: SFT / DPO records, the never-a-positive rule, versioning, the JSONL
+loaded back by `datasets` and accepted by TRL and our own trainers, and the SFT / DPO launch."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from webapp.runs.models import Run
 
 @pytest.fixture
 def cases(run, rollouts, personas):  # noqa: F811
-    """Group p0 at step 0: r0 corrected hack, r1 bad without correction, r2 untouched, r3 annotated good.
-    Rewards: r0 0.5, r1 1.48, r2 0.46, r3 1.44 (correct + 0.5 format + 0.2 penalty)."""
+    """Group p0 at step 0: r0 corrected hack, r1 bad without correction, r2 untouched, r3 annotated
+    good. Rewards: r0 0.5, r1 1.48, r2 0.46, r3 1.44 (correct + 0.5 format + 0.2 penalty)."""
     r = rollouts[:4]
     annotate(
         r[0],
@@ -50,7 +50,7 @@ def lines(ds: Dataset) -> list[dict]:
     return [json.loads(x) for x in export.jsonl_lines(ds)]
 
 
-# --- record rules -------------------------------------------------------------------------------------------------
+# --- record rules ---------------------------------------------------------------------------------
 
 
 def test_it_exports_corrections_as_sft_and_never_a_bad_case_as_positive(run, cases, personas):
@@ -219,7 +219,7 @@ def test_it_stores_nothing_when_nothing_qualifies(run, rollouts, personas):  # n
     assert not Dataset.objects.exists() and not DatasetRecord.objects.exists()
 
 
-# --- loading back: datasets, TRL, our trainers ------------------------------------------------------------------
+# --- loading back: datasets, TRL, our trainers ----------------------------------------------------
 
 
 def _download(client, ds: Dataset, tmp_path: Path) -> Path:
@@ -240,7 +240,8 @@ def tokenizer():
     )
 
 
-@pytest.mark.slow  # the first import of datasets + trl + transformers takes ~20 s on a shared machine
+# The first import of datasets + trl + transformers takes ~20 s on a shared machine
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind,fmt",
     [
@@ -299,7 +300,7 @@ def test_it_puts_the_correction_in_the_last_assistant_message(
     assert rec["messages"][0] == {"role": "user", "content": "Prompt 0"}
 
 
-# --- views: permissions, export, launch -------------------------------------------------------------------------
+# --- views: permissions, export, launch -----------------------------------------------------------
 
 
 def test_it_lets_only_trainers_export(client_as, run, cases):
@@ -419,7 +420,7 @@ def test_it_asks_for_a_base_model_when_the_source_run_has_none(
     assert not Run.objects.exclude(id=run.id).exists()
 
 
-# --- issue 19: pairs that teach something, one line ending, the trainer's prompt format, run length ----------------
+# --- issue 19: pairs that teach something, one line ending, the trainer's prompt format, run length
 
 
 def test_it_skips_a_fallback_sibling_that_is_not_better_by_the_margin(run, cases, personas):
@@ -437,7 +438,8 @@ def test_it_skips_a_fallback_sibling_that_is_not_better_by_the_margin(run, cases
 
 
 def test_it_never_exports_a_pair_whose_chosen_equals_rejected(client_as, run, cases, personas):
-    # The best sibling has the bad case's text (a duplicate sample): the next distinct sibling is chosen.
+    # The best sibling has the bad case's text (a duplicate sample): the next distinct sibling is
+    # chosen.
     Rollout.objects.filter(id=cases[1].id).update(reward=0.0)
     Rollout.objects.filter(id=cases[3].id).update(
         transcript=cases[1].transcript, completion=cases[1].completion

@@ -1,4 +1,5 @@
-"""REST API v1: auth, run creation, ingestion errors, rollout queries with keyset cursors, group detail."""
+"""REST API v1: auth, run creation, ingestion errors, rollout queries with keyset cursors, group
+detail."""
 
 import json
 
@@ -51,13 +52,13 @@ def test_it_forbids_a_viewer_to_ingest(api, personas, run):
         ('{"groups": [', "body"),
         ('{"groups": [{"step": NaN}]}', "body"),
         (
-            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
-            '"rewards": {"nope": 1}}]}]}',
+            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, '
+            '"completion": "c", "rewards": {"nope": 1}}]}]}',
             "groups[0].rollouts[0].rewards.nope",
         ),
         (
-            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, "completion": "c", '
-            '"rewards": {"correct": "1"}}]}]}',
+            '{"groups": [{"step": 0, "key": "k", "prompt": "p", "rollouts": [{"index": 0, '
+            '"completion": "c", "rewards": {"correct": "1"}}]}]}',
             "groups[0].rollouts[0].rewards.correct",
         ),
         ('{"groups": 3}', "groups"),

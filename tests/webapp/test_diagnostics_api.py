@@ -1,6 +1,6 @@
-"""Diagnostics as an API (GET /api/v1/runs/<id>/diagnostics/) and a CLI (manage.py diagnose), and the
-onsets on the diagnostics page. Runs are stored through the ingestion service, field by field as the
-recorder's records are."""
+"""Diagnostics as an API (GET /api/v1/runs/<id>/diagnostics/) and a CLI (manage.py diagnose), and
+the onsets on the diagnostics page. Runs are stored through the ingestion service, field by field as
+the recorder's records are."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def _fresh_cache():
 
 
 def seed_saturating(run, steps: int = 12, onset: int = 4, dead_correct: bool = False) -> None:
-    """`format` (behavioural) varies until `onset`, then is 1 in every rollout; `correct` (outcome) keeps
-    varying (or, dead_correct: is 0 everywhere, a verifier that never runs)."""
+    """`format` (behavioural) varies until `onset`, then is 1 in every rollout; `correct` (outcome)
+    keeps varying (or, dead_correct: is 0 everywhere, a verifier that never runs)."""
     groups = []
     for s in range(steps):
         for k in range(3):

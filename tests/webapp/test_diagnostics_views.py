@@ -28,7 +28,8 @@ def _fresh_cache():
 
 
 def seed(run, steps: int = 6) -> None:
-    """Per step, three groups: `correct` varies, `format` is always 1 (saturated, no signal), `penalty` varies."""
+    """Per step, three groups: `correct` varies, `format` is always 1 (saturated, no signal),
+    `penalty` varies."""
     groups = []
     for s in range(steps):
         for k in range(3):
@@ -408,7 +409,7 @@ def test_it_rejects_malformed_json_in_the_api(api, personas, run):
     assert r.status_code == 400 and r.json()["errors"][0]["field"] == "body"
 
 
-# ---------------------------------------------------------------- the reader (more in test_run_arrays.py)
+# ---------------------------------------------------------- the reader (more in test_run_arrays.py)
 
 
 def test_it_reads_a_window_of_steps(run):

@@ -1,4 +1,5 @@
-"""`manage.py import_rollouts`: every format into the database, bad records, skip vs stop, batches."""
+"""`manage.py import_rollouts`: every format into the database, bad records, skip vs stop,
+batches."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def std(xs) -> float:
     return float(np.std(np.asarray(xs, dtype=float), ddof=1))
 
 
-# ------------------------------------------------------------------------------------------------ formats
+# ------------------------------------------------------------------------------------------ formats
 
 
 def test_it_imports_trl_completion_logs_with_their_stds_and_advantages(tmp_path):
@@ -189,7 +190,7 @@ def test_it_adds_components_first_seen_mid_file(tmp_path):
     assert list(run.environment.components.values_list("name", flat=True)) == ["a", "b"]
 
 
-# ------------------------------------------------------------------------------------------------ bad records
+# -------------------------------------------------------------------------------------- bad records
 
 
 def test_it_reports_an_ingestion_error_with_the_file_line_and_field(tmp_path):

@@ -1,4 +1,5 @@
-"""The pages: runs list, run dashboard, explorer, group, no-signal, transcript. Test client, no browser."""
+"""The pages: runs list, run dashboard, explorer, group, no-signal, transcript. Test client, no
+browser."""
 
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ def test_it_charts_reward_components_and_zero_std_per_step(client_as, seeded):
     assert any(name.startswith("batch std") for name in std_traces)
     body = resp.content.decode()
     assert "Two different stds." in body and "only it makes an advantage" in body
-    assert 'data-explorer="/runs/%d/rollouts/"' % seeded.id in body
+    assert f'data-explorer="/runs/{seeded.id}/rollouts/"' in body
 
 
 def test_it_prefers_the_trainer_logged_batch_std_and_charts_other_metrics(client_as, seeded):
@@ -418,7 +419,8 @@ def test_it_ranks_a_group_and_highlights_the_separating_component(client_as, see
     ranked = [c["rollout"] for c in resp.context["cards"]]
     rewards = [r.reward for r in ranked]
     assert rewards == sorted(rewards, reverse=True)
-    # best: correct 1, format 1 (1.5); worst: correct 0, format 1, penalty -0.5 (0.4): correct differs most
+    # best: correct 1, format 1 (1.5); worst: correct 0, format 1, penalty -0.5 (0.4): correct
+    # differs most
     assert resp.context["separator"].name == "correct"
     assert "separates best from worst" in body
 
@@ -658,7 +660,7 @@ def test_it_lists_an_import_run_with_no_rollouts(client_as, run):
     assert "toy-run" in body and Run.objects.count() == 1
 
 
-# --- issue 19: live runs, cancel, checkpoints, scalars, launch sections and weights, 403 ------------------------
+# --- issue 19: live runs, cancel, checkpoints, scalars, launch sections and weights, 403 ----------
 
 
 def test_it_answers_the_live_poll_with_figures_only_when_a_step_was_stored(client_as, seeded):

@@ -1,5 +1,5 @@
-"""Reward replay: creating, scoring in chunks, failing closed, summarising (in-process; the real worker is
-in test_replay_worker.py)."""
+"""Reward replay: creating, scoring in chunks, failing closed, summarising (in-process; the real
+worker is in test_replay_worker.py)."""
 
 from __future__ import annotations
 
@@ -307,8 +307,9 @@ def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
 
 
 def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as, monkeypatch):
-    """A worker killed while summarising leaves the replay 'summarising'; after the stale limit the page
-    offers Resume (trainers only), which queues the task again, and the next worker summarises it."""
+    """A worker killed while summarising leaves the replay 'summarising'; after the stale limit the
+    page offers Resume (trainers only), which queues the task again, and the next worker summarises
+    it."""
     from datetime import timedelta
 
     from django.urls import reverse
@@ -385,8 +386,8 @@ def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settin
 
 
 def test_it_requeues_each_stalled_replay_once_from_the_worker_heartbeat(drun, monkeypatch):
-    """What every worker's heartbeat runs (workers/tasks.py _beat): only stalled replays, one task each
-    however many workers beat, again after another stale limit if that task was lost too."""
+    """What every worker's heartbeat runs (workers/tasks.py _beat): only stalled replays, one task
+    each however many workers beat, again after another stale limit if that task was lost too."""
     from datetime import timedelta
 
     from django.utils import timezone

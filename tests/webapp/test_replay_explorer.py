@@ -1,5 +1,6 @@
-"""The explorer sorts and filters by a replay's values like any component's (sort=replay.<component>,
-min_/max_replay.<component>, replay=<id>), through the API and the page, keyset-paged."""
+"""The explorer sorts and filters by a replay's values like any component's
+(sort=replay.<component>, min_/max_replay.<component>, replay=<id>), through the API and the page,
+keyset-paged."""
 
 from __future__ import annotations
 
@@ -138,8 +139,8 @@ def test_it_links_the_replay_page_to_the_explorer_sorted_by_the_replayed_values(
     client = client_as("viewer")
     page = client.get(reverse("replays-detail", args=[replayed.id])).content.decode()
     url = (
-        f"{reverse('rollouts-explorer', args=[replayed.run_id])}?sort=replay.semantic_coverage&amp;order=desc"
-        f"&amp;replay={replayed.id}"
+        f"{reverse('rollouts-explorer', args=[replayed.run_id])}"
+        f"?sort=replay.semantic_coverage&amp;order=desc&amp;replay={replayed.id}"
     )
     assert url in page
     explorer = client.get(url.replace("&amp;", "&"))

@@ -1,7 +1,9 @@
-""" "Train with this reward": a replay's button launches a GRPO twin of its run with the replayed versions,
-through the one launch path (webapp.runs.launch), and the overlay compares the twin with the original.
+""" "Train with this reward": a replay's button launches a GRPO twin of its run with the replayed
+versions, through the one launch path (webapp.runs.launch), and the overlay compares the twin with
+the original.
 
-The queue is the only thing replaced (enqueue_run recorded instead of sent): no GPU worker exists here.
+The queue is the only thing replaced (enqueue_run recorded instead of sent): no GPU worker exists
+here.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def queued(monkeypatch) -> list[int]:
 
 
 def _replay(personas, status: str = "succeeded", kind: str = "grpo", base_model: str = BASE_MODEL):
-    """A GRPO job run (its config as the launch form stores it) with a finished replay of two groups."""
+    """A GRPO job run (its config as the launch form stores it) with a finished replay of two
+    groups."""
     from webapp.replays import services
     from webapp.replays.models import Replay
 
@@ -214,16 +217,19 @@ def marker(prompt, completion, *, value=0.5):
     return (value, "scored by the replayed marker version")
 
 
-reward_versions.register("diagram", "semantic_coverage", "replay_e2e_marker:marker", {"value": 0.625},
-                         name="semantic_coverage@marker")
+reward_versions.register(
+    "diagram", "semantic_coverage", "replay_e2e_marker:marker", {"value": 0.625},
+    name="semantic_coverage@marker",
+)
 """
 
 
 @pytest.fixture
 def marker_module(tmp_path, monkeypatch):
-    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH, named
-    in RD_REWARD_MODULES) and imported here as the web process does at start-up. Requested before
-    worker_process so the worker (and its job child, which trains only registered versions) inherit both."""
+    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH,
+    named in RD_REWARD_MODULES) and imported here as the web process does at start-up. Requested
+    before worker_process so the worker (and its job child, which trains only registered versions)
+    inherit both."""
     import importlib
     import sys
 
@@ -246,9 +252,10 @@ def marker_module(tmp_path, monkeypatch):
 def test_it_trains_the_twin_on_the_replayed_version_in_a_real_worker(
     marker_module, worker_process, client_as
 ):
-    """Outside in: a stored run, a replay with the team's version, the button, then a real Celery worker runs
-    the twin's GRPO job (tiny model, one step) in its child process: every rollout the twin stores carries
-    the replayed version's value and reason for semantic_coverage, and the environment's own for the rest."""
+    """Outside in: a stored run, a replay with the team's version, the button, then a real Celery
+    worker runs the twin's GRPO job (tiny model, one step) in its child process: every rollout the
+    twin stores carries the replayed version's value and reason for semantic_coverage, and the
+    environment's own for the rest."""
     from tests.conftest import wait_for
     from webapp.replays import services
     from webapp.rollouts.models import RewardScore

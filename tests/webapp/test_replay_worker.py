@@ -1,5 +1,5 @@
-"""A replay through a real Celery worker process on the configured broker (Redis when CELERY_BROKER_URL
-says so, else the filesystem transport), against the test database."""
+"""A replay through a real Celery worker process on the configured broker (Redis when
+CELERY_BROKER_URL says so, else the filesystem transport), against the test database."""
 
 import pytest
 

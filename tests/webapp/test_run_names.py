@@ -1,7 +1,10 @@
-"""get_or_create_run on whichever database the tests use (SQLite by default: BEGIN IMMEDIATE serialises
-the callers; Postgres: the advisory lock). tests/reliability/test_races.py races it harder on Postgres."""
+"""get_or_create_run on whichever database the tests use (SQLite by default: BEGIN IMMEDIATE
+serialises the callers; Postgres: the advisory lock). tests/reliability/test_races.py races it
+harder on Postgres."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 
@@ -16,7 +19,7 @@ def test_it_converges_three_callers_naming_one_new_run_on_one_run(env3):
     for trial in range(8):
         name = f"sqlite-{trial}"
         results, errors = at_once(
-            *[lambda: get_or_create_run(name=name, kind="import", environment=env3)] * 3
+            *[partial(get_or_create_run, name=name, kind="import", environment=env3)] * 3
         )
         assert errors == []
         assert (

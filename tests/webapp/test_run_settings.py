@@ -1,5 +1,6 @@
-"""Reward settings belong to the run: weights, scale_rewards, aggregation, advantage epsilon and group size
-stored per run, set at creation, overwritten by the trainer, and read by every recomputation."""
+"""Reward settings belong to the run: weights, scale_rewards, aggregation, advantage epsilon and
+group size stored per run, set at creation, overwritten by the trainer, and read by every
+recomputation."""
 
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ def test_it_lets_the_trainer_settings_win_and_logs_what_they_replaced(api, perso
     ],
 )
 def test_it_recomputes_the_trainers_advantages_from_the_runs_settings(run, scale, eps, weights):
-    """The ablation baseline is the trainer's own advantages only when it uses the trainer's settings."""
+    """The ablation baseline is the trainer's own advantages only when it uses the trainer's
+    settings."""
     from webapp.diagnostics import services
     from webapp.rollouts.ingest import ingest_groups
     from webapp.runs import reward_settings
@@ -143,13 +145,19 @@ def test_it_recomputes_the_trainers_advantages_from_the_runs_settings(run, scale
     groups = []
     for step in range(2):
         for g in range(3):
-            grp = make_group(step, f"k{g}", [dict(zip(names, v)) for v in values[step, g].tolist()])
+            grp = make_group(
+                step, f"k{g}", [dict(zip(names, v, strict=True)) for v in values[step, g].tolist()]
+            )
             for i, r in enumerate(grp["rollouts"]):
                 r["advantage"] = float(trainer[step][g, i])
             groups.append(grp)
     reward_settings.apply(
         run,
-        {"weights": dict(zip(names, weights)), "scale_rewards": scale, "advantage_epsilon": eps},
+        {
+            "weights": dict(zip(names, weights, strict=True)),
+            "scale_rewards": scale,
+            "advantage_epsilon": eps,
+        },
         "trainer",
     )
     ingest_groups(run, {"groups": groups})

@@ -20,7 +20,8 @@ TINY_GRPO = {
     "cfg_per_device_batch_size": 8,  # 2 prompts x 4 completions
     "cfg_max_completion_length": 16,  # short rollouts: generation dominates CPU time
     "cfg_logging_steps": 1,
-    "cfg_log_completions": True,  # TRL writes its own advantages to parquet: the reference we compare to
+    # TRL writes its own advantages to parquet: the reference we compare to
+    "cfg_log_completions": True,
 }
 
 
@@ -86,7 +87,9 @@ def test_it_runs_a_grpo_job_and_stores_trls_own_advantages(worker_process, clien
     checked = 0
     for f in files:
         df = pd.read_parquet(f)
-        for step, completion, advantage in zip(df["step"], df["completion"], df["advantage"]):
+        for step, completion, advantage in zip(
+            df["step"], df["completion"], df["advantage"], strict=True
+        ):
             text = completion if isinstance(completion, str) else completion[-1]["content"]
             ours = [r.advantage for r in rollouts if r.step == step and r.completion == text]
             assert ours and min(abs(a - advantage) for a in ours) < 1e-5

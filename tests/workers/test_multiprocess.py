@@ -2,8 +2,8 @@
 
 No GPU exists here, so two CPU processes under torchrun (gloo) stand in for two GPUs: the same
 `python -m workers.job RUN_ID` in each process, RANK / WORLD_SIZE set, TRL's distributed gather.
-(accelerate itself, asked for 2 processes on a host without GPUs, quietly runs one; the worker refuses
-that case instead, tested in test_launch.py.)"""
+(accelerate itself, asked for 2 processes on a host without GPUs, quietly runs one; the worker
+refuses that case instead, tested in test_launch.py.)"""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_a_two_process_grpo_job_records_both_processes_rollouts_once(transaction
         "max_steps": 2,
         "num_prompts": 4,
         "num_generations": 4,
-        "per_device_batch_size": 4,  # one prompt's group per process per step: 2 groups a step in all
+        # One prompt's group per process per step: 2 groups a step in all
+        "per_device_batch_size": 4,
         "max_completion_length": 16,
         "logging_steps": 1,
         "num_gpus": 2,
