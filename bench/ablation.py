@@ -1,5 +1,5 @@
-"""Ablation recompute at scale: read a stored run and recompute every group's advantages for one
-ablation.
+"""Ablation recompute at scale: read a stored run and recompute every group's advantages
+for one ablation.
 
     DATABASE_URL=postgres://... python -m bench.ablation  # 1,000,000 rollouts, run "bench-1m"
     DATABASE_URL=postgres://... python -m bench.ablation --rollouts 80000
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     data = load_run_arrays(run)
     n_groups = int(np.unique(data.group_ids).size)
-    # Baseline: the same recompute (baseline and ablated advantages) as a plain Python loop over
-    # groups.
+    # Baseline: the same recompute (baseline and ablated advantages) as a plain Python
+    # loop over groups.
     keep = np.array([c.name != "format" for c in data.components])
     w_new = [
         2.0 if c.name == "correct" else c.weight for c in data.components if c.name != "format"

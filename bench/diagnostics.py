@@ -51,8 +51,8 @@ class Spec:
     binary: bool
     start: float
     end: float
-    # after the onset (step >= onset): "const" (value `after`), "level" (level becomes `after`), or
-    # None
+    # after the onset (step >= onset): "const" (value `after`), "level" (level becomes
+    # `after`), or None
     mode: str | None = None
     after: float = 0.0
     slip: float = (
@@ -89,8 +89,8 @@ def healthy_specs(rng: np.random.Generator, k: int, declared: bool) -> list[Spec
     """Component 0 is the outcome; the rest behavioural, process or penalty. Levels stay where
     groups keep varying: that is what healthy means here."""
     improving = rng.random() < 0.5
-    # Distinct, unround weights: equal weights make distinct score vectors tie on purpose (the plant
-    # below).
+    # Distinct, unround weights: equal weights make distinct score vectors tie on purpose
+    # (the plant below).
     weights = rng.permutation([0.13, 0.21, 0.34, 0.55, 0.77])
     out = []
     for j in range(k):

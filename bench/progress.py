@@ -1,5 +1,5 @@
-"""Progress for the benchmarks: tqdm on a terminal; one line per 10% otherwise (logs and CI stay
-readable)."""
+"""Progress for the benchmarks: tqdm on a terminal; one line per 10% otherwise (logs and
+CI stay readable)."""
 
 from __future__ import annotations
 

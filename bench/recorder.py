@@ -2,12 +2,12 @@
 
     HF_HUB_OFFLINE=1 python -m bench.recorder [--rounds 8 --steps 6]
 
-GRPO on the tiny offline model with the diagram environment's components, same seed and config, with
-and without the recorder (writing to a JSONL sink through its background thread). Runs alternate
-(off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time is the gap
-between consecutive `on_step_begin` events, so it includes generation, reward functions, the update,
-every callback (the recorder's included) and logging. The first step of each run is warm-up and
-dropped.
+GRPO on the tiny offline model with the diagram environment's components, same seed and config,
+with and without the recorder (writing to a JSONL sink through its background thread). Runs
+alternate (off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time
+is the gap between consecutive `on_step_begin` events, so it includes generation, reward functions,
+the update, every callback (the recorder's included) and logging. The first step of each run is
+warm-up and dropped.
 
 Both runs of a pair use the same seed, so they generate the same completions and do the same work;
 the only difference is the recorder. On a shared machine the wall-clock ratio is noisy, so the bench
@@ -34,8 +34,8 @@ RECORDER_SECONDS = [0.0]  # time spent inside the recorder's own code, summed ov
 
 
 def instrument_recorder() -> None:
-    """Time the recorder's entry points (bench only): the part of the overhead that sits on the
-    training thread."""
+    """Time the recorder's entry points (bench only): the part of the overhead that sits on
+    the training thread."""
     from training.recorder import RolloutRecorder
 
     def timed(fn):

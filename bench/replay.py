@@ -1,5 +1,5 @@
-"""Reward replay at scale: re-score stored diagram rollouts with a changed component and recompute
-advantages.
+"""Reward replay at scale: re-score stored diagram rollouts with a changed component
+and recompute advantages.
 
     DATABASE_URL=postgres://... python -m bench.replay                   # 100,000 rollouts
     DATABASE_URL=postgres://... python -m bench.replay --rollouts 20000  # fits a loaded box
@@ -33,8 +33,8 @@ TARGET_S = 60.0  # the issue's target for 100,000 rollouts
 
 
 def _completions(prompt) -> list[str]:
-    """A group's G completions: exact, an edge missing, a node missing, edge spam, stacked,
-    prose..."""
+    """A group's G completions: exact, an edge missing, a node missing, edge
+    spam, stacked, prose..."""
     from tests.webapp.replay_fixtures import actions
 
     nodes = prompt.spec["nodes"]
@@ -107,8 +107,8 @@ def seed(n: int):
 
 
 def seed_sandboxed(n: int):
-    """An ask_to_code run whose `correctness` replay re-runs every submitted program in the
-    sandbox."""
+    """An ask_to_code run whose `correctness` replay re-runs every submitted program
+    in the sandbox."""
     from training.environments import ask_to_code as atc
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.services import create_run, environment_from_training
@@ -134,8 +134,8 @@ def seed_sandboxed(n: int):
 
 
 def sandbox_throughput(n: int) -> dict:
-    """One worker process replaying ask_to_code's correctness: each distinct submission runs in the
-    sandbox."""
+    """One worker process replaying ask_to_code's correctness: each distinct submission runs
+    in the sandbox."""
     from webapp.replays import services
     from webapp.replays.models import Replay
 

@@ -267,8 +267,8 @@ def _group_max(a: np.ndarray, g: np.ndarray, m: int, blocks: Blocks | None) -> n
 def _best_changed(
     a0: np.ndarray, a1: np.ndarray, g: np.ndarray, m: int, tol: float, blocks: Blocks | None = None
 ) -> tuple[np.ndarray, int]:
-    """Among groups with a unique best completion before, those where it is no longer the unique
-    best."""
+    """Among groups with a unique best completion before, those where it is no longer
+    the unique best."""
 
     def top_info(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mx = _group_max(a, g, m, blocks)

@@ -95,11 +95,11 @@ class Client:
         base_model: str = "",
         reward_settings: dict[str, Any] | None = None,
     ) -> int:
-        """Create a run (and its environment, or the components it lacks). `components` are names or
-        {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here is
-        this run's weight even when the environment exists with another. `reward_settings` may add
-        scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`). Returns the
-        run id."""
+        """Create a run (and its environment, or the components it lacks). `components` are names
+        or {"name", "weight", "kind", "min_value", "max_value", "description"}; a weight given here
+        is this run's weight even when the environment exists with another. `reward_settings` may
+        add scale_rewards, aggregation, advantage_epsilon, group_size (see `post_settings`).
+        Returns the run id."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
         body: dict[str, Any] = {
             "name": name,
@@ -123,9 +123,9 @@ class Client:
         reward_settings: dict[str, Any] | None = None,
     ) -> tuple[int, bool]:
         """The run named `name`, created (as `create_run`) when no run has it: (run id, created).
-        Atomic on the server, so many processes naming one run land in one run, and safe to retry.
-        Components the environment lacks are added to it; `reward_settings` apply only to a run
-        created here."""
+        Atomic on the server, so many processes naming one run land in one run, and safe to
+        retry. Components the environment lacks are added to it; `reward_settings` apply only to
+        a run created here."""
         comps = [c if isinstance(c, dict) else {"name": c} for c in components or []]
         body: dict[str, Any] = {
             "name": name,
@@ -175,8 +175,8 @@ class Client:
         **filters: Any,
     ) -> Iterator[dict[str, Any]]:
         """Every rollout matching the filters (step_min, step_max, split, zero_std, q,
-        min_<component>, max_<component>, ...), in the server's keyset order, one page of `limit` at
-        a time."""
+        min_<component>, max_<component>, ...), in the server's keyset order, one page of `limit`
+        at a time."""
         params = {
             "sort": sort,
             "order": order,
@@ -241,8 +241,8 @@ def _param(v: Any) -> str:
 
 
 def _errors(e: urllib.error.HTTPError) -> list[dict[str, str]]:
-    """The server's error list, or the status text when the body is not our JSON (a proxy's
-    page)."""
+    """The server's error list, or the status text when the body is not our JSON
+    (a proxy's page)."""
     try:
         body = json.loads(e.read() or b"null")
     except (ValueError, OSError):

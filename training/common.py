@@ -21,8 +21,8 @@ ProgressFn = Callable[[int, int], None]  # (step, total)
 
 
 def resolve_device(device: str = "auto") -> str:
-    """'auto' is CUDA when present, else CPU. Anything else is returned as given ('cpu',
-    'cuda:1')."""
+    """'auto' is CUDA when present, else CPU. Anything else is returned as
+    given ('cpu', 'cuda:1')."""
     import torch
 
     if device == "auto":
@@ -31,8 +31,8 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def trainer_device_kwargs(device: str) -> dict[str, Any]:
-    """TrainingArguments fields for `device`: fp32 on CPU (TRL defaults bf16=True), bf16 where CUDA
-    has it."""
+    """TrainingArguments fields for `device`: fp32 on CPU (TRL defaults bf16=True), bf16 where
+    CUDA has it."""
     import torch
 
     if device.startswith("cuda"):
@@ -117,9 +117,9 @@ def get_env(name: str) -> Environment:
 def env_prompts(
     env: Environment, split: str, n: int, seed: int = 0, max_nodes: int = 0
 ) -> list[Any]:
-    """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0 (an
-    environment whose prompts() takes a `max_nodes` argument, e.g. diagram); 0 means every
-    request."""
+    """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0
+    (an environment whose prompts() takes a `max_nodes` argument, e.g. diagram); 0
+    means every request."""
     if not max_nodes:
         return env.prompts(split, n, seed=seed)
     import inspect
@@ -168,9 +168,9 @@ def make_reporting_callback(
 ):
     """A TrainerCallback that forwards progress and (optionally) TRL's logged metrics to the sink.
 
-    Metrics are forwarded verbatim (TRL's own keys); None/NaN/non-numeric values are dropped because
-    the ingestion schema holds floats. GRPO runs pass metrics=False: the RolloutRecorder forwards
-    them."""
+    Metrics are forwarded verbatim (TRL's own keys); None/NaN/non-numeric values are dropped
+    because the ingestion schema holds floats. GRPO runs pass metrics=False: the
+    RolloutRecorder forwards them."""
     from transformers import TrainerCallback
 
     class ReportingCallback(TrainerCallback):
@@ -211,8 +211,8 @@ def numeric_metrics(logs: dict[str, Any]) -> dict[str, float]:
 
 
 class Sample:
-    """One sampled completion: text, token count (up to and including eos) and whether it hit the
-    limit."""
+    """One sampled completion: text, token count (up to and including eos) and whether it
+    hit the limit."""
 
     __slots__ = ("text", "length", "truncated")
 
@@ -234,8 +234,8 @@ def sample_completions(
     batch_size: int = 8,
     seed: int = 0,
 ) -> list[list[Sample]]:
-    """`num_generations` sampled completions for each chat prompt, in prompt order (one list per
-    prompt)."""
+    """`num_generations` sampled completions for each chat prompt, in prompt order (one
+    list per prompt)."""
     import torch
 
     torch.manual_seed(seed)

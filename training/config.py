@@ -162,8 +162,8 @@ class TrainJobConfig(JobConfig):
 def cli(
     config_cls: type[C], main: Callable[..., dict[str, Any]], argv: list[str] | None = None
 ) -> dict[str, Any]:
-    """`python -m training.<kind> --config FILE.json [--output-dir DIR]`: prints the summary as
-    JSON."""
+    """`python -m training.<kind> --config FILE.json [--output-dir DIR]`: prints the
+    summary as JSON."""
     parser = argparse.ArgumentParser(description=(config_cls.__doc__ or "").strip())
     parser.add_argument("--config", required=True, help="JSON file with the config fields")
     parser.add_argument(

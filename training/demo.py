@@ -52,10 +52,10 @@ def generate_groups(
     skill_schedule: Callable[[int], float] | None = None,
     holdout_groups: int = 0,
 ) -> list[dict[str, Any]]:
-    """Records for `steps` steps of `groups_per_step` train groups (plus `holdout_groups` eval
-    groups on fixed held-out prompts), each with G rollouts. `skill_schedule(step)` sets
-    `policy.skill` before each step, so rewards can improve over the run. Deterministic in
-    `seed`."""
+    """Records for `steps` steps of `groups_per_step` train groups (plus `holdout_groups`
+    eval groups on fixed held-out prompts), each with G rollouts. `skill_schedule(step)`
+    sets `policy.skill` before each step, so rewards can improve over the run.
+    Deterministic in `seed`."""
     rng = random.Random(seed)
     train = env.prompts("train", min(steps * groups_per_step, MAX_TRAIN_POOL), seed)
     holdout = env.prompts("holdout", holdout_groups, seed) if holdout_groups else []

@@ -1,5 +1,5 @@
-"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT and
-after GRPO.
+"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT
+and after GRPO.
 
 Sized to show learning on two CPU cores in about three minutes: before SFT the held-out reward is
 near zero (the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage
@@ -154,8 +154,8 @@ def run_chain(
     overrides: dict[str, dict[str, Any]] | None = None,
     log=print,
 ) -> list[dict[str, Any]]:
-    """Run every stage in-process under `out`; returns one row per stage (name, seconds,
-    summary)."""
+    """Run every stage in-process under `out`; returns one row per stage
+    (name, seconds, summary)."""
     from training.tiny import ensure_tiny_model
 
     out = Path(out)

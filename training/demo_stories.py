@@ -1,5 +1,5 @@
-"""The demo's failure stories, from the multi-turn ask-before-coding environment and its simulated
-user.
+"""The demo's failure stories, from the multi-turn ask-before-coding environment and
+its simulated user.
 
 Two scripted runs of the same policy schedule (records in the ingestion format):
 
@@ -42,9 +42,9 @@ ASKING_STYLES = (
 
 
 def style_for(rng: random.Random, step: int, steps: int, saturate_at: int, broken: bool) -> str:
-    """The scripted policy's behaviour at `step`: anything at first; from `saturate_at` on it always
-    asks first. With a working verifier the share of right code ("solve") grows; without one it
-    never does."""
+    """The scripted policy's behaviour at `step`: anything at first; from `saturate_at` on it
+    always asks first. With a working verifier the share of right code ("solve") grows; without one
+    it never does."""
     if step < saturate_at:
         return rng.choice(STYLES)
     if broken:

@@ -32,8 +32,8 @@ UNSTABLE_KEYS = (
     "grad_norm",
 )  # TRL's logged keys (prefix match after an optional "train/")
 # Below these a value is never a spike, however flat the rest of the series (clip ratios sit at
-# exactly 0 for whole runs when num_iterations == 1, so a robust spread of 0 would call any 0.001 a
-# spike).
+# exactly 0 for whole runs when num_iterations == 1, so a robust spread of 0 would call any
+# 0.001 a spike).
 SPIKE_FLOOR = {"kl": 0.05, "clip_ratio": 0.05, "grad_norm": 1.0}
 
 
@@ -101,8 +101,8 @@ class RunArrays:
         return self.select(self.steps >= uniq[-n_steps])
 
     def rewards(self, weights: np.ndarray | None = None) -> np.ndarray:
-        """The aggregate reward under sum-then-normalise (TRL's r = nansum_k w_k r_k; NaN if
-        unscorable)."""
+        """The aggregate reward under sum-then-normalise (TRL's r = nansum_k w_k r_k;
+        NaN if unscorable)."""
         w = self.weights if weights is None else weights
         r = np.nansum(self.matrix * w[None, :], axis=1)
         r[np.isnan(self.matrix).all(axis=1)] = np.nan
@@ -125,9 +125,9 @@ def dense_ids(ids: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def regular_blocks(gidx: np.ndarray, m: int) -> tuple[np.ndarray, int] | None:
-    """(row permutation that lines rows up group after group, G) when every group has the same size
-    G: then per-group work is a row-wise operation on an (M, G) array, with no sort over all N
-    rows."""
+    """(row permutation that lines rows up group after group, G) when every group has the same
+    size G: then per-group work is a row-wise operation on an (M, G) array, with no sort over
+    all N rows."""
     n = gidx.size
     if m == 0 or n % m:
         return None
@@ -304,8 +304,8 @@ def component_health(data: RunArrays) -> HealthReport:
                 scored_frac=float(scored.mean()) if data.n else math.nan,
             )
         )
-    # The last column of `cols` is the aggregate reward: its zero-std groups are the ones that teach
-    # nothing.
+    # The last column of `cols` is the aggregate reward: its zero-std groups are the ones
+    # that teach nothing.
     rz = (
         cs.zero_std[:, k + 1][cs.count[:, k + 1] > 0] if cs is not None else np.zeros(0, dtype=bool)
     )
@@ -433,15 +433,15 @@ def detect_dead(h: HealthReport, t: Thresholds, skip: set[str]) -> list[Finding]
 
 
 def _never_left_floor(c: ComponentHealth) -> bool:
-    """At its minimum in every rollout (so constant in every group): not one success to learn
-    from."""
+    """At its minimum in every rollout (so constant in every group): not one success
+    to learn from."""
     return c.zero_std_frac >= 1.0 and c.at_min >= 1.0
 
 
 def _never_varies(c: ComponentHealth, h: HealthReport, heavy: bool) -> Finding:
-    # A scorer stuck on one value has as often never run (a harness that returns before executing
-    # the submission) as it has faced an impossible task: the values cannot tell these apart, the
-    # reasons can.
+    # A scorer stuck on one value has as often never run (a harness that returns before
+    # executing the submission) as it has faced an impossible task: the values cannot tell these
+    # apart, the reasons can.
     return Finding(
         code="dead_component",
         severity="critical" if heavy else "warning",
@@ -610,8 +610,8 @@ def detect_ignores_prompt(h: HealthReport, t: Thresholds) -> list[Finding]:
 
 
 def _thirds_rise(steps: np.ndarray, values: np.ndarray) -> float:
-    """Relative change of the mean of `values` between the first and last third of the distinct
-    steps."""
+    """Relative change of the mean of `values` between the first and last third of
+    the distinct steps."""
     ok = ~np.isnan(values)
     steps, values = steps[ok], values[ok]
     uniq = np.unique(steps)
@@ -773,8 +773,8 @@ def detect_aggregation_collapse(c: dict[str, float], t: Thresholds) -> list[Find
 def detect_unstable(
     metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None, t: Thresholds
 ) -> list[Finding]:
-    """Spikes in KL, clip ratio or grad norm as TRL logs them (`kl`, `clip_ratio/region_mean`,
-    `grad_norm`).
+    """Spikes in KL, clip ratio or grad norm as TRL logs them
+    (`kl`, `clip_ratio/region_mean`, `grad_norm`).
 
     A spike is a value above median + spike_mads robust deviations and above spike_ratio x the
     median; a logged non-finite value (stored as NULL) means the run diverged.
@@ -1030,8 +1030,8 @@ def step_table(data: RunArrays) -> StepTable:
     with np.errstate(invalid="ignore"):
         const = (hi - lo) <= 1e-12
         tol = np.where(const, 0.0, 1e-6 * (hi - lo))
-        # A constant undeclared range: above zero reads as at the ceiling, else the floor (as
-        # _at_bounds).
+        # A constant undeclared range: above zero reads as at the ceiling, else the
+        # floor (as _at_bounds).
         at_max = scored & np.where(const[None, :], vals > 0, vals >= (hi - tol)[None, :])
         at_min = scored & np.where(const[None, :], vals <= 0, vals <= (lo + tol)[None, :])
     dev = np.nan_to_num(np.where(scored, vals - st.mean[gidx, :k], 0.0), nan=0.0)
@@ -1102,16 +1102,16 @@ def _hold(table: StepTable, t: Thresholds) -> int:
 
 
 def _candidates(last: int, t: Thresholds) -> list[int]:
-    """Start indices 0..last, every one when few, else an even grid (the refinement walks between
-    them)."""
+    """Start indices 0..last, every one when few, else an even grid (the refinement
+    walks between them)."""
     if last + 1 <= t.max_onset_candidates:
         return list(range(last + 1))
     return np.unique(np.linspace(0, last, t.max_onset_candidates).round().astype(int)).tolist()
 
 
 def _local_end(table: StepTable, i: int, t: Thresholds) -> int:
-    """The end of the shortest span from step index i holding at least min_groups groups (or the
-    end)."""
+    """The end of the shortest span from step index i holding at least min_groups groups
+    (or the end)."""
     n = table.cum["n_groups"]
     j = int(np.searchsorted(n, n[i] + t.min_groups, side="left"))
     return min(max(j, i + 1), table.steps.size)
@@ -1194,9 +1194,9 @@ def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
 
 
 def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
-    """The fraction of groups whose aggregate reward is constant (no advantage at all) rises until
-    most groups teach nothing. Needs a 'before': a window that starts collapsed is left to the
-    component rules."""
+    """The fraction of groups whose aggregate reward is constant (no advantage at all) rises
+    until most groups teach nothing. Needs a 'before': a window that starts collapsed is left to
+    the component rules."""
     z, g, s = table.cum["r_zero"], table.cum["r_groups"], table.steps.size
     last = s - _hold(table, t)
 
@@ -1255,16 +1255,16 @@ def detect_signal_collapse(table: StepTable, t: Thresholds) -> list[Finding]:
 
 
 def kinds_declared(components: list[ComponentInfo]) -> bool:
-    """Kinds count as declared when any component says something other than the default
-    ("outcome")."""
+    """Kinds count as declared when any component says something other than
+    the default ("outcome")."""
     return any(c.kind and c.kind != "outcome" for c in components)
 
 
 def infer_kinds(
     data: RunArrays, h: HealthReport, t: Thresholds
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Kinds read from the values when none were declared: (name -> kind, name -> what was
-    inferred).
+    """Kinds read from the values when none were declared: (name -> kind, name ->
+    what was inferred).
 
     Binary vs graded: at most two distinct values. Dense vs sparse: off its floor in at least half
     of the rollouts or not. Negative weight (or never positive): a penalty. High on its range (level

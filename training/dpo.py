@@ -1,5 +1,5 @@
-"""Direct preference optimisation on prompt/chosen/rejected pairs (e.g. exported annotated bad
-cases).
+"""Direct preference optimisation on prompt/chosen/rejected pairs (e.g. exported
+annotated bad cases).
 
     python -m training.dpo --config dpo.json
 

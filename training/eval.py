@@ -76,9 +76,9 @@ def score_groups(
     scale_rewards: str = "group",
     aggregation: str = "sum_then_normalize",
 ) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Score every sample, compute advantages with training.stats (TRL's formulas) and build
-    ingestion groups. Returns (groups, matrix) where matrix is (N, K) component values, NaN where
-    unscorable."""
+    """Score every sample, compute advantages with training.stats (TRL's formulas) and
+    build ingestion groups. Returns (groups, matrix) where matrix is (N, K) component
+    values, NaN where unscorable."""
     names = [c.name for c in env.components]
     weights = [c.weight for c in env.components]
     rows: list[dict[str, Any]] = []

@@ -247,8 +247,8 @@ def main(
             )
         weights = list(config.reward_weights)
 
-    # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on top when
-    # use_lora.
+    # Model: init_from (an SFT run, adapter merged) or the base model; a fresh LoRA on
+    # top when use_lora.
     source = resolve_model_dir(config.init_from or config.base_model)
     model = load_model(source, device)
     tokenizer = load_tokenizer(source)

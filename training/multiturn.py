@@ -1,5 +1,5 @@
-"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored on their
-transcripts.
+"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored
+on their transcripts.
 
 An environment with the episode protocol (`env.reset(prompt) -> episode`,
 `episode.step(agent_message) -> (reply, done)`, `episode.transcript`; see
@@ -49,9 +49,9 @@ from training.rewards import environment_reward_funcs
 if TYPE_CHECKING:
     from training.environments.base import Environment, Prompt
 
-# (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) -> the
-# new tokens per row, cut after the first eos. The default sampler ignores `rows`; a scripted one
-# needs them.
+# (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) ->
+# the new tokens per row, cut after the first eos. The default sampler ignores `rows`; a
+# scripted one needs them.
 GenerateFn = Callable[[list[list[int]], int, list[int]], list[list[int]]]
 GenerateFactory = Callable[
     [Any], GenerateFn
@@ -143,10 +143,10 @@ def run_episodes(
     max_completion_length: int,
     eos_token_ids: Sequence[int] | None = None,
 ) -> list[EpisodeRollout]:
-    """Play one episode per prompt, all rows batched turn by turn. The episode decides when it is
-    over (code submitted, out of turns); the budget `max_completion_length` counts every completion
-    token, env replies included, as TRL does. `generate` samples a turn for each still-running
-    row."""
+    """Play one episode per prompt, all rows batched turn by turn. The episode decides when
+    it is over (code submitted, out of turns); the budget `max_completion_length` counts
+    every completion token, env replies included, as TRL does. `generate` samples a turn for
+    each still-running row."""
     eos = set(eos_token_ids or []) | {tokenizer.eos_token_id}
     episodes = [env.reset(p) for p in prompts]
     rows = [
@@ -155,8 +155,8 @@ def run_episodes(
     ]
     active = list(range(len(rows)))
     suffix_cache: dict[str, list[int]] = {}
-    # Episode steps run the hidden tests (a sandbox subprocess each, up to its timeout): in
-    # parallel.
+    # Episode steps run the hidden tests (a sandbox subprocess each, up to its
+    # timeout): in parallel.
     workers = max(1, min(len(rows), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
         while active:
@@ -255,8 +255,8 @@ def trainer_generate(trainer: Any) -> GenerateFn:
 
 
 def _messages_key(messages: Sequence[dict[str, Any]]) -> str:
-    # Only role and content: a datasets round trip may add other keys (set to None) to every
-    # message.
+    # Only role and content: a datasets round trip may add other keys (set to None)
+    # to every message.
     return json.dumps([[m.get("role"), m.get("content")] for m in messages])
 
 

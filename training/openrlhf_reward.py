@@ -173,8 +173,8 @@ def batch_to_groups(
 
 
 class _Pending:
-    """A group being assembled: the step of its first sample, when that arrived, the rollouts so
-    far."""
+    """A group being assembled: the step of its first sample, when that arrived, the
+    rollouts so far."""
 
     def __init__(self, step: int, since: float) -> None:
         self.step = step
@@ -183,8 +183,8 @@ class _Pending:
 
 
 class RewardRecorder:
-    """The per-process state behind a wrapped reward function: buffers, client, run, upload thread,
-    spool."""
+    """The per-process state behind a wrapped reward function: buffers, client, run,
+    upload thread, spool."""
 
     def __init__(
         self,
@@ -367,9 +367,9 @@ class RewardRecorder:
             self._spool(groups)
 
     def _resolve_run(self, groups: list[dict[str, Any]]) -> int:
-        """The run id: given, or got-or-created by name on the server (atomic there: every process
-        naming the run gets the same one). Components first seen in this batch join its
-        environment."""
+        """The run id: given, or got-or-created by name on the server (atomic there: every
+        process naming the run gets the same one). Components first seen in this batch
+        join its environment."""
         names = sorted({n for g in groups for r in g["rollouts"] for n in r["rewards"]})
         if self.run_id is not None and (
             isinstance(self.run, int) or set(names) <= self._components

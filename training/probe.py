@@ -72,8 +72,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def component_health(matrix: np.ndarray, group_size: int) -> dict[str, float | None]:
-    """For one component column arranged as consecutive groups: mean, mean within-group std,
-    zero-std share."""
+    """For one component column arranged as consecutive groups: mean, mean within-group
+    std, zero-std share."""
     groups = matrix.reshape(-1, group_size)
     valid = ~np.isnan(groups)
     counts = valid.sum(axis=1)

@@ -30,12 +30,12 @@ the decoded token stream, user replies included. When the rollout_func returns a
 forwards them to the reward functions; the recorder stores the transcript instead of the completion,
 counts only the policy's tokens as the length, and hands the transcript to `state_fn`.
 
-The trainer's settings (reward weights, scale_rewards, multi_objective_aggregation, num_generations,
-loss_type, beta, epsilon, learning rate, model name, steps_per_generation, TRL version) are read
-from the trainer when training starts (`trainer_settings`) and written once through the sink's
-optional `write_settings`: they become the run's reward settings, winning over what the run was
-created with, so every later recomputation (ablation baseline, diagnostics) uses what TRL trained
-on.
+The trainer's settings (reward weights, scale_rewards, multi_objective_aggregation,
+num_generations, loss_type, beta, epsilon, learning rate, model name, steps_per_generation, TRL
+version) are read from the trainer when training starts (`trainer_settings`) and written once
+through the sink's optional `write_settings`: they become the run's reward settings, winning over
+what the run was created with, so every later recomputation (ablation baseline, diagnostics) uses
+what TRL trained on.
 
 Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
 (background thread) unless you pass `background=False`.
@@ -72,15 +72,15 @@ StateFn = Callable[[str, Any, Any], dict[str, Any] | None]  # (key, prompt, comp
 
 
 def prompt_key(prompt: Any) -> str:
-    """Stable group key for a prompt without a dataset "key" column: a hash of its text /
-    messages."""
+    """Stable group key for a prompt without a dataset "key" column: a hash of its
+    text / messages."""
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
     return "p-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _split_outputs(outputs: list[Any]) -> tuple[list[float | None], list[str] | None]:
-    """Values for TRL and reasons (None when the function gave none) from a reward function's
-    output."""
+    """Values for TRL and reasons (None when the function gave none) from a
+    reward function's output."""
     values: list[float | None] = []
     reasons: list[str] = []
     has_reasons = False
@@ -151,8 +151,8 @@ class RolloutRecorder(TrainerCallback):
 
     @classmethod
     def attach(cls, trainer: Trainer, sink: Sink | None = None, **kwargs: Any) -> RolloutRecorder:
-        """Wrap `trainer`'s reward functions and add the callback: the whole recorder in one
-        call."""
+        """Wrap `trainer`'s reward functions and add the callback: the whole recorder
+        in one call."""
         recorder = cls(sink, **kwargs)
         recorder.bind(trainer)
         trainer.add_callback(recorder)
@@ -209,8 +209,8 @@ class RolloutRecorder(TrainerCallback):
         return wrapped
 
     def _log_row_facts(self, kwargs: dict[str, Any], log_extra: Callable) -> None:
-        """Key, token length and truncation per row, logged once per generation (by the first
-        function)."""
+        """Key, token length and truncation per row, logged once per generation (by
+        the first function)."""
         trainer = self.trainer
         prompts = kwargs.get("prompts") or []
         keys = kwargs.get("key") or [prompt_key(p) for p in prompts]
@@ -233,8 +233,8 @@ class RolloutRecorder(TrainerCallback):
                 if policy_tokens is not None
                 else [len(x) for x in ids],
             )
-            # TRL's own definition (completions/clipped_ratio): the last token is neither eos nor
-            # pad
+            # TRL's own definition (completions/clipped_ratio): the last token is neither
+            # eos nor pad
             log_extra(TRUNCATED_COLUMN, [bool(len(x)) and x[-1] not in stop for x in ids])
         if trainer is not None and trainer.model.training:
             self._pending += 1
@@ -295,8 +295,8 @@ class RolloutRecorder(TrainerCallback):
         if self._wrapped_any:
             return self._pending > 0
         # No wrappable reward function (reward models only): TRL generates on micro-steps where
-        # _step % (steps_per_generation * num_iterations) == 0; this optimizer step spanned the last
-        # GA ones.
+        # _step % (steps_per_generation * num_iterations) == 0; this optimizer step spanned the
+        # last GA ones.
         t = self.trainer
         every = args.steps_per_generation * t.num_iterations
         end = t._step
@@ -322,8 +322,8 @@ class RolloutRecorder(TrainerCallback):
         prompts, completions = list(logs["prompt"]), list(logs["completion"])
         names = list(t.reward_func_names)
         rewards = {name: list(logs["rewards"][name]) for name in names}
-        # TRL releases before log_extra (as some Unsloth pins) have no "extra": record without
-        # reasons.
+        # TRL releases before log_extra (as some Unsloth pins) have no "extra":
+        # record without reasons.
         extra = {col: list(vals) for col, vals in logs.get("extra", {}).items() if len(vals) == n}
         g = t.num_generations if t.model.training else t.num_generations_eval
         weights = [float(w) for w in t.reward_weights.tolist()]
@@ -399,8 +399,8 @@ class RolloutRecorder(TrainerCallback):
             flush()
 
     def close(self) -> None:
-        """Drain the queue and close the sink if the recorder created it (a caller's sink stays
-        open)."""
+        """Drain the queue and close the sink if the recorder created it (a caller's
+        sink stays open)."""
         if self._owns_sink:
             self.sink.close()
 
@@ -486,8 +486,8 @@ def _value(v: Any) -> float | None:
 
 
 def _aggregate(values: list[Any], weights: list[float]) -> float | None:
-    """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when no function
-    scored."""
+    """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when
+    no function scored."""
     scored = [
         (float(v), w)
         for v, w in zip(values, weights, strict=True)
@@ -503,8 +503,8 @@ def _reason(extra: dict[str, list[Any]], name: str, row: int) -> str:
 
 
 def _jsonable(obj: Any) -> Any:
-    """Chat messages may carry non-JSON objects (images): keep the JSON-able parts, stringify the
-    rest."""
+    """Chat messages may carry non-JSON objects (images): keep the JSON-able parts,
+    stringify the rest."""
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     if isinstance(obj, dict):

@@ -2,8 +2,8 @@
 
 A component version is the code a reward points to, an importable `module:function` deployed with
 the workers (never uploaded from a browser), its parameters (JSON keyword arguments of that
-function) and a hash of the function's source, so a stored replay says exactly which code produced
-its numbers:
+function) and a hash of the function's source, so a stored replay says exactly which code
+produced its numbers:
 
     >>> target = "training.environments.diagram:semantic_coverage"
     >>> v = make_version("diagram", "semantic_coverage", target, {"min_coverage": 0.8})
@@ -121,8 +121,8 @@ def resolve(target: str) -> Callable[..., Any]:
 
 
 def source_hash(fn: Callable[..., Any]) -> str:
-    """sha256 of the function's source (first 16 hex digits), as Component.source_hash computes
-    it."""
+    """sha256 of the function's source (first 16 hex digits), as
+    Component.source_hash computes it."""
     try:
         src = inspect.getsource(fn)
     except (OSError, TypeError):
@@ -165,8 +165,8 @@ def check_params(fn: Callable[..., Any], params: Any) -> dict[str, Any]:
 
 
 def _check_type(key: str, value: Any, default: Any) -> None:
-    """A value of the default's kind: a threshold stays a number, a switch a bool, a name a
-    string."""
+    """A value of the default's kind: a threshold stays a number, a switch a bool, a
+    name a string."""
     number = (int, float)
     if isinstance(default, bool):
         ok = isinstance(value, bool)
@@ -204,8 +204,8 @@ _loaded = False
 def register(
     environment: str, component: str, target: str, params: Any = None, name: str = ""
 ) -> ComponentVersion:
-    """Register a version (a user's module calls this at import). Returns it; re-registering
-    replaces."""
+    """Register a version (a user's module calls this at import). Returns
+    it; re-registering replaces."""
     version = make_version(environment, component, target, params, name)
     with _lock:
         _REGISTRY[(environment, version.label)] = version
@@ -267,9 +267,9 @@ def lookup(environment: str, label: str) -> ComponentVersion:
 
 
 def from_spec(environment: str, spec: Any, path: str = "versions[0]") -> ComponentVersion:
-    """A version from user input {"version": label, "params": {...}?}: the registered target, with
-    the given parameters over the registered ones. Unregistered targets are refused: only deployed
-    code runs."""
+    """A version from user input {"version": label, "params": {...}?}: the registered target,
+    with the given parameters over the registered ones. Unregistered targets are refused: only
+    deployed code runs."""
     if not isinstance(spec, dict) or not isinstance(spec.get("version"), str):
         raise VersionError(path, 'must be an object {"version": registered name, "params": {...}}')
     extra = set(spec) - {"version", "params"}

@@ -70,8 +70,8 @@ def component_reward_func(
 def environment_reward_funcs(
     env: Environment, prompts: list[Prompt]
 ) -> tuple[list[Callable], list[float]]:
-    """(reward_funcs, reward_weights) for GRPOTrainer, one function per component in the env's
-    order."""
+    """(reward_funcs, reward_weights) for GRPOTrainer, one function per component in
+    the env's order."""
     by_key = {p.key: p for p in prompts}
     funcs = [component_reward_func(c, by_key) for c in env.components]
     return funcs, [float(c.weight) for c in env.components]

@@ -104,8 +104,8 @@ class SandboxResult:
 
     @property
     def fraction(self) -> float:
-        """The score: passed / total, 0.0 for every anomaly (passed is forced to 0 there), never
-        NaN."""
+        """The score: passed / total, 0.0 for every anomaly (passed is forced to 0
+        there), never NaN."""
         return self.passed / self.total if self.total > 0 else 0.0
 
 
@@ -130,10 +130,10 @@ def run_tests(
 
     `tests` are (args, expected) pairs; only the args (JSON) reach the child. Outputs and expected
     values are compared after a JSON round trip (tuples == lists; floats with a small tolerance;
-    bool is not int). `memory_mb` bounds each process's address space and, with a cgroup, the whole
-    sandbox (plus `disk_mb`, since tmpfs pages are memory); `max_procs` counts tasks (threads too);
-    `disk_mb` is the size of the working tmpfs. Never raises: any failure is a result with passed
-    0."""
+    bool is not int). `memory_mb` bounds each process's address space and, with a cgroup, the
+    whole sandbox (plus `disk_mb`, since tmpfs pages are memory); `max_procs` counts tasks
+    (threads too); `disk_mb` is the size of the working tmpfs. Never raises: any failure is a
+    result with passed 0."""
     t0 = time.monotonic()
     run_id = secrets.token_hex(6)
     limits = _Limits(timeout_s, memory_mb, max_procs, file_size_mb, disk_mb)
@@ -520,10 +520,10 @@ def _bpf(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 
 def seccomp_program(machine: str | None = None) -> bytes | None:
-    """The filter for this machine, or None where we have no syscall table (then the notes say so).
-    Wrong architecture (e.g. the x32 ABI) kills the process; listed syscalls fail with EPERM; clone3
-    fails with ENOSYS so the C library falls back to clone, whose flags we can check: threads
-    only."""
+    """The filter for this machine, or None where we have no syscall table (then the notes say
+    so). Wrong architecture (e.g. the x32 ABI) kills the process; listed syscalls fail with
+    EPERM; clone3 fails with ENOSYS so the C library falls back to clone, whose flags we can
+    check: threads only."""
     arch = _ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
@@ -751,8 +751,8 @@ def _command(
         argv += ["--ro-bind", host, inner]
     for inner in runtime.hide:
         argv += ["--size", "4096", "--perms", "0555", "--tmpfs", inner, "--remount-ro", inner]
-    # /proc/keys lists the descriptions of keys in the session keyring bwrap inherits (keyctl is
-    # refused).
+    # /proc/keys lists the descriptions of keys in the session keyring bwrap inherits
+    # (keyctl is refused).
     argv += [
         "--proc",
         "/proc",
@@ -820,9 +820,9 @@ def _execute(
     uid: int | None,
 ) -> tuple[int | None, bool]:
     """Start bwrap (through a shell prelude that joins the cgroup first), wait for it, and SIGKILL
-    its process group on timeout. Returns (returncode, timed_out). cwd "/" and an empty environment:
-    the sandbox init's own environ (readable inside as /proc/1/environ) names nothing of the
-    host."""
+    its process group on timeout. Returns (returncode, timed_out). cwd "/" and an empty
+    environment: the sandbox init's own environ (readable inside as /proc/1/environ) names nothing
+    of the host."""
     files = exchange.open_files()
     try:
         seccomp = files.get("seccomp")
@@ -1118,8 +1118,8 @@ def _compare(
 
 
 def _normalise(value: Any) -> Any:
-    """Expected values go through the same JSON round trip as the child's outputs (tuple ->
-    list)."""
+    """Expected values go through the same JSON round trip as the child's outputs
+    (tuple -> list)."""
     return json.loads(json.dumps(value))
 
 

@@ -1,5 +1,5 @@
-"""Supervised fine-tuning on teacher trajectories, loss on the completion only ("SFT buys you
-syntax").
+"""Supervised fine-tuning on teacher trajectories, loss on the completion only ("SFT
+buys you syntax").
 
     python -m training.sft --config sft.json
 

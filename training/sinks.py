@@ -179,8 +179,8 @@ class JsonlSink:
 
 
 def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
-    """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"} (type
-    field removed)."""
+    """Split a JsonlSink file back into {"settings", "groups", "metrics", "logs", "progress"}
+    (type field removed)."""
     out: dict[str, list[Any]] = {
         "settings": [],
         "groups": [],
@@ -208,8 +208,8 @@ def read_jsonl_sink(path: str | os.PathLike) -> dict[str, list[Any]]:
 
 class HttpSink:
     """Posts groups and metrics to the web app's API through `training.client.Client` (one HTTP
-    client, one retry policy); logs go to the `logging` module, progress is derived by the app from
-    the metrics.
+    client, one retry policy); logs go to the `logging` module, progress is derived by the app
+    from the metrics.
 
     A POST goes out every `batch_size` records or when a write finds the oldest buffered record
     older than `flush_interval` seconds (so the app stays live at a few groups per step), and on
@@ -274,8 +274,8 @@ class HttpSink:
             self.flush()
 
     def write_settings(self, settings: dict[str, Any]) -> None:
-        """Sent at once (training is starting; nothing is buffered yet), spooled like a batch if it
-        fails."""
+        """Sent at once (training is starting; nothing is buffered yet), spooled like a batch
+        if it fails."""
         self._deliver("settings", storable(dict(settings)), 1)
 
     def log(self, line: str) -> None:
@@ -317,9 +317,9 @@ class HttpSink:
         return self.send(kind, payload) == "sent"
 
     def send(self, kind: str, payload: dict[str, Any]) -> Literal["sent", "rejected", "down"]:
-        """`post`, telling apart a batch the server refused ("rejected": it would be refused again
-        as is) from a server that could not be reached or failed ("down": the same batch may go
-        later)."""
+        """`post`, telling apart a batch the server refused ("rejected": it would be refused
+        again as is) from a server that could not be reached or failed ("down": the same batch
+        may go later)."""
         send = {
             "groups": self.client.post_groups,
             "metrics": self.client.post_metrics,
@@ -422,9 +422,9 @@ def upload_spool(
 
 
 class BatchingSink:
-    """Runs another sink on a background thread. Calls return immediately; `close()` drains the
-    queue, closes the inner sink and joins the thread. An error in the inner sink is logged, never
-    raised."""
+    """Runs another sink on a background thread. Calls return immediately; `close()` drains
+    the queue, closes the inner sink and joins the thread. An error in the inner sink is
+    logged, never raised."""
 
     _STOP = object()
 

@@ -235,8 +235,8 @@ def zero_std_fraction(values: np.ndarray, group_ids: np.ndarray) -> float | np.n
 
 
 def rank_within_groups(values: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
-    """Rank (0 = lowest) of each value inside its group, ties broken by row order; NaN ranks
-    lowest."""
+    """Rank (0 = lowest) of each value inside its group, ties broken by row order;
+    NaN ranks lowest."""
     v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
     ids = np.asarray(group_ids, dtype=np.int64)
     order = np.lexsort((np.arange(v.size), v, ids))

@@ -35,8 +35,8 @@ from training.sinks import Sink
 
 @dataclass
 class TeacherJobConfig(JobConfig):
-    """Generate teacher trajectories, validate them with the environment, keep the valid ones for
-    SFT."""
+    """Generate teacher trajectories, validate them with the environment, keep the valid
+    ones for SFT."""
 
     requires_model = False  # base_model is unused: the teacher field says who answers
 
@@ -161,8 +161,8 @@ def model_teacher(config: TeacherJobConfig) -> Answerer:
 
 
 def endpoint_teacher(config: TeacherJobConfig) -> Answerer:
-    """POST {teacher}/chat/completions, OpenAI wire format, one request per prompt with n
-    samples."""
+    """POST {teacher}/chat/completions, OpenAI wire format, one request per prompt
+    with n samples."""
     url = config.teacher.rstrip("/") + "/chat/completions"
     key = os.environ.get(config.api_key_env, "")
 
@@ -209,8 +209,8 @@ def make_teacher(env, config: TeacherJobConfig) -> Answerer:
 def verdict(
     rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig
 ) -> tuple[bool, str]:
-    """(keep, reason): the weighted mean score must reach min_reward and each component its
-    minimum."""
+    """(keep, reason): the weighted mean score must reach min_reward and each
+    component its minimum."""
     values = {n: r["value"] for n, r in rollout["rewards"].items()}
     problems = [
         f"{n} unscorable: {rollout['rewards'][n]['reason']}" for n, v in values.items() if v is None

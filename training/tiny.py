@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-# Special tokens. <|end|> closes every chat turn and is the eos: a completion ends when the model
-# emits it.
+# Special tokens. <|end|> closes every chat turn and is the eos: a completion ends when the
+# model emits it.
 PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, *ROLE_TOKENS]
@@ -117,8 +117,8 @@ def build_tiny_model(
     num_layers: int = 2,
     seed: int = 0,
 ) -> Path:
-    """Train a tokenizer on `texts`, build a randomly initialised model around it, save both to
-    `out_dir`.
+    """Train a tokenizer on `texts`, build a randomly initialised model around it, save
+    both to `out_dir`.
 
     Deterministic in (texts, vocab_size, arch, sizes, seed). Returns the folder, loadable with
     AutoModelForCausalLM / AutoTokenizer.from_pretrained."""
@@ -145,8 +145,8 @@ def build_tiny_model(
 
 
 def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
-    """The environment's own text: prompts of both splits, their chat form and reference
-    solutions."""
+    """The environment's own text: prompts of both splits, their chat form
+    and reference solutions."""
     from training.common import get_env
 
     env = get_env(env_name)

@@ -1,5 +1,5 @@
-"""Typed readers for settings from the environment. Each raises on a bad value, naming the
-variable."""
+"""Typed readers for settings from the environment. Each raises on a bad value,
+naming the variable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Bad input, naming the field: the one exception every service raises for it (no Django import, so
-any layer may raise or catch it). The API answers it through `webapp.api.errors.exception_handler`
-as `{"errors": [{"field": ..., "error": ...}]}` with `status`; pages and commands show `field:
-message`."""
+"""Bad input, naming the field: the one exception every service raises for it (no Django import,
+so any layer may raise or catch it). The API answers it through
+`webapp.api.errors.exception_handler` as `{"errors": [{"field": ..., "error": ...}]}` with
+`status`; pages and commands show `field: message`."""
 
 from __future__ import annotations
 

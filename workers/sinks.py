@@ -1,5 +1,5 @@
-"""The database sink: a training job's recorder writes through the same ingestion service as the
-API."""
+"""The database sink: a training job's recorder writes through the same ingestion service
+as the API."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class DatabaseSink:
         record_metrics(self.run, {"metrics": [{"step": step, "values": values}]})
 
     def write_settings(self, settings: dict[str, Any]) -> None:
-        """The trainer's reward settings become the run's (they win over the launch config's,
-        logged)."""
+        """The trainer's reward settings become the run's (they win over the
+        launch config's, logged)."""
         from webapp.runs import reward_settings
 
         names = [c.name for c in self.run.components()]

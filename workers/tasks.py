@@ -1,5 +1,5 @@
-"""Celery tasks. Each takes ids, treats a missing row as a clean exit, and returns a one-line
-summary."""
+"""Celery tasks. Each takes ids, treats a missing row as a clean exit, and returns
+a one-line summary."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ LOG_TAIL_BYTES = 4000
 
 
 def child_env() -> dict[str, str]:
-    """The job child's environment: the worker's, unbuffered, with its pid (the child exits with
-    it).
+    """The job child's environment: the worker's, unbuffered, with its pid (the child
+    exits with it).
 
     OMP_WAIT_POLICY=PASSIVE unless set: by default torch's OpenMP threads spin-wait for each other,
     and on a CPU box where anything else runs (the web server, Postgres, a second job) a spinning
@@ -51,10 +51,10 @@ def recompute_run_stats(run_id: int) -> str:
 
 
 def _child_command(run, gpus_here: int | None = None) -> list[str]:
-    """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own multi-GPU
-    path, one process per GPU) when the run asks for several GPUs. A ValueError names what is
-    missing: accelerate on a host without enough GPUs would fall back to ONE process without a
-    word."""
+    """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own
+    multi-GPU path, one process per GPU) when the run asks for several GPUs. A ValueError names
+    what is missing: accelerate on a host without enough GPUs would fall back to ONE process
+    without a word."""
     from training.jobs import runs_on_several_gpus
     from webapp.runs.services import visible_gpus
 
@@ -276,9 +276,9 @@ def _stop_heartbeat(**kwargs) -> None:
 
 @app.task(name="workers.tasks.run_replay", bind=True, queue="default")
 def run_replay(self, replay_id: int, spawn: bool = True) -> str:
-    """Score a reward replay's chunks until none is left (webapp/replays/services.py). The first
-    copy queues more, so every free worker process claims chunks too; the last one out
-    summarises."""
+    """Score a reward replay's chunks until none is left (webapp/replays/services.py).
+    The first copy queues more, so every free worker process claims chunks too; the last
+    one out summarises."""
     from django.db import close_old_connections
 
     from webapp.replays import services

@@ -1,5 +1,5 @@
-"""Fixtures for tests that cross process boundaries: a real web server process on the test
-database."""
+"""Fixtures for tests that cross process boundaries: a real web server process on
+the test database."""
 
 from __future__ import annotations
 

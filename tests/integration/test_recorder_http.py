@@ -3,10 +3,10 @@ to a real server process (`manage.py runserver` on the test database), compared 
 recorded through the workers' DatabaseSink, and the spool + `python -m training.sinks upload` resume
 after the server went down mid-run.
 
-The diagram environment scores a random tiny model 0 on every component, so every advantage would be
-0 and the comparisons vacuous. These jobs train on `VaryingEnv`, registered for the test, whose
-components vary inside every group (and one is sometimes unscorable: None must survive JSON and the
-database alike).
+The diagram environment scores a random tiny model 0 on every component, so every advantage would
+be 0 and the comparisons vacuous. These jobs train on `VaryingEnv`, registered for the test, whose
+components vary inside every group (and one is sometimes unscorable: None must survive JSON and
+the database alike).
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ def captured_metrics(sink: MemorySink) -> dict[tuple[int, str], float | None]:
 
 
 def create_api_run(url: str, token: str, name: str) -> int:
-    """Create the run the way a remote training script does: through the API, environment
-    included."""
+    """Create the run the way a remote training script does: through the
+    API, environment included."""
     from training.client import Client
 
     comps = [
@@ -311,8 +311,8 @@ def test_it_stores_the_same_rollouts_over_http_as_through_the_database_sink(
         r["rewards"]["has_digit"][0] is None for r in in_db.values()
     )  # None survived both paths
 
-    # The metrics TRL logged arrive the same way too (wall-clock ones differ between runs, by
-    # nature).
+    # The metrics TRL logged arrive the same way too (wall-clock ones differ between
+    # runs, by nature).
     m_http, m_db = stored_metrics(http_run), stored_metrics(db_run.id)
     assert m_http.keys() == m_db.keys() == captured_metrics(via_http).keys()
     for key in ("loss", "reward", "reward_std", "rewards/distinct_chars/mean", "entropy"):
@@ -375,8 +375,8 @@ def test_it_keeps_training_when_the_server_dies_and_the_upload_command_fills_the
     assert [e["kind"] for e in entries].count("groups") == 1 and len(
         entries
     ) > 2  # step 2's groups + metrics
-    # The dead server cost one round of retries; the cooldown sent every later batch straight to the
-    # spool.
+    # The dead server cost one round of retries; the cooldown sent every later batch straight
+    # to the spool.
     assert caplog.text.count("not delivered after 3 tries") == 1
 
     # The server comes back at the same address; the resume command sends the spool.
@@ -615,8 +615,8 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     assert http_sink.spooled == {"groups": 0, "metrics": 0, "settings": 0}
 
     weights = dict(zip([c["name"] for c in comps], TRAINED_WEIGHTS, strict=True))
-    # Over HTTP: the trainer's settings won over the creation-time weights, and the run's log says
-    # so.
+    # Over HTTP: the trainer's settings won over the creation-time weights, and the run's
+    # log says so.
     run = Run.objects.get(id=run_id)
     assert "weight of has_digit: 2 replaces 1" in run.log_tail
     trainer = run.reward_settings["trainer"]

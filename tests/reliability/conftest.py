@@ -36,8 +36,8 @@ def _port_open(port: int) -> bool:
 
 
 def row_counts() -> dict[str, int]:
-    """Rows of every table ingestion writes to (plus metrics and runs): before/after deltas of a
-    case."""
+    """Rows of every table ingestion writes to (plus metrics and runs): before/after deltas
+    of a case."""
     from webapp.rollouts.models import (
         Group,
         GroupComponentStat,
@@ -64,9 +64,9 @@ def _pg_bin(name: str) -> str:
 
 
 class PrivatePostgres:
-    """A throwaway cluster in a temp dir, run as the `postgres` OS user (initdb refuses root), trust
-    auth on 127.0.0.1:<free port>. `restart()` is a real stop (fast: open connections are cut) +
-    start."""
+    """A throwaway cluster in a temp dir, run as the `postgres` OS user (initdb refuses root),
+    trust auth on 127.0.0.1:<free port>. `restart()` is a real stop (fast: open connections are
+    cut) + start."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rd-pg-"))

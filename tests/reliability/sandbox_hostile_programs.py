@@ -231,8 +231,8 @@ PROGRAMS: list[Program] = [
         expect="SECRET",
         area="channel",
     ),
-    # --- host Unix sockets: path-named sockets ignore the network namespace; only the root hides
-    # them
+    # --- host Unix sockets: path-named sockets ignore the network namespace; only the
+    # root hides them
     Program(
         "connect to the Postgres Unix socket",
         attempt(
@@ -305,8 +305,8 @@ PROGRAMS: list[Program] = [
             "'none'"
         ),
     ),
-    # --- results channel: forgery, truncation, malformed lines; each must void the run, not crash
-    # it
+    # --- results channel: forgery, truncation, malformed lines; each must void the run,
+    # not crash it
     Program(
         "channel: truncate it and exit (was NaN: 'sandbox setup failed')",
         CHANNEL + "def f():\n    os.ftruncate(RES, 0)\n    os._exit(0)\n",
@@ -516,8 +516,8 @@ PROGRAMS: list[Program] = [
             CTYPES,
         ),
     ),
-    # Harmless even where it escapes: it writes back the value it read, and only opens
-    # sysrq-trigger.
+    # Harmless even where it escapes: it writes back the value it read, and
+    # only opens sysrq-trigger.
     Program(
         "write a kernel sysctl and open /proc/sysrq-trigger",
         attempt(

@@ -121,8 +121,8 @@ def _alive(pid: int | None) -> bool:
 
 
 def _kill_orphan_child(run) -> None:
-    """Clean-up only: the job child runs in its own session, so a test kills it if it is still
-    there."""
+    """Clean-up only: the job child runs in its own session, so a test kills it if it
+    is still there."""
     run.refresh_from_db()
     if run.pid:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -91,8 +91,8 @@ random_json = st.recursive(
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
     max_leaves=20,
 )
-# Values that are the wrong type for nearly every field (some are right for a few: the response
-# decides).
+# Values that are the wrong type for nearly every field (some are right for a few:
+# the response decides).
 wrong_values = st.sampled_from(
     [
         None,
@@ -396,8 +396,8 @@ def _serialise(body: Any, raw: dict[str, str]) -> bytes:
 
 
 def check_case(client: Any, url: str, data: bytes, name: str, readback: str | None = None) -> int:
-    """POST one body; assert the invariants. Returns 1 when the body was refused (a malformed
-    case)."""
+    """POST one body; assert the invariants. Returns 1 when the body was refused
+    (a malformed case)."""
     before = counts()
     res = client.post(url, data=data, content_type="application/json")
     after = counts()
@@ -443,8 +443,8 @@ def test_it_refuses_every_mutated_batch_whole_and_names_the_field(trainer_api, r
 
 
 def test_it_generated_enough_malformed_batches():
-    # Runs after the property test above (file order); guards against a strategy that quietly went
-    # valid.
+    # Runs after the property test above (file order); guards against a strategy that
+    # quietly went valid.
     if TALLY["groups_mutated"] == 0:
         pytest.skip("the mutated-batch property test did not run in this session")
     assert TALLY["groups_mutated"] >= 250, dict(TALLY)

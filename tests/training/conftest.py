@@ -1,5 +1,5 @@
-"""Fixtures for the training tests: one tiny model per session, built offline from the diagram
-text."""
+"""Fixtures for the training tests: one tiny model per session, built offline from
+the diagram text."""
 
 from __future__ import annotations
 

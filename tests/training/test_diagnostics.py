@@ -1,6 +1,6 @@
-"""training/diagnostics.py and training/ablation.py: health numbers, every detector on a planted
-case and on a healthy run, and the ablation recomputation on hand-computable cases. Pure numpy: no
-database."""
+"""training/diagnostics.py and training/ablation.py: health numbers, every detector on a
+planted case and on a healthy run, and the ablation recomputation on hand-computable cases.
+Pure numpy: no database."""
 
 from __future__ import annotations
 
@@ -244,8 +244,8 @@ def test_it_detects_aggregation_collapse_and_what_normalise_then_sum_would_do() 
 
 
 def test_it_counts_collapse_on_a_hand_made_group() -> None:
-    # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1: all distinct
-    # sums.
+    # Group 0: [1,0] and [0,1] both sum to 1 -> collapsed; [1,1] differs. Group 1:
+    # all distinct sums.
     x = np.array([[1, 0], [0, 1], [1, 1], [1, 0], [0, 0], [1, 1]], dtype=float)
     data = dg.RunArrays(
         [C("a", 1.0), C("b", 1.0)], x, np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, int)
@@ -330,8 +330,8 @@ def test_it_counts_sign_flips_best_changes_and_spearman() -> None:
     x = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
     data = dg.RunArrays([C("a", 1.0), C("b", 0.1)], x, np.zeros(3, int), np.zeros(3, int))
     r = abl.ablate(data, abl.AblationSpec(weights={"b": 3.0}))
-    # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the mean both
-    # times.
+    # Rewards 1, 0.1, 0.55 -> 1, 3, 2: the first two swap signs; the middle sits at the
+    # mean both times.
     assert r["sign_flip_frac"] == 1.0
     assert r["best_changed_frac"] == 1.0
     assert r["spearman_mean"] == pytest.approx(-1.0)

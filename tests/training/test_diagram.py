@@ -1,5 +1,5 @@
-"""The diagram environment: parsing, canvas, the four reward components, prompts, teacher, demo
-data."""
+"""The diagram environment: parsing, canvas, the four reward components, prompts,
+teacher, demo data."""
 
 from __future__ import annotations
 
@@ -374,8 +374,8 @@ def test_it_samples_a_variety_of_faults_at_low_skill(env: DiagramEnvironment) ->
 
 
 def test_it_gives_a_teacher_habit_at_a_fixed_rate(env: DiagramEnvironment) -> None:
-    """omit_edges: valid, schema-correct answers without any connection, at the asked-for rate
-    only."""
+    """omit_edges: valid, schema-correct answers without any connection, at the
+    asked-for rate only."""
     policy = ScriptedDiagramPolicy(seed=0, skill=1.0, faults={"omit_edges": 0.5})
     prompts = env.prompts("train", 200)
     scored = [env.score(p, policy.sample(p)) for p in prompts]

@@ -23,9 +23,9 @@ from training.importers.base import stable_hash
 
 
 def trl_rows(step: int, prompts: list[Any], g: int, seed: int = 0) -> dict[str, list[Any]]:
-    """Columns exactly as TRL 1.16's GRPOTrainer.log writes them: step, prompt, completion, one
-    column per reward function (here "correct" and "format"), the log_extra columns ("judge"),
-    advantage."""
+    """Columns exactly as TRL 1.16's GRPOTrainer.log writes them: step, prompt,
+    completion, one column per reward function (here "correct" and "format"), the
+    log_extra columns ("judge"), advantage."""
     rng = np.random.default_rng(seed + step)
     n = len(prompts) * g
     correct = rng.integers(0, 2, n).astype(float)
@@ -259,8 +259,8 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
 
 
 def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path):
-    """verl's math reward returns acc as a bool; a reward function may return the batch's uid
-    too."""
+    """verl's math reward returns acc as a bool; a reward function may return the
+    batch's uid too."""
     lines = verl_lines(3, ["Q1"], n=4)  # one prompt drawn twice in the step: two uids
     for j, line in enumerate(lines):
         line.update(acc=bool(j % 2), uid=f"u{j // 2}")
@@ -496,9 +496,9 @@ def test_it_reads_the_recorders_settings_file_beside_the_completions(tmp_path):
 def test_it_imports_a_real_trl_run_with_its_weights_groups_and_only_its_reward_functions(
     tiny_model, tmp_path
 ):
-    """TRL's own completions parquet (log_completions) from a real GRPO run on the tiny model, with
-    the recorder attached: its log_extra columns are in the parquet, and one prompt is drawn twice
-    per step."""
+    """TRL's own completions parquet (log_completions) from a real GRPO run on the tiny model,
+    with the recorder attached: its log_extra columns are in the parquet, and one prompt is drawn
+    twice per step."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 

@@ -2,9 +2,9 @@
 GRPO job whose recorded groups carry whole transcripts.
 
 The tiny model is random, so a scripted sampler plays half of each group: its rows ask, guess or
-submit code, so the four components vary inside a group and the advantage comparison with TRL is not
-vacuous. The other rows are sampled from the model through the real path. Shrinks are commented with
-their reason.
+submit code, so the four components vary inside a group and the advantage comparison with TRL is
+not vacuous. The other rows are sampled from the model through the real path. Shrinks are commented
+with their reason.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def test_it_interleaves_policy_turns_and_user_replies_token_for_token(ask_model)
 
     for row in rows:
         assert row.done and len(row.env_mask) == len(row.completion_ids) and row.policy_tokens > 0
-        # The ids TRL trains on are exactly the chat template's rendering of the transcript (up to
-        # the last agent turn; the final reply is not appended): nothing the policy wrote was
-        # re-tokenized.
+        # The ids TRL trains on are exactly the chat template's rendering of the transcript
+        # (up to the last agent turn; the final reply is not appended): nothing the policy
+        # wrote was re-tokenized.
         last_agent = max(i for i, m in enumerate(row.transcript) if m["role"] == "assistant")
         plain = [
             {"role": m["role"], "content": m["content"]} for m in row.transcript[: last_agent + 1]
@@ -176,8 +176,8 @@ def test_it_closes_a_cut_turn_and_stops_at_the_token_budget(ask_model):
     reply = reply_suffix_ids(
         tokenizer, {"role": "user", "content": f"Good question. {task.detail}"}
     )
-    # 8 tokens a turn cut the question; the budget fits two cut turns and one reply, not a second
-    # reply.
+    # 8 tokens a turn cut the question; the budget fits two cut turns and one reply, not
+    # a second reply.
     budget = 2 * 8 + 1 + len(reply) + 1
     tokenizer, _, _, rows = _play(
         ask_model, ["loop"], max_turn_tokens=8, max_completion_length=budget

@@ -86,15 +86,15 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> di
 
 
 def sample(question: str, answer: str) -> tuple[str, str]:
-    """(query, prompt) as the executor builds them: the decoded prompt + response tokens, and the
-    prompt."""
+    """(query, prompt) as the executor builds them: the decoded prompt + response tokens,
+    and the prompt."""
     prompt = TEMPLATE.format(q=question)
     return prompt + answer + EOS, prompt
 
 
 async def engine(wrapped: Any, prompts: list[tuple[str, str, list[str]]]) -> list[Any]:
-    """One vLLM engine: every sample of each prompt concurrently, the reward call in a thread
-    each."""
+    """One vLLM engine: every sample of each prompt concurrently, the reward call in
+    a thread each."""
 
     async def execute(question: str, label: str, answer: str) -> Any:
         await asyncio.sleep(random.uniform(0, 0.01))  # generation: samples finish in any order
@@ -229,8 +229,8 @@ def test_it_takes_the_step_from_step_fn_when_given():
 
 
 def expanded(n: int) -> tuple[list[str], list[str], list[str]]:
-    """The experience maker's expanded batch: each prompt n times in a row, as queries, prompts,
-    labels."""
+    """The experience maker's expanded batch: each prompt n times in a row, as
+    queries, prompts, labels."""
     rows = [sample(q, a) + (label,) for q, label, answers in ROUND for a in answers[:n]]
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
@@ -289,8 +289,8 @@ def test_it_is_a_function_ray_can_pickle_without_its_threads():
 
 
 def engine_process(pickled: bytes, prompts: list[tuple[str, str, list[str]]]) -> int:
-    """A vLLM engine's process (since 0.9.1) or a Ray worker (up to 0.9.0): the wrapper arrives
-    pickled."""
+    """A vLLM engine's process (since 0.9.1) or a Ray worker (up to 0.9.0): the
+    wrapper arrives pickled."""
     import cloudpickle
 
     wrapped = cloudpickle.loads(pickled)

@@ -176,8 +176,8 @@ def test_it_spools_when_the_server_is_down_and_upload_resumes(tmp_path):
 
 
 def distinct_chars(prompts, completions, **kwargs):
-    """Varies with every sample; returns (value, reason) pairs, which the recorder unpacks for
-    TRL."""
+    """Varies with every sample; returns (value, reason) pairs, which the recorder
+    unpacks for TRL."""
     return [(len(set(c)) / 40.0, f"{len(set(c))} distinct chars") for c in completions]
 
 
@@ -226,8 +226,8 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
 
 
 def _spy_on_advantages(trainer) -> list[list[float]]:
-    """TRL's own advantages, straight from the output of `_generate_and_score_completions` (test
-    only)."""
+    """TRL's own advantages, straight from the output of
+    `_generate_and_score_completions` (test only)."""
     seen: list[list[float]] = []
     original = trainer._generate_and_score_completions
 
@@ -286,8 +286,8 @@ def test_it_records_trls_own_advantages_rewards_and_metrics(tiny_model, tmp_path
         )
         assert np.mean([r["reward"] for r in rollouts]) == pytest.approx(logged["reward"], abs=1e-5)
 
-        # And training.stats reproduces TRL from the recorded components (the ingestion path's
-        # math).
+        # And training.stats reproduces TRL from the recorded components (the
+        # ingestion path's math).
         matrix = np.array(
             [
                 [

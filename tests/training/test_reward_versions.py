@@ -290,9 +290,9 @@ def marker(prompt, completion, *, value=0.5):
 
 @pytest.mark.slow
 def test_it_trains_grpo_on_the_replayed_version(tiny_model, tmp_path, monkeypatch):
-    """Two GRPO steps with semantic_coverage replaced by a version that scores a constant: every
-    recorded rollout carries the new version's value and reason; the other components are the
-    environment's."""
+    """Two GRPO steps with semantic_coverage replaced by a version that scores a constant:
+    every recorded rollout carries the new version's value and reason; the other components
+    are the environment's."""
     from training.grpo import GRPOJobConfig
     from training.grpo import main as grpo
     from training.sinks import MemorySink
@@ -417,8 +417,8 @@ def test_it_fails_closed_when_a_trained_version_raises_or_returns_nan(tmp_path, 
     ],
 )
 def test_it_trains_only_registered_versions_with_fitting_params(change, field, words):
-    """A job config is JSON a trainer can write by hand: it may name only deployed, registered
-    code."""
+    """A job config is JSON a trainer can write by hand: it may name only
+    deployed, registered code."""
     strict = {**rv.lookup("diagram", "semantic_coverage@strict").as_dict(), **change}
     with pytest.raises(rv.VersionError) as e:
         rv.apply_versions(diagram.DiagramEnvironment(), [strict])

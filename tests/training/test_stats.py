@@ -11,8 +11,8 @@ NAN = float("nan")
 
 
 def test_it_normalises_inside_each_group_with_bessel_std() -> None:
-    # Group 0: rewards 1, 0 -> mean 0.5, std (Bessel) = sqrt(0.5) = 0.70711; A = ±0.5 / (0.70711 +
-    # 1e-4)
+    # Group 0: rewards 1, 0 -> mean 0.5, std (Bessel) = sqrt(0.5) = 0.70711; A = ±0.5 /
+    # (0.70711 + 1e-4)
     r = stats.compute_advantages(np.array([[1.0], [0.0], [3.0], [3.0]]), [1.0], group_size=2)
     expected = 0.5 / (math.sqrt(0.5) + 1e-4)
     assert r.advantages[:2] == pytest.approx([expected, -expected], abs=1e-12)

@@ -1,5 +1,5 @@
-"""The offline tiny model: a tokenizer trained on the environment's text and a random ~1M-param
-LM."""
+"""The offline tiny model: a tokenizer trained on the environment's text and a
+random ~1M-param LM."""
 
 from __future__ import annotations
 

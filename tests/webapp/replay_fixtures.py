@@ -21,8 +21,8 @@ EDGES = [("Build", "Test"), ("Test", "Deploy")]
 
 
 def actions(nodes: list[str], edges: list[tuple[str, str]], stacked: bool = False) -> str:
-    """A ```json answer: one column of boxes (or all on one spot: a layout fault), then the
-    edges."""
+    """A ```json answer: one column of boxes (or all on one spot: a layout fault),
+    then the edges."""
     acts: list[dict[str, Any]] = [
         {
             "action": "create_shape",

@@ -1,5 +1,5 @@
-"""Login rate limit keyed on the normalised username, and `createuser` without a password on
-argv."""
+"""Login rate limit keyed on the normalised username, and `createuser` without a
+password on argv."""
 
 from __future__ import annotations
 

@@ -27,14 +27,14 @@ def test_it_computes_wikipedias_cohen_kappa_example():
 
 
 def test_it_computes_a_three_category_kappa_by_hand():
-    # p_o = 4/6; A: a3 b2 c1, B: a2 b2 c2 -> p_e = (6 + 4 + 2)/36 = 1/3; kappa = (2/3 - 1/3)/(2/3) =
-    # 0.5.
+    # p_o = 4/6; A: a3 b2 c1, B: a2 b2 c2 -> p_e = (6 + 4 + 2)/36 = 1/3; kappa = (2/3 -
+    # 1/3)/(2/3) = 0.5.
     assert cohen_kappa(list("aaabbc"), list("aabbcc")) == pytest.approx(0.5)
 
 
 def test_it_reproduces_krippendorffs_nominal_example():
-    # Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", C: 4 observers, 12 units,
-    # missing data.
+    # Krippendorff (2011), "Computing Krippendorff's Alpha-Reliability", C: 4 observers, 12
+    # units, missing data.
     obs = [
         [1, 2, 3, 3, 2, 1, 4, 1, 2, None, None, None],
         [1, 2, 3, 3, 2, 2, 4, 1, 2, 5, None, 3],

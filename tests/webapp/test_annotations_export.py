@@ -438,8 +438,8 @@ def test_it_skips_a_fallback_sibling_that_is_not_better_by_the_margin(run, cases
 
 
 def test_it_never_exports_a_pair_whose_chosen_equals_rejected(client_as, run, cases, personas):
-    # The best sibling has the bad case's text (a duplicate sample): the next distinct sibling is
-    # chosen.
+    # The best sibling has the bad case's text (a duplicate sample): the next distinct
+    # sibling is chosen.
     Rollout.objects.filter(id=cases[1].id).update(reward=0.0)
     Rollout.objects.filter(id=cases[3].id).update(
         transcript=cases[1].transcript, completion=cases[1].completion

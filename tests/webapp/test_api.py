@@ -1,5 +1,5 @@
-"""REST API v1: auth, run creation, ingestion errors, rollout queries with keyset cursors, group
-detail."""
+"""REST API v1: auth, run creation, ingestion errors, rollout queries with keyset
+cursors, group detail."""
 
 import json
 

@@ -1,6 +1,6 @@
 """The API refuses what it would otherwise drop without a word (unknown fields, wrong types),
-answers every error as JSON (404s included), finds-or-creates a run by name, and reads roles at
-request time."""
+answers every error as JSON (404s included), finds-or-creates a run by name, and reads roles
+at request time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Plotly renders a subset of HTML in trace names, titles, annotations, hover text and category
-labels: a metric, component or run name must reach the figure JSON escaped, on every page that draws
-one."""
+"""Plotly renders a subset of HTML in trace names, titles, annotations, hover text and
+category labels: a metric, component or run name must reach the figure JSON escaped, on every
+page that draws one."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def assert_escaped(figures) -> None:
 
 @pytest.fixture
 def hostile_run(db, personas):
-    # A training environment's component names are not checked like the API's: any text reaches the
-    # DB.
+    # A training environment's component names are not checked like the API's: any text
+    # reaches the DB.
     env = ensure_environment(
         "hostile",
         [

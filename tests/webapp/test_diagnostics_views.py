@@ -28,8 +28,8 @@ def _fresh_cache():
 
 
 def seed(run, steps: int = 6) -> None:
-    """Per step, three groups: `correct` varies, `format` is always 1 (saturated, no signal),
-    `penalty` varies."""
+    """Per step, three groups: `correct` varies, `format` is always 1 (saturated, no
+    signal), `penalty` varies."""
     groups = []
     for s in range(steps):
         for k in range(3):

@@ -1,5 +1,5 @@
-"""`manage.py export_rollouts` and webapp/rollouts/exporters.py: JSONL round trip, HF folder,
-filters."""
+"""`manage.py export_rollouts` and webapp/rollouts/exporters.py: JSONL round trip,
+HF folder, filters."""
 
 from __future__ import annotations
 

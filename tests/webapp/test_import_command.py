@@ -1,5 +1,5 @@
-"""`manage.py import_rollouts`: every format into the database, bad records, skip vs stop,
-batches."""
+"""`manage.py import_rollouts`: every format into the database, bad records, skip
+vs stop, batches."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The pages: runs list, run dashboard, explorer, group, no-signal, transcript. Test client, no
-browser."""
+"""The pages: runs list, run dashboard, explorer, group, no-signal, transcript. Test
+client, no browser."""
 
 from __future__ import annotations
 
@@ -419,8 +419,8 @@ def test_it_ranks_a_group_and_highlights_the_separating_component(client_as, see
     ranked = [c["rollout"] for c in resp.context["cards"]]
     rewards = [r.reward for r in ranked]
     assert rewards == sorted(rewards, reverse=True)
-    # best: correct 1, format 1 (1.5); worst: correct 0, format 1, penalty -0.5 (0.4): correct
-    # differs most
+    # best: correct 1, format 1 (1.5); worst: correct 0, format 1, penalty -0.5 (0.4):
+    # correct differs most
     assert resp.context["separator"].name == "correct"
     assert "separates best from worst" in body
 

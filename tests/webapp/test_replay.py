@@ -307,9 +307,9 @@ def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
 
 
 def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as, monkeypatch):
-    """A worker killed while summarising leaves the replay 'summarising'; after the stale limit the
-    page offers Resume (trainers only), which queues the task again, and the next worker summarises
-    it."""
+    """A worker killed while summarising leaves the replay 'summarising'; after the stale
+    limit the page offers Resume (trainers only), which queues the task again, and the next
+    worker summarises it."""
     from datetime import timedelta
 
     from django.urls import reverse

@@ -1,5 +1,5 @@
-"""Replay chart dicts: every name escaped, histogram bins are categories (a click never
-navigates)."""
+"""Replay chart dicts: every name escaped, histogram bins are categories (a
+click never navigates)."""
 
 from webapp.replays import charts
 

@@ -1,6 +1,6 @@
 """The explorer sorts and filters by a replay's values like any component's
-(sort=replay.<component>, min_/max_replay.<component>, replay=<id>), through the API and the page,
-keyset-paged."""
+(sort=replay.<component>, min_/max_replay.<component>, replay=<id>), through the API and
+the page, keyset-paged."""
 
 from __future__ import annotations
 

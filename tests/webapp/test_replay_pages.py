@@ -1,5 +1,5 @@
-"""Replay pages, API and the reward_regress command: roles, escaping, the planted hacks'
-verdicts."""
+"""Replay pages, API and the reward_regress command: roles, escaping, the
+planted hacks' verdicts."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ NO_EXTRAS = [{"version": "semantic_coverage@no_extras"}]
 
 @pytest.fixture
 def hacked(personas):
-    """Two groups, each with a rollout annotated as a reward hack: edge spam (the no_extras version
-    fixes it) and stacked shapes (coverage does not see layout: it stays above its group's
-    median)."""
+    """Two groups, each with a rollout annotated as a reward hack: edge spam (the
+    no_extras version fixes it) and stacked shapes (coverage does not see layout: it stays
+    above its group's median)."""
     run = fx.diagram_run(personas["trainer"])
     fx.ingest(
         run,
@@ -144,8 +144,8 @@ def test_it_starts_lists_and_checks_replays_through_the_api(hacked, personas, ap
 
 @pytest.mark.slow
 def test_it_sets_the_process_exit_status(transactional_db, personas):
-    """The real command line, as CI would run it: exit 1 while a hack outranks its median, 0 once
-    fixed."""
+    """The real command line, as CI would run it: exit 1 while a hack outranks its median,
+    0 once fixed."""
     import os
     import subprocess
     import sys

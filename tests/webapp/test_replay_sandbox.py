@@ -1,6 +1,6 @@
-"""A replay of model-written code: ask_to_code's correctness re-runs the hidden tests through the
-environment's own component, i.e. in training.sandbox (bubblewrap), never in the worker's
-process."""
+"""A replay of model-written code: ask_to_code's correctness re-runs the hidden tests
+through the environment's own component, i.e. in training.sandbox (bubblewrap), never in
+the worker's process."""
 
 import pytest
 

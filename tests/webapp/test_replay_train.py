@@ -2,8 +2,8 @@
 versions, through the one launch path (webapp.runs.launch), and the overlay compares the twin with
 the original.
 
-The queue is the only thing replaced (enqueue_run recorded instead of sent): no GPU worker exists
-here.
+The queue is the only thing replaced (enqueue_run recorded instead of sent): no GPU
+worker exists here.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def queued(monkeypatch) -> list[int]:
 
 
 def _replay(personas, status: str = "succeeded", kind: str = "grpo", base_model: str = BASE_MODEL):
-    """A GRPO job run (its config as the launch form stores it) with a finished replay of two
-    groups."""
+    """A GRPO job run (its config as the launch form stores it) with a finished replay
+    of two groups."""
     from webapp.replays import services
     from webapp.replays.models import Replay
 
@@ -226,10 +226,10 @@ reward_versions.register(
 
 @pytest.fixture
 def marker_module(tmp_path, monkeypatch):
-    """A team's own reward module, deployed with the web and worker processes (on their PYTHONPATH,
-    named in RD_REWARD_MODULES) and imported here as the web process does at start-up. Requested
-    before worker_process so the worker (and its job child, which trains only registered versions)
-    inherit both."""
+    """A team's own reward module, deployed with the web and worker processes (on their
+    PYTHONPATH, named in RD_REWARD_MODULES) and imported here as the web process does at start-up.
+    Requested before worker_process so the worker (and its job child, which trains only registered
+    versions) inherit both."""
     import importlib
     import sys
 

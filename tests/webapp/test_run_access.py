@@ -1,5 +1,5 @@
-"""get_run_for: the one permission check of run-scoped views (the permission matrix covers every
-URL)."""
+"""get_run_for: the one permission check of run-scoped views (the permission matrix
+covers every URL)."""
 
 from __future__ import annotations
 

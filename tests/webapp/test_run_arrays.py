@@ -1,6 +1,6 @@
-"""The run reader (webapp/rollouts/arrays.py) against the test oracle: the same run read row by row
-through the ORM. Runs are stored through the ingestion service; the packed blobs are only ever
-read."""
+"""The run reader (webapp/rollouts/arrays.py) against the test oracle: the same run read row
+by row through the ORM. Runs are stored through the ingestion service; the packed blobs are
+only ever read."""
 
 from __future__ import annotations
 

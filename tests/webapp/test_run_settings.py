@@ -1,6 +1,6 @@
-"""Reward settings belong to the run: weights, scale_rewards, aggregation, advantage epsilon and
-group size stored per run, set at creation, overwritten by the trainer, and read by every
-recomputation."""
+"""Reward settings belong to the run: weights, scale_rewards, aggregation, advantage
+epsilon and group size stored per run, set at creation, overwritten by the trainer, and
+read by every recomputation."""
 
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def test_it_lets_the_trainer_settings_win_and_logs_what_they_replaced(api, perso
     ],
 )
 def test_it_recomputes_the_trainers_advantages_from_the_runs_settings(run, scale, eps, weights):
-    """The ablation baseline is the trainer's own advantages only when it uses the trainer's
-    settings."""
+    """The ablation baseline is the trainer's own advantages only when it uses
+    the trainer's settings."""
     from webapp.diagnostics import services
     from webapp.rollouts.ingest import ingest_groups
     from webapp.runs import reward_settings

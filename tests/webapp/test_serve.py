@@ -1,5 +1,5 @@
-"""The production server starts from the documented command (`make serve`) and serves the login
-page."""
+"""The production server starts from the documented command (`make serve`) and serves
+the login page."""
 
 from __future__ import annotations
 

@@ -109,8 +109,8 @@ def test_it_sets_held_out_evals_side_by_side_on_the_compare_page(client_as, env3
         ingest_groups(run, {"groups": [{**g, "split": "holdout"} for g in groups]})
         return run
 
-    # before: 2 groups, correct 0/2 and 1/2; after: one group of 4 with 3 correct, and format always
-    # met
+    # before: 2 groups, correct 0/2 and 1/2; after: one group of 4 with 3 correct, and
+    # format always met
     before = eval_run(
         "before",
         [

@@ -1,7 +1,7 @@
-"""Deleting a run whose job is running: the task stops the job and exits cleanly, the runs queued
-behind it fail with the reason, and its output folder goes. The task runs in this process (a thread)
-with a real child process standing in for the training job (training itself is not what is
-tested)."""
+"""Deleting a run whose job is running: the task stops the job and exits cleanly, the runs
+queued behind it fail with the reason, and its output folder goes. The task runs in this process
+(a thread) with a real child process standing in for the training job (training itself is not
+what is tested)."""
 
 from __future__ import annotations
 
@@ -147,8 +147,8 @@ def test_it_answers_false_not_does_not_exist_when_a_held_run_is_gone(db, env3):
 def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(
     transactional_db, tmp_path, monkeypatch
 ):
-    """The run goes between two batches: the import stops with a CommandError naming it, not a
-    traceback."""
+    """The run goes between two batches: the import stops with a CommandError naming it,
+    not a traceback."""
     import io
     import json
 

@@ -1,5 +1,5 @@
-"""A real Celery worker process, on the configured broker, executes tasks against the test
-database."""
+"""A real Celery worker process, on the configured broker, executes tasks against
+the test database."""
 
 import pytest
 

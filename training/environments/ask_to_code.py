@@ -1,9 +1,9 @@
 """Ask before you code: a multi-turn coding environment with a simulated user.
 
-Each task statement omits one detail. The simulated user knows the full spec and reveals the detail
-only when the agent asks a relevant question (keyword/topic match); anything else gets a vague
-answer. A ```python block ends the episode and hidden unit tests, run in `training.sandbox`, score
-it.
+Each task statement omits one detail. The simulated user knows the full spec and reveals the
+detail only when the agent asks a relevant question (keyword/topic match); anything else gets a
+vague answer. A ```python block ends the episode and hidden unit tests, run in
+`training.sandbox`, score it.
 
 Protocol (usable from a TRL multi-turn rollout and from a scripted policy):
 
@@ -74,8 +74,8 @@ _CODE_RE = re.compile(r"```(python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.
 
 def extract_code(message: str) -> str | None:
     """The code of a submission, or None when the message is a question. A ```python (or ```py)
-    block is code, even unclosed (a truncated generation); a bare ``` block only when it defines a
-    function."""
+    block is code, even unclosed (a truncated generation); a bare ``` block only when it
+    defines a function."""
     for lang, body in _CODE_RE.findall(message or ""):
         if lang or re.search(r"^\s*def\s", body, re.MULTILINE):
             return body.strip() + "\n"
@@ -428,8 +428,8 @@ def _code_message(code: str) -> str:
 
 
 class ScriptedAskPolicy:
-    """Agent messages from a script, given the transcript so far (a pure function of it and the
-    seed).
+    """Agent messages from a script, given the transcript so far (a pure function of it
+    and the seed).
 
     Styles: "solve" (teacher: the relevant question, then the reference code); "ask_first" (the
     same, but a wrong guess now and then); "guess" (the naive code at once); "loop" (repeats the

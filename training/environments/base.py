@@ -1,9 +1,9 @@
 """The contract every environment implements.
 
-A reward component is a pure function of (prompt, completion) returning a `Score` (value and a short
-reason). An environment bundles its components with their weights, a prompt generator with a
-held-out split, an optional scripted policy (teacher / demo data) and an optional renderer of its
-state.
+A reward component is a pure function of (prompt, completion) returning a `Score` (value and a
+short reason). An environment bundles its components with their weights, a prompt generator
+with a held-out split, an optional scripted policy (teacher / demo data) and an optional
+renderer of its state.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ Split = Literal["train", "holdout"]
 
 @dataclass(frozen=True)
 class Score:
-    """One component's verdict on one completion. `value` is NaN when the completion is
-    unscorable."""
+    """One component's verdict on one completion. `value` is NaN when the
+    completion is unscorable."""
 
     value: float
     reason: str = ""

@@ -1008,8 +1008,8 @@ class ScriptedDiagramPolicy:
             actions[i] = a
 
     def _break_json(self, rng: random.Random, text: str) -> str:
-        """break_json: the answer truncated, missing its closing bracket or with a trailing
-        comma."""
+        """break_json: the answer truncated, missing its closing bracket or with
+        a trailing comma."""
         if self._hit(rng, "break_json"):
             how = rng.choice(["truncate", "drop_bracket", "trailing_comma"])
             if how == "truncate":
@@ -1027,9 +1027,9 @@ _REQUEST_RE = re.compile(
 
 
 def stored_prompt(key: str, prompt: Any) -> Prompt | None:
-    """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line the policy
-    saw; None when the text is not a request of this environment (a replay then fails those
-    rollouts)."""
+    """The Prompt (with its hidden spec) of a stored group, rebuilt from the request line
+    the policy saw; None when the text is not a request of this environment (a replay then
+    fails those rollouts)."""
     text = (
         prompt
         if isinstance(prompt, str)

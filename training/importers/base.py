@@ -144,9 +144,9 @@ class Reader(ABC):
             raise ReaderError(f"scale_rewards: must be one of {', '.join(stats.SCALES)}")
 
     def settings(self) -> dict[str, Any] | None:
-        """The reward settings the trainer used, as far as the dump or the user says (the run's
-        reward_settings shape); the import applies them before the first group. None: nothing
-        known."""
+        """The reward settings the trainer used, as far as the dump or the user says (the
+        run's reward_settings shape); the import applies them before the first group.
+        None: nothing known."""
         out: dict[str, Any] = {}
         if self.weights:
             out["weights"] = dict(self.weights)
@@ -231,8 +231,8 @@ def stable_hash(obj: Any, n: int = 16) -> str:
         if isinstance(obj, str)
         else json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
     )
-    # surrogatepass: a hostile lone surrogate must still hash (the record is refused later, by
-    # field).
+    # surrogatepass: a hostile lone surrogate must still hash (the record is refused
+    # later, by field).
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
@@ -347,16 +347,16 @@ def fill_advantages(
 
 
 def weighted_reward(rewards: dict[str, float | None], weights: dict[str, float]) -> float | None:
-    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None when
-    none did."""
+    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None
+    when none did."""
     scored = [(v, weights.get(k, 0.0)) for k, v in rewards.items() if v is not None]
     return float(sum(v * w for v, w in scored)) if scored else None
 
 
 def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
-    """Split a run of rows that share a prompt into groups of `group_size` (a prompt drawn twice in
-    a step); without a size, the run is one group. Raises RecordError when the sizes do not
-    divide."""
+    """Split a run of rows that share a prompt into groups of `group_size` (a prompt drawn
+    twice in a step); without a size, the run is one group. Raises RecordError when the sizes
+    do not divide."""
     if group_size is None or len(rows) == group_size:
         return [rows]
     if len(rows) % group_size:
@@ -528,6 +528,6 @@ class GroupingJsonlReader(Reader):
             yield GroupItem(record, name, chunk[0][0], [lineno for lineno, _ in chunk])
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
-        """Advantages for a group without them (the trainer's formula; TRL's unless a reader says
-        otherwise)."""
+        """Advantages for a group without them (the trainer's formula; TRL's unless a
+        reader says otherwise)."""
         fill_advantages(rollouts)

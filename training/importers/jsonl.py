@@ -1,6 +1,6 @@
 """JSONL in the ingestion format: one group record per line, exactly what POST
-/api/v1/runs/{id}/groups/ takes inside its "groups" list (and what `export_rollouts --format jsonl`
-writes).
+/api/v1/runs/{id}/groups/ takes inside its "groups" list (and what `export_rollouts
+--format jsonl` writes).
 
 The offline file of `training.sinks.JsonlSink` is read too: its lines carry a "type" field; "group"
 lines are groups, "metrics" lines are per-step metrics ({"step", "values"}), the "settings" header

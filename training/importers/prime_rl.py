@@ -261,8 +261,8 @@ def _conversation(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
 
 
 def _advantage(trace: dict[str, Any]) -> float | None:
-    """PRIME-RL's scalar for a trace: the mean of its non-zero token advantages, 0 when all are
-    zero."""
+    """PRIME-RL's scalar for a trace: the mean of its non-zero token advantages, 0 when
+    all are zero."""
     values = [
         v
         for n in trace.get("nodes") or []

@@ -1,19 +1,19 @@
 """verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under
 `trainer.rollout_data_dir`.
 
-verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one line per
-sample:
+verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one
+line per sample:
 
     {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward,
      "step": global step,
      <every key of the reward function's reward_extra_info with one value per sample>}
 
 The batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows of a group
-are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward function
-returns it in reward_extra_info: a group is every row with the same `uid` at the same step when the
-rows carry one, else every row with the same `input` at the same step (a prompt drawn twice in a
-step is then split into groups of `group_size` in file order, which cannot tell the two draws
-apart).
+are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward
+function returns it in reward_extra_info: a group is every row with the same `uid` at the same
+step when the rows carry one, else every row with the same `input` at the same step (a prompt
+drawn twice in a step is then split into groups of `group_size` in file order, which cannot tell
+the two draws apart).
 
 Extra keys with numbers become reward components (or only those named in `components`); booleans
 too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the

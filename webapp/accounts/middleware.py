@@ -1,5 +1,5 @@
-"""Every page needs a login. The API authenticates with its own token scheme and answers 401
-itself."""
+"""Every page needs a login. The API authenticates with its own token scheme and
+answers 401 itself."""
 
 from collections.abc import Callable
 

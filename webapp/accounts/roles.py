@@ -21,8 +21,8 @@ def ensure_groups() -> None:
 
 
 def role_of(user: AbstractBaseUser | AnonymousUser) -> str | None:
-    """The user's strongest role, or None (an authenticated user with no role is treated as
-    viewer)."""
+    """The user's strongest role, or None (an authenticated user with no role is
+    treated as viewer)."""
     if not user.is_authenticated:
         return None
     if user.is_superuser:

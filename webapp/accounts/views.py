@@ -3,9 +3,9 @@
 The limit counts failed logins per (normalised username, client address) in Django's cache, which
 settings point at one store for every server process (Redis when configured, else files on the
 host): with several gunicorn workers a per-process counter would allow workers x MAX_FAILURES
-guesses. We use the cache API directly rather than django-ratelimit or django-axes: the rule is one
-counter with one key, and those would bring their own key functions, models and middleware to say
-the same.
+guesses. We use the cache API directly rather than django-ratelimit or django-axes: the rule is
+one counter with one key, and those would bring their own key functions, models and middleware to
+say the same.
 """
 
 from __future__ import annotations

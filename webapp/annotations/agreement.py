@@ -57,9 +57,9 @@ def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable]) -> float | None:
 
 
 def krippendorff_alpha_nominal(units: Iterable[Sequence[Hashable]]) -> float | None:
-    """Krippendorff's alpha for nominal data. `units`: per unit, the values the coders gave it
-    (missing values simply left out). Units with fewer than two values are not pairable and drop
-    out.
+    """Krippendorff's alpha for nominal data. `units`: per unit, the values the coders gave
+    it (missing values simply left out). Units with fewer than two values are not pairable
+    and drop out.
 
     alpha = 1 - D_o / D_e, from the coincidence matrix o[c][k] = sum over units of the ordered pairs
     (c, k) of values within the unit, each unit's pairs weighted 1 / (m_u - 1):

@@ -110,17 +110,17 @@ def _prompt_messages(rollout: Rollout) -> list[dict[str, str]]:
 
 
 def _text(turns: list[dict[str, str]]) -> str:
-    """A list of turns as one string: a lone assistant turn is its content; more turns are 'role:
-    content'."""
+    """A list of turns as one string: a lone assistant turn is its content; more turns
+    are 'role: content'."""
     if len(turns) == 1 and turns[0]["role"] == "assistant":
         return turns[0]["content"]
     return "\n".join(f"{m['role']}: {m['content']}" for m in turns)
 
 
 class PromptRenderer:
-    """Standard-format prompt strings: the chat template of `model`'s tokenizer, or (no model) the
-    text of a one-message prompt. Tokenizers load from local files only (tiny:<env>, run:<id>, a
-    folder)."""
+    """Standard-format prompt strings: the chat template of `model`'s tokenizer, or (no model)
+    the text of a one-message prompt. Tokenizers load from local files only (tiny:<env>,
+    run:<id>, a folder)."""
 
     def __init__(self, model: str = "") -> None:
         self.model = model.strip()
@@ -179,8 +179,8 @@ def _assistant(text: str) -> list[dict[str, str]]:
 
 @dataclass
 class Options:
-    """How records are built: the format, the prompt renderer (standard format) and the DPO
-    margin."""
+    """How records are built: the format, the prompt renderer (standard format) and
+    the DPO margin."""
 
     fmt: str
     render: PromptRenderer
@@ -227,8 +227,8 @@ def _same_text(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
 
 def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN) -> Rollout | None:
     """The highest-reward completion of the same group that nobody marked bad, that parsed and
-    finished, whose text differs from the bad case and whose reward beats it by `min_margin` (None:
-    any reward)."""
+    finished, whose text differs from the bad case and whose reward beats it by `min_margin`
+    (None: any reward)."""
     marked_bad = Exists(Annotation.objects.filter(rollout_id=OuterRef("id"), label__is_bad=True))
     siblings = (
         Rollout.objects.filter(
@@ -251,8 +251,8 @@ def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN
 def build_records(
     rollout_ids: list[int], kind: str, opts: Options
 ) -> tuple[list[Built], dict[str, int]]:
-    """The records for these rollouts, in their order, and the counts of what was skipped and
-    why."""
+    """The records for these rollouts, in their order, and the counts of what was
+    skipped and why."""
     skipped: Counter[str] = Counter()
     anns: dict[int, list[Annotation]] = {}
     for a in (

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 
 class Label(models.Model):
-    """One entry of the failure-mode taxonomy. `is_bad`: annotating a rollout with it marks a bad
-    case."""
+    """One entry of the failure-mode taxonomy. `is_bad`: annotating a rollout with it marks
+    a bad case."""
 
     slug = models.SlugField(max_length=60, unique=True)
     name = models.CharField(max_length=100)

@@ -41,8 +41,8 @@ def save_annotation(
     first_wrong_turn: int | None = None,
     error_category: str = "",
 ) -> tuple[Annotation, bool]:
-    """Create or update `author`'s own annotation of `rollout` (never anyone else's). Returns (row,
-    created)."""
+    """Create or update `author`'s own annotation of `rollout` (never anyone else's).
+    Returns (row, created)."""
     from webapp.annotations.export import normalize_newlines
 
     note, corrected_completion = normalize_newlines(note), normalize_newlines(corrected_completion)
@@ -69,8 +69,8 @@ def save_annotation(
                         setattr(ann, name, value)
                     ann.updated_at = timezone.now()
                     ann.save()
-                # Done now: an earlier skip of this rollout in any queue no longer counts as
-                # skipped.
+                # Done now: an earlier skip of this rollout in any queue no longer
+                # counts as skipped.
                 ItemAssignment.objects.filter(
                     item__rollout=rollout, user=author, skipped_at__isnull=False
                 ).update(skipped_at=None)
@@ -84,8 +84,8 @@ def save_annotation(
                 )
             return ann, created
         except IntegrityError:
-            # The same author's other request (a double submit) created the row first: update it
-            # instead.
+            # The same author's other request (a double submit) created the row first:
+            # update it instead.
             if attempt:
                 raise
     raise AssertionError("unreachable")
@@ -186,8 +186,8 @@ def create_queue(
 
 
 def round_robin(n_items: int, n_people: int, overlap: int) -> list[list[int]]:
-    """For each item, the indexes of the `overlap` people who annotate it: consecutive people,
-    wrapping.
+    """For each item, the indexes of the `overlap` people who annotate it:
+    consecutive people, wrapping.
 
     >>> round_robin(4, 3, 2)
     [[0, 1], [2, 0], [1, 2], [0, 1]]
@@ -224,8 +224,8 @@ def assign(queue: ReviewQueue, users: list[AbstractBaseUser], overlap: int) -> N
 
 
 def _items_for(queue: ReviewQueue, user: AbstractBaseUser) -> QuerySet:
-    """The user's assigned items, or every item when the user is not an assignee (anyone may
-    help)."""
+    """The user's assigned items, or every item when the user is not an assignee
+    (anyone may help)."""
     mine = queue.items.filter(assignments__user=user)
     return mine if mine.exists() else queue.items.all()
 

@@ -1,5 +1,5 @@
-"""The default label taxonomy: the failure modes of reward design, plus "good". Admins edit it
-afterwards.
+"""The default label taxonomy: the failure modes of reward design, plus "good". Admins
+edit it afterwards.
 
 Installed by the data migration 0002_default_labels; `ensure_default_labels` re-creates missing
 entries (idempotent: an existing slug is left as the admins edited it)."""

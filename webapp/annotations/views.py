@@ -1,5 +1,5 @@
-"""Thin function views: a permission helper first, then a service call. Login is enforced by
-middleware."""
+"""Thin function views: a permission helper first, then a service call. Login is
+enforced by middleware."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def _queue_for(request: HttpRequest, queue_id: int, role: str = "viewer") -> Rev
 
 
 def _slot_next(request: HttpRequest, rollout: Rollout) -> str:
-    # The fragment's own URL (or the POST's) is no page to come back to: links go to the page that
-    # holds it.
+    # The fragment's own URL (or the POST's) is no page to come back to: links go to the page
+    # that holds it.
     return _safe_next(request, reverse("annotations-rollout", args=[rollout.id]))
 
 
@@ -146,8 +146,8 @@ def queue_new(request: HttpRequest) -> HttpResponse:
 @require_safe
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = _queue_for(request, queue_id)
-    # A listing: never the rollouts' transcripts, states or search text (10-200 KB each, up to 1,000
-    # rows).
+    # A listing: never the rollouts' transcripts, states or search text (10-200 KB each, up
+    # to 1,000 rows).
     items = (
         queue.items.select_related("rollout")
         .defer("rollout__transcript", "rollout__state", "rollout__search_text")

@@ -47,9 +47,9 @@ def _json_error(message: str, code: int) -> JsonResponse:
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    """404 for every path under /api/ that no API view matches, as JSON (also when DEBUG is on,
-    where Django would answer with its HTML debug page): a client parses one error shape
-    everywhere."""
+    """404 for every path under /api/ that no API view matches, as JSON (also when DEBUG
+    is on, where Django would answer with its HTML debug page): a client parses one
+    error shape everywhere."""
     slashed = request.path_info + "/"
     if not request.path_info.endswith("/") and _resolves(slashed):
         return _json_error(f"not found; the URL ends with a slash: {slashed}", 404)
@@ -72,8 +72,8 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """settings.handler500: JSON under /api/ (no detail: it is in the server log), Django's page
-    elsewhere."""
+    """settings.handler500: JSON under /api/ (no detail: it is in the server log),
+    Django's page elsewhere."""
     if request.path_info.startswith("/api/"):
         return _json_error("internal server error", 500)
     return defaults.server_error(request)

@@ -35,9 +35,9 @@ from webapp.runs.models import Run
 
 def _can_write(request: Request, run: Run | None = None) -> bool:
     """Trainers write to any run; a run's owner to their own while they keep at least the annotator
-    role (a viewer changes nothing, owner or not). Roles are read on every request, token or session
-    alike (the token's user row is loaded afresh per request), so a demotion takes effect on the
-    next call."""
+    role (a viewer changes nothing, owner or not). Roles are read on every request, token or
+    session alike (the token's user row is loaded afresh per request), so a demotion takes effect
+    on the next call."""
     if has_role(request.user, "trainer"):
         return True
     return (
@@ -156,9 +156,9 @@ def _get_or_create(request: Request, fields: dict[str, Any]) -> tuple[Run, bool]
 def _creation_settings(
     body: dict[str, Any], env_name: str, comps: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The new run's reward settings: `reward_settings` from the body, and the weights its
-    components name explicitly. They are this run's, even when the environment exists with other
-    weights."""
+    """The new run's reward settings: `reward_settings` from the body, and the weights
+    its components name explicitly. They are this run's, even when the environment exists
+    with other weights."""
     raw = body.get("reward_settings") or {}
     names = {c["name"] for c in comps} | set(
         RewardComponent.objects.filter(environment__name=env_name).values_list("name", flat=True)

@@ -1,5 +1,5 @@
-"""The ablation form: one drop checkbox and one weight per component, the scaling and the
-aggregation.
+"""The ablation form: one drop checkbox and one weight per component, the scaling
+and the aggregation.
 
 The form only turns fields into the API's spec dict; `services.parse_spec` validates both paths, so
 the page and the API accept and refuse exactly the same specs.

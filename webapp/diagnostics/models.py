@@ -1,5 +1,5 @@
-"""Saved ablations: a spec (components dropped / re-weighted, aggregation) and its recomputed
-results."""
+"""Saved ablations: a spec (components dropped / re-weighted, aggregation) and
+its recomputed results."""
 
 from __future__ import annotations
 

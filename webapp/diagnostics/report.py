@@ -1,5 +1,5 @@
-"""The diagnosis of a run as one JSON document: what the API returns and the `diagnose` command
-prints.
+"""The diagnosis of a run as one JSON document: what the API returns and the
+`diagnose` command prints.
 
 Shape (every float finite or null):
     {"run", "run_name", "window" (steps, or null: the whole run),
@@ -26,8 +26,8 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 def parse_window(raw: str | None) -> int | None:
-    """'all' -> None (the whole run), a whole number of steps 1..MAX_WINDOW, or the default when
-    absent."""
+    """'all' -> None (the whole run), a whole number of steps 1..MAX_WINDOW, or the
+    default when absent."""
     if raw in (None, ""):
         return services.DEFAULT_WINDOW
     if raw == "all":
@@ -58,8 +58,8 @@ def run_report(run: Run, window: int | None = services.DEFAULT_WINDOW) -> dict[s
 
 
 def fails(report: dict[str, Any], level: str | None) -> bool:
-    """Whether the report has a finding at `level` or worse ("not enough data" never fails: no false
-    alarm)."""
+    """Whether the report has a finding at `level` or worse ("not enough data" never fails:
+    no false alarm)."""
     if level is None:
         return False
     return any(

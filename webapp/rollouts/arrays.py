@@ -40,8 +40,8 @@ def _where(run_id: int, step_min: int | None) -> str:
 
 
 def _chunks(where: str, expected: int) -> list[str]:
-    """Group-id ranges of about CHUNK_ROLLOUTS rollouts each (one, unbounded, for a run below
-    that)."""
+    """Group-id ranges of about CHUNK_ROLLOUTS rollouts each (one, unbounded, for a
+    run below that)."""
     if expected <= CHUNK_ROLLOUTS:
         return [""]
     with connection.cursor() as cur:
@@ -120,9 +120,9 @@ def _unpack(pack: _Pack, component_ids: list[int]) -> dict[str, np.ndarray]:
 def read(
     run_id: int, component_ids: list[int], step_min: int | None = None, expected: int = 0
 ) -> dict[str, np.ndarray]:
-    """The run's rollouts (from `step_min` on) as aligned arrays: ids, group_ids, steps, lengths
-    (NaN: unknown) and an (N, K) matrix. `expected` (rollouts) only sizes the chunks of a very large
-    run."""
+    """The run's rollouts (from `step_min` on) as aligned arrays: ids, group_ids, steps,
+    lengths (NaN: unknown) and an (N, K) matrix. `expected` (rollouts) only sizes the chunks of
+    a very large run."""
     where = _where(run_id, step_min)
     packs = (
         _packs_postgres(where, expected)

@@ -186,9 +186,9 @@ def iter_hf_rows(
     query: ExplorerQuery | None = None,
     chunk: int = CHUNK_GROUPS,
 ) -> Iterator[list[dict[str, Any]]]:
-    """Chunks of flat rows. With an explorer `query`, rows come in its order (sort by any component,
-    the reward, the advantage or the length), page by page through its keyset cursor; otherwise in
-    group order."""
+    """Chunks of flat rows. With an explorer `query`, rows come in its order (sort by any
+    component, the reward, the advantage or the length), page by page through its keyset cursor;
+    otherwise in group order."""
     components = _components(run)
     if query is not None:
         yield from _explorer_rows(run, query, components)
@@ -237,8 +237,8 @@ def write_hf(
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
             n += len(rows)
     if n == 0:
-        # `datasets` cannot load a split without rows: write nothing rather than a folder it
-        # refuses.
+        # `datasets` cannot load a split without rows: write nothing rather than a
+        # folder it refuses.
         path.unlink()
         return 0
     (folder / "README.md").write_text(_card(run, components, n), encoding="utf-8")

@@ -35,8 +35,8 @@ def pack_groups(
 
 
 def records(buf: bytes, dtype: np.dtype) -> np.ndarray:
-    """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is not whole
-    records."""
+    """Fixed-width records read in place (a view, not a copy); ValueError if `buf` is
+    not whole records."""
     if len(buf) % dtype.itemsize:
         raise ValueError(
             f"packed rows: {len(buf)} bytes is not a multiple of the {dtype.itemsize}-byte record"

@@ -1,6 +1,6 @@
-"""Mounted at /rollouts/. The run-scoped explorer, no-signal and group pages are routed in
-webapp/runs/urls.py (mounted at the root) so their URLs read /runs/<id>/rollouts/ and
-/groups/<id>/."""
+"""Mounted at /rollouts/. The run-scoped explorer, no-signal and group pages are
+routed in webapp/runs/urls.py (mounted at the root) so their URLs read
+/runs/<id>/rollouts/ and /groups/<id>/."""
 
 from django.urls import path
 

@@ -52,8 +52,8 @@ def _is_partial(request: HttpRequest) -> bool:
 
 
 def _labels() -> list[Any]:
-    """Annotation labels, once the annotations app defines them (the explorer shows a select
-    then)."""
+    """Annotation labels, once the annotations app defines them (the explorer shows
+    a select then)."""
     try:
         model = apps.get_model("annotations", "Label")
     except LookupError:
@@ -139,8 +139,8 @@ def _preview(r: Rollout) -> str:
 
 
 def _sort_links(q: ExplorerQuery, components: list[RewardComponent]) -> dict[str, dict[str, str]]:
-    """Per sortable column: the query string that sorts by it (toggling direction when already
-    sorted)."""
+    """Per sortable column: the query string that sorts by it (toggling direction
+    when already sorted)."""
     links = {}
     for name in ["reward", "advantage", "length", "step", *(c.name for c in components)]:
         order = ("asc" if q.order == "desc" else "desc") if q.sort == name else "desc"
@@ -218,9 +218,9 @@ def _no_signal_page(run: Run, cond: Q, limit: int) -> list[Group]:
     or every advantage 0 (a trainer that sent zeros although the rewards differ).
 
     Two index-backed queries merged here: one OR over "zero_std or no non-zero advantage" made
-    Postgres probe every group of the run (1.2 s at 125k groups). A group whose advantages are all 0
-    has a rollout with advantage = 0, found on the (run, advantage, id) index, so only those are
-    checked."""
+    Postgres probe every group of the run (1.2 s at 125k groups). A group whose advantages are
+    all 0 has a rollout with advantage = 0, found on the (run, advantage, id) index, so only
+    those are checked."""
     tied = Group.objects.filter(run=run, zero_std=True).filter(cond)
     nonzero_adv = Rollout.objects.filter(group_id=OuterRef("pk")).filter(
         Q(advantage__gt=0) | Q(advantage__lt=0)
@@ -311,8 +311,8 @@ def _environment(name: str) -> Any:
 def state_image(
     run: Run, group: Group, rollout: Rollout
 ) -> tuple[str | None, list[str], int | None]:
-    """Re-render the environment state with OUR renderer: (data: URI of the SVG, canvas errors,
-    shapes)."""
+    """Re-render the environment state with OUR renderer: (data: URI of the SVG,
+    canvas errors, shapes)."""
     if run.environment is None:
         return None, [], None
     try:
@@ -355,16 +355,16 @@ def neighbours(
         value = getattr(rollout, q.sort)
     cursor = encode_cursor(value, rollout.id)
     after = explore(run, dataclasses.replace(q, cursor=cursor, limit=1)).rows
-    # The keyset order is a total order, so the reversed direction from the same cursor is
-    # "previous".
+    # The keyset order is a total order, so the reversed direction from the same
+    # cursor is "previous".
     flipped = "asc" if q.order == "desc" else "desc"
     before = explore(run, dataclasses.replace(q, cursor=cursor, order=flipped, limit=1)).rows
     return (before[0].rollout.id if before else None), (after[0].rollout.id if after else None)
 
 
 def _messages(transcript: Any) -> list[dict[str, Any]]:
-    """Normalise stored messages for the template (content as text, tool calls as name +
-    arguments)."""
+    """Normalise stored messages for the template (content as text, tool calls as
+    name + arguments)."""
     out = []
     for m in transcript if isinstance(transcript, list) else []:
         if not isinstance(m, dict):

@@ -1,5 +1,5 @@
-"""Launch forms, one per job kind, built from the job's config dataclass (its fields and help
-texts).
+"""Launch forms, one per job kind, built from the job's config dataclass (its fields
+and help texts).
 
 Validation runs the dataclass's own __post_init__, so the form and the CLI refuse the same configs,
 and its "field: problem" message lands on the field it names.
@@ -90,8 +90,8 @@ WEIGHT_PREFIX = "weight_"
 
 
 def _types(tp: Any) -> set[Any]:
-    """The concrete types a hint admits: `int | None` -> {int}; `str | list[dict]` -> {str,
-    list}."""
+    """The concrete types a hint admits: `int | None` -> {int}; `str | list[dict]`
+    -> {str, list}."""
     args = (
         typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
     )

@@ -76,8 +76,8 @@ def output_dir(run: Run) -> Path:
 
 
 def resolve_model(base_model: str) -> str:
-    """Translate the app's model references into a path; anything else (a folder, a hub id) as
-    given."""
+    """Translate the app's model references into a path; anything else (a folder, a hub
+    id) as given."""
     if base_model.startswith(TINY_PREFIX):
         from training.tiny import ensure_tiny_model
 

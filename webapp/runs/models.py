@@ -100,10 +100,10 @@ class Run(models.Model):
         )
 
     def reward_weights(self, components: list | None = None) -> dict[str, float]:
-        """{component: weight} this run's rewards were summed with: the trainer's (or creation-time)
-        settings, then the job config's reward_weights (ablation twins, launched jobs), then the
-        environment's defaults. `components` (RewardComponent rows) saves a query when the caller
-        has them."""
+        """{component: weight} this run's rewards were summed with: the trainer's (or
+        creation-time) settings, then the job config's reward_weights (ablation twins, launched
+        jobs), then the environment's defaults. `components` (RewardComponent rows) saves a query
+        when the caller has them."""
         if components is None:
             components = self.components()
         config = (self.config or {}).get("reward_weights")
@@ -120,8 +120,8 @@ class Run(models.Model):
         return advantage_settings(self.reward_settings or {}, self.config or {})
 
     def claim(self, worker: str) -> bool:
-        """queued -> running, atomically. False when another worker (or a cancel) got there
-        first."""
+        """queued -> running, atomically. False when another worker (or a cancel)
+        got there first."""
         now = timezone.now()
         n = Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
             status=self.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker
@@ -129,8 +129,8 @@ class Run(models.Model):
         return n == 1 and self._refresh()
 
     def _refresh(self) -> bool:
-        """Reload the row; False when it is gone (a run may be deleted while a worker or an import
-        holds it)."""
+        """Reload the row; False when it is gone (a run may be deleted while a worker or an
+        import holds it)."""
         try:
             self.refresh_from_db()
         except Run.DoesNotExist:
@@ -138,8 +138,8 @@ class Run(models.Model):
         return True
 
     def _finish(self, status: str, error: str = "") -> bool:
-        # Only a live run may finish: a late "succeeded" must not overwrite a cancel, and vice
-        # versa.
+        # Only a live run may finish: a late "succeeded" must not overwrite a cancel,
+        # and vice versa.
         n = (
             Run.objects.filter(id=self.id)
             .exclude(status__in=self.FINISHED)

@@ -8,8 +8,8 @@ Standard deviations are Bessel-corrected, as TRL's `nanstd` and our stored group
     N = n_values    S1 = sum_values    S2 = sum_squares
     mean = S1 / N   batch std = sqrt((S2 - S1^2 / N) / (N - 1))
 
-The mean within-group std is sum_group_std / n_group_std; the zero-std fraction n_zero_std /
-n_groups.
+The mean within-group std is sum_group_std / n_group_std; the zero-std fraction
+n_zero_std / n_groups.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ class RunSummary:
 
 
 def run_summaries(run_ids: list[int]) -> dict[int, RunSummary]:
-    """Steps, rollouts, last reward mean and the reward curve of many runs in ONE query
-    (StepStat)."""
+    """Steps, rollouts, last reward mean and the reward curve of many runs in
+    ONE query (StepStat)."""
     rows = (
         StepStat.objects.filter(run_id__in=run_ids, component_id=0)
         .values_list("run_id", "n_rollouts", "n_values", "sum_values")

@@ -142,10 +142,10 @@ def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str,
 
 
 def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
-    """Store validated `settings` on `run` (a Run); the new values win over the stored ones. Returns
-    one line per value that changed, which also goes to the run's log. Rollouts stored before keep
-    their aggregate reward (it may be the trainer's own); ablations and diagnostics use the new
-    values."""
+    """Store validated `settings` on `run` (a Run); the new values win over the stored ones.
+    Returns one line per value that changed, which also goes to the run's log. Rollouts stored
+    before keep their aggregate reward (it may be the trainer's own); ablations and diagnostics use
+    the new values."""
     comps = run.components()
     weights_before = run.reward_weights(comps)
     before = run.advantage_settings()

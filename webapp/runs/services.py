@@ -13,8 +13,8 @@ STALE_BEATS = 6  # a run whose worker missed this many heartbeats is presumed lo
 
 
 def reap_stale_runs() -> int:
-    """Mark `running` job runs failed when their worker's heartbeat stopped (worker killed, host
-    lost).
+    """Mark `running` job runs failed when their worker's heartbeat stopped (worker
+    killed, host lost).
 
     Import runs are fed by the API from elsewhere and have no worker heartbeat: they are left alone.
     """
@@ -44,8 +44,8 @@ def visible_gpus() -> int:
 
 
 def device_name() -> str:
-    """The device jobs run on in this process: the worker's config, else CUDA when present, else
-    CPU."""
+    """The device jobs run on in this process: the worker's config, else CUDA when
+    present, else CPU."""
     if settings.WORKER_DEVICE != "auto":
         return settings.WORKER_DEVICE
     gpus = visible_gpus()

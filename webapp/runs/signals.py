@@ -36,8 +36,8 @@ def output_folder(run: Run) -> Path:
 
 
 def remove_output(folder: Path) -> None:
-    """Remove a run's output folder; only ever one inside RUNS_DIR (output_dir is a database
-    value)."""
+    """Remove a run's output folder; only ever one inside RUNS_DIR (output_dir is
+    a database value)."""
     root = Path(settings.RUNS_DIR).resolve()
     target = folder.resolve()
     if target.parent == root and target.is_dir():

@@ -1,5 +1,5 @@
-"""`{% rollout_annotations rollout form as slot %}`: what the rollout slot needs, on any page that
-includes it."""
+"""`{% rollout_annotations rollout form as slot %}`: what the rollout slot needs, on any page
+that includes it."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def rollout_annotations(
 ) -> dict:
     request = context["request"]
     user = request.user
-    # Once per request (a group page holds one slot per rollout): the label list and the stylesheet
-    # link.
+    # Once per request (a group page holds one slot per rollout): the label list and
+    # the stylesheet link.
     first = not hasattr(request, "_ann_labels")
     if first:
         request._ann_labels = list(Label.objects.all())

@@ -49,8 +49,8 @@ def group_url(group_id: int) -> str:
 
 @register.simple_tag
 def diagnostics_summary(run: Any) -> dict[str, Any] | None:
-    """The dashboard slot's summary: cached, over a bounded window, never an error on the
-    dashboard."""
+    """The dashboard slot's summary: cached, over a bounded window, never an error
+    on the dashboard."""
     return services.slot_summary(run)
 
 

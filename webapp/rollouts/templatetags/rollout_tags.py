@@ -42,8 +42,8 @@ def num(value: Any, digits: int = 3) -> str:
 
 
 def _number(value: Any) -> float | None:
-    # Templates resolve a missing score's `.value` to "": anything not a finite number is "no
-    # value".
+    # Templates resolve a missing score's `.value` to "": anything not a finite number
+    # is "no value".
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -84,8 +84,8 @@ def bar(value: float | None, component: Any) -> SafeString:
 
 @register.filter
 def pretty_json(value: Any) -> str:
-    """Tool-call arguments arrive as a JSON string or an object: pretty-print either (plain text
-    out)."""
+    """Tool-call arguments arrive as a JSON string or an object: pretty-print either
+    (plain text out)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -1,9 +1,9 @@
 """`manage.py createuser NAME [--role ROLE]`: create or update a user with a role.
 
-The password comes from, in order: `--password-env NAME` (the variable NAME), the RD_PASSWORD
-variable, or a prompt (typed twice, not echoed) when stdin is a terminal. `--password P` still works
-but is discouraged: a command line is readable by every user of the machine (`ps`,
-/proc/PID/cmdline).
+The password comes from, in order: `--password-env NAME` (the variable NAME), the
+RD_PASSWORD variable, or a prompt (typed twice, not echoed) when stdin is a terminal.
+`--password P` still works but is discouraged: a command line is readable by every user of
+the machine (`ps`, /proc/PID/cmdline).
 """
 
 from __future__ import annotations

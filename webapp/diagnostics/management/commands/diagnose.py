@@ -1,8 +1,8 @@
 """`python manage.py diagnose RUN [--window N|all] [--fail-on critical|warning] [--json]`
 
-Prints a run's findings (each with the step it holds from and what to try), or the diagnosis as JSON
-(the API's document). Exit status, so that a training pipeline can stop a run that has stopped
-learning:
+Prints a run's findings (each with the step it holds from and what to try), or the diagnosis
+as JSON (the API's document). Exit status, so that a training pipeline can stop a run that
+has stopped learning:
     0  no finding at the --fail-on level (always 0 without --fail-on; "not enough groups to
        judge" is 0)
     1  at least one finding at that level or worse

@@ -1,9 +1,9 @@
 """`manage.py export_rollouts --run NAME [--format jsonl|hf] [--out PATH] [filters]`.
 
 jsonl: one group per line in the ingestion format (re-importable with import_rollouts --format
-jsonl); stdout when --out is not given. hf: a folder that `datasets.load_dataset(folder)` reads, one
-row per rollout; --sort/--order order the rows like the explorer (hf only: a JSONL line is a whole
-group).
+jsonl); stdout when --out is not given. hf: a folder that `datasets.load_dataset(folder)`
+reads, one row per rollout; --sort/--order order the rows like the explorer (hf only: a JSONL
+line is a whole group).
 """
 
 from __future__ import annotations

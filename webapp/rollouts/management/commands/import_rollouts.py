@@ -505,8 +505,8 @@ def _created_by_import(run: Run) -> bool:
 
 
 def resume(run: Run) -> None:
-    """A failed import run goes back to running for another import into it (its stored groups
-    stay)."""
+    """A failed import run goes back to running for another import into it (its
+    stored groups stay)."""
     Run.objects.filter(id=run.id, status=Run.Status.FAILED).update(
         status=Run.Status.RUNNING, error="", finished_at=None
     )
