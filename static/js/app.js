@@ -21,42 +21,37 @@
     });
   }
 
-  // Charts in view are drawn first, one per frame (the page paints between them); only then are the
-  // ones below the fold watched, and drawn when they come near. Each plotly figure costs tens of ms:
-  // drawing thirty up front, or the ones just below the fold alongside those in view, kept the
-  // dashboard busy for seconds.
+  // Charts in view are drawn at once, in one go (measured: a frame between each, so the page painted
+  // between charts, made the screen complete later); only then are the ones below the fold watched, and
+  // drawn one per frame as they come near. Each plotly figure costs tens of ms: drawing thirty up front,
+  // or the ones just below the fold alongside those in view, kept the dashboard busy for seconds.
   function drawCharts(root) {
     var section = root.querySelector("[data-figures]");
     if (!section || typeof Plotly === "undefined") return;
     var blob = document.getElementById(section.getAttribute("data-figures"));
     if (!blob) return;
     section._figures = JSON.parse(blob.textContent);
-    var queue = [], later = [];
+    var later = [], queue = [], pumping = false;
     section.querySelectorAll("[data-chart]").forEach(function (el) {
-      (el.getBoundingClientRect().top < window.innerHeight ? queue : later).push(el);
+      if (el.getBoundingClientRect().top < window.innerHeight) drawOne(section, el);
+      else later.push(el);
     });
     function pump() {
       var el = queue.shift();
-      if (el) { drawOne(section, el); window.requestAnimationFrame(pump); return; }
-      section._pumping = false;
+      if (el) { drawOne(section, el); window.requestAnimationFrame(pump); } else pumping = false;
     }
-    section._draw = function (el) {
+    function draw(el) {
       queue.push(el);
-      if (!section._pumping) { section._pumping = true; window.requestAnimationFrame(pump); }
-    };
-    section._pumping = true;
-    queue.length ? pump() : (section._pumping = false);
+      if (!pumping) { pumping = true; window.requestAnimationFrame(pump); }
+    }
     var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
       entries.forEach(function (e) {
-        if (e.isIntersecting) { observer.unobserve(e.target); section._draw(e.target); }
+        if (e.isIntersecting) { observer.unobserve(e.target); draw(e.target); }
       });
     }, {rootMargin: "300px 0px"}) : null;
-    section._observe = function (el) { if (observer) observer.observe(el); else section._draw(el); };
-    // Watching starts once the charts in view are drawn (they keep the CPU until then).
-    (function watch() {
-      if (section._pumping) { window.requestAnimationFrame(watch); return; }
-      later.forEach(section._observe);
-    })();
+    section._observe = function (el) { if (observer) observer.observe(el); else draw(el); };
+    // Watching starts on the next frame, once the charts in view are on screen.
+    window.requestAnimationFrame(function () { later.forEach(section._observe); });
     live(section);
   }
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import functools
 import html
+import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from webapp.runs.queries import ComponentSeries, DashboardData, Series
 
@@ -42,15 +45,15 @@ def escape_figure(value: Any, text: bool = False) -> Any:
     if isinstance(value, dict):
         return {k: escape_figure(v, k in TEXT_KEYS) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if all(
-            type(v) in _PLAIN for v in value
-        ):  # a series of numbers (most of a figure): nothing to escape
+        # A series of numbers (most of a figure): nothing to escape. (map/issuperset run in C: a
+        # generator over every value cost the 500-step dashboard ~20 ms.)
+        if _PLAIN.issuperset(map(type, value)):
             return list(value)
         return [escape_figure(v, text) for v in value]
     return value
 
 
-_PLAIN = (int, float, type(None))
+_PLAIN = frozenset({int, float, type(None)})
 
 
 def escaped(builder: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,7 +102,22 @@ SIGNIFICANT = 5  # digits kept in chart values: a 500-step dashboard's JSON halv
 
 
 def _short(values: list[float | None]) -> list[float | None]:
-    return [None if v is None else float(f"{v:.{SIGNIFICANT}g}") for v in values]
+    """Each value to SIGNIFICANT digits, for the whole series at once (a string round trip per value
+    was a quarter of the 500-step dashboard's server time). q / 10**d with an integer q is the double
+    nearest that decimal, so it prints with at most SIGNIFICANT digits. None and non-finite: None."""
+    a = np.array(values, dtype=float)  # None -> nan
+    nonzero = np.isfinite(a) & (a != 0)
+    digits = np.zeros(a.shape)
+    digits[nonzero] = SIGNIFICANT - 1 - np.floor(np.log10(np.abs(a[nonzero])))
+    with np.errstate(
+        all="ignore"
+    ):  # 10**d overflows only for values under 1e-300: kept as they are
+        scale = 10.0 ** np.abs(digits)
+        out = np.where(digits >= 0, np.round(a * scale) / scale, np.round(a / scale) * scale)
+    out = np.where(np.isfinite(out), out, a)
+    if np.isfinite(out).all():
+        return out.tolist()
+    return [v if math.isfinite(v) else None for v in out.tolist()]
 
 
 def _line(

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import orjson
 from django.core.cache import cache
 from django.db.models import Count, Max, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_safe
 
 from webapp.accounts.roles import require_role
@@ -114,6 +117,7 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "run": run,
         "data": data,
         "figures": figures,
+        "figures_json": json_script(figures["all"], "dashboard-figures"),
         "provenance": provenance,
         "git_commit": (run.provenance or {}).get("git_commit", ""),
         "config_json": json.dumps(
@@ -133,6 +137,24 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "queue": queue_info(run),
     }
     return render(request, "runs/dashboard.html", ctx)
+
+
+JSON_SCRIPT_ESCAPES = {ord(">"): "\\u003E", ord("<"): "\\u003C", ord("&"): "\\u0026"}
+
+
+def json_script(value: object, element_id: str) -> SafeString:
+    """Django's json_script (same escaping: no "</script>" can end the element), encoded by orjson: the
+    figures of a 500-step dashboard (230 KB) took ~30 ms through json.dumps. json for what orjson
+    refuses (a lone surrogate in a model-chosen metric name)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(value)
+    return format_html(
+        '<script id="{}" type="application/json">{}</script>',
+        element_id,
+        mark_safe(text.translate(JSON_SCRIPT_ESCAPES)),
+    )
 
 
 def live_version(run: Run) -> str:
