@@ -20,8 +20,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -56,6 +57,10 @@ RARE_WORDS = {
     "xylobranch": (1e-4, "tool_result"),
 }
 COMMON_WORD = "assert"  # in most tool results: the "common word" search
+# Words of the generated vocabulary (Vocabulary(default_rng(7))) in a middling share of rollouts, about
+# 0.4%, 1.4% and 10% (time_pages prints the share it measures on a sample). Their trigrams are common
+# (the vocabulary is built from 20 syllables), so the index offers about half the run as candidates.
+MIDDLE_WORDS = ("besadevi", "rasakavi", "dedekato")
 MEDIAN_BYTES, SIGMA, MAX_BYTES = 5_000, 1.1, 400_000  # of generated text; JSON adds ~3 KB
 TOOLS = ("bash", "read_file", "write_file", "run_tests", "search_code")
 
@@ -68,14 +73,72 @@ class Vocabulary:
     CORPUS_CHARS = 4_000_000
 
     def __init__(self, rng: np.random.Generator, size: int = 30_000) -> None:
-        syll = np.array("ka lo mi te ra su no vi de pa ri to ze fu ga be lu mo chi sa".split())
+        syll = np.array(
+            [
+                "ka",
+                "lo",
+                "mi",
+                "te",
+                "ra",
+                "su",
+                "no",
+                "vi",
+                "de",
+                "pa",
+                "ri",
+                "to",
+                "ze",
+                "fu",
+                "ga",
+                "be",
+                "lu",
+                "mo",
+                "chi",
+                "sa",
+            ]
+        )
         lens = rng.integers(1, 5, size)
         parts = rng.integers(0, len(syll), (size, 4))
-        common = (
-            "the a to of and in is it for that on with this be as error file test line value return "
-            "def self import none true false result data raise function call output input config path "
-            "index name"
-        ).split()
+        common = [
+            "the",
+            "a",
+            "to",
+            "of",
+            "and",
+            "in",
+            "is",
+            "it",
+            "for",
+            "that",
+            "on",
+            "with",
+            "this",
+            "be",
+            "as",
+            "error",
+            "file",
+            "test",
+            "line",
+            "value",
+            "return",
+            "def",
+            "self",
+            "import",
+            "none",
+            "true",
+            "false",
+            "result",
+            "data",
+            "raise",
+            "function",
+            "call",
+            "output",
+            "input",
+            "config",
+            "path",
+            "index",
+            "name",
+        ]
         self.words = np.array(
             common + ["".join(syll[parts[i, : lens[i]]]) for i in range(size)], dtype=object
         )
@@ -304,6 +367,10 @@ def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
             f"{ex}?sort=tool_use&order=desc&q={COMMON_WORD}",
             300,
         ),
+        *(
+            (f"explorer search middling word ({w})", f"{ex}?sort=tool_use&order=desc&q={w}", 300)
+            for w in MIDDLE_WORDS
+        ),
         ("group view (8 rollouts)", f"/groups/{mid.group_id}/", 150),
         ("no-signal groups", f"/runs/{run.id}/no-signal/", None),
         ("transcript page (median rollout)", f"/rollouts/{mid.id}/", 150),
@@ -341,12 +408,37 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         f"largest realistic rollout: {big / 1000:,.0f} K characters of text"
     )
     print(f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7}  target (realistic)")
-    for (label, one_url, target), (_, real_url, _) in zip(urls["oneline"], urls["realistic"]):
+    for (label, one_url, target), (_, real_url, _) in zip(
+        urls["oneline"], urls["realistic"], strict=True
+    ):
         one, real = median_ms(get(one_url), repeat), median_ms(get(real_url), repeat)
         verdict = (
             "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
         )
         print(f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f}  {verdict}")
+
+
+def word_shares(run: Any, sample: int = 2000) -> None:
+    """The share of the run's rollouts holding each middling word, on an evenly spread sample."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM rollouts_rollout WHERE run_id = %s AND id %% "
+            "GREATEST(1, (SELECT count(*) FROM rollouts_rollout WHERE run_id = %s) / %s) = 0",
+            [run.id, run.id, sample],
+        )
+        n = cur.fetchone()[0]
+        for word in MIDDLE_WORDS:
+            cur.execute(
+                "SELECT count(*) FROM rollouts_rollout WHERE run_id = %s AND id %% "
+                "GREATEST(1, (SELECT count(*) FROM rollouts_rollout WHERE run_id = %s) / %s) = 0 "
+                "AND UPPER(search_text) LIKE %s",
+                [run.id, run.id, sample, f"%{word.upper()}%"],
+            )
+            print(
+                f"middling word {word!r}: in {100 * cur.fetchone()[0] / max(n, 1):.2f}% of {n} sampled"
+            )
 
 
 def count_hits(run: Any) -> None:
@@ -370,6 +462,11 @@ def main(argv: list[str] | None = None) -> None:
         "--rollouts", type=int, default=1_000_000, help="per run (two runs are seeded)"
     )
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--no-seed",
+        action="store_true",
+        help="time the runs as they stand (a seed still running, or stopped part way: sizes printed)",
+    )
     args = parser.parse_args(argv)
     require_postgres()
     production_like_env()
@@ -381,9 +478,19 @@ def main(argv: list[str] | None = None) -> None:
     call_command("migrate", verbosity=0)
     runs = {}
     for kind in ("oneline", "realistic"):
-        runs[kind], _ = seed(kind, args.rollouts)
+        if args.no_seed:
+            from webapp.rollouts.queries import _run_size
+            from webapp.runs.models import Run
+
+            runs[kind] = Run.objects.get(name=f"bench-{kind}-{args.rollouts}")
+            print(
+                f"{kind} run {runs[kind].id}: {_run_size(runs[kind]):,} rollouts as seeded so far"
+            )
+        else:
+            runs[kind], _ = seed(kind, args.rollouts)
     vacuum()
     count_hits(runs["realistic"])
+    word_shares(runs["realistic"])
     time_pages(runs, args.repeat)
     print(
         f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"

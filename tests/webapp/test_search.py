@@ -391,7 +391,7 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
         )
     with CaptureQueriesContext(connection) as ctx:
-        assert len(_probe(run, parse_query("resultneedle"))) == 1
+        assert len(_probe(run, parse_query("resultneedle"))[0]) == 1
     sql = next(
         q["sql"]
         for q in ctx.captured_queries
@@ -426,7 +426,35 @@ def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
     assert queries._candidates(run, every) == 7
     assert queries._run_size(run) == 7
     monkeypatch.setattr(queries, "SEARCH_PROBE", 1)
-    assert len(queries._probe(run, every, limit=50)) == 7  # 7 <= sqrt(51 x 7): fetch them all
-    assert queries._probe(run, every, limit=1) is None  # 7 > sqrt(2 x 7): walk the sort order
+    fetched, _ = queries._probe(run, every, limit=50)  # 7 <= sqrt(51 x 7): fetch them all
+    assert len(fetched) == 7
+    assert queries._probe(run, every, limit=1) == (None, 7)  # 7 > sqrt(2 x 7): walk 7 rows at most
     walked = ids(run, '"tests pass"', limit=1)
     assert len(walked) == len(set(walked)) == 7
+
+
+@pytest.mark.postgres
+def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_are_candidates(
+    searched, monkeypatch
+):
+    """A word with few hits among many index candidates: the walk is bounded, then the hits fetched."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    from webapp.rollouts import queries
+
+    run, _ = searched
+    with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
+        cur.execute(
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+        )
+    monkeypatch.setattr(queries, "SEARCH_PROBE", 0)
+    monkeypatch.setattr(queries, "WALK_FIRST", 1)  # rounds of 1, 2, 4... rows
+    monkeypatch.setattr(queries, "_run_size", lambda run: 0)  # cap 0: 1 candidate is "too many"
+    fetches = []
+    real_fetch = queries._fetch_hits
+    monkeypatch.setattr(
+        queries, "_fetch_hits", lambda *a, **kw: fetches.append(a) or real_fetch(*a, **kw)
+    )
+    expected = list(Rollout.objects.filter(run=run, search_text__icontains="resultneedle"))
+    assert [r.id for r in expected] == ids(run, "resultneedle", limit=1) and len(expected) == 1
+    assert fetches  # the walk stopped after 1 row checked (the candidate count): hits fetched

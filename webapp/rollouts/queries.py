@@ -324,25 +324,30 @@ def _run_size(run: Run) -> int:
     return int(total or 0)
 
 
-def _probe(run: Run, search: SearchQuery, limit: int = 50) -> list[int] | None:
-    """The ids of the run's rollouts that match when fetching them all is the cheaper plan; None when
-    walking the sort order is (_walk).
+def _fetch_hits(run: Run, search: SearchQuery, cap: int | None = None) -> list[int]:
+    """The ids of the run's matching rollouts (up to cap + 1), through the trigram index alone."""
+    with _plan(enable_seqscan="off", enable_indexscan="off"):
+        ids = _run_search(run, search).values_list("id", flat=True)
+        return list(ids if cap is None else ids[: cap + 1])
+
+
+def _probe(run: Run, search: SearchQuery, limit: int = 50) -> tuple[list[int] | None, int | None]:
+    """(ids, None) when fetching every hit is the cheaper plan; else (None, budget): walk the sort order
+    (_walk), checking at most `budget` rows (None: no bound) before fetching after all.
 
     Both plans cost rechecks (a detoast and an UPPER of the document). Fetching every hit costs one per
     index candidate, C; walking the sort order costs about (limit + 1) / selectivity = (limit + 1) x
-    run size / C. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million rollouts, a word
-    in 0.7% of them, where both cost ~7,100 rechecks: the worst case), walk otherwise. Off Postgres (no
-    count), or when the count fails, the old rule: fetch up to SEARCH_PROBE + 1, walk past that.
+    run size / hits. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million rollouts,
+    where both cost ~7,100 rechecks: the worst case), walk otherwise, for at most C rows: a word with few
+    hits among many candidates (common trigrams) is then fetched, at no more than twice the cheaper
+    plan's cost. Off Postgres (no count), the old rule: fetch up to SEARCH_PROBE + 1, walk past that.
     The index leads with run_id (btree_gin), so other runs cost nothing."""
-    cap = SEARCH_PROBE
     candidates = _candidates(run, search)
-    if candidates is not None:
-        cap = max(SEARCH_PROBE, math.isqrt((limit + 1) * _run_size(run)))
-        if candidates > cap:
-            return None
-    with _plan(enable_seqscan="off", enable_indexscan="off"):
-        ids = list(_run_search(run, search).values_list("id", flat=True)[: cap + 1])
-    return ids if len(ids) <= cap else None
+    if candidates is None:
+        ids = _fetch_hits(run, search, SEARCH_PROBE)
+        return (ids, None) if len(ids) <= SEARCH_PROBE else (None, None)
+    cap = max(SEARCH_PROBE, math.isqrt((limit + 1) * _run_size(run)))
+    return (_fetch_hits(run, search), None) if candidates <= cap else (None, candidates)
 
 
 WALK_FIRST, WALK_MAX = (
@@ -358,16 +363,17 @@ def _walk(
     id_field: str,
     q: ExplorerQuery,
     start: tuple[str | None, int] | None = None,
-    rounds: int | None = None,
+    budget: int | None = None,
 ) -> tuple[list[tuple[int, Any]], tuple[str | None, int] | None]:
     """Rows in keyset order from q.cursor (or `start`), fetched without the search in rounds, kept when
-    their rollout matches, until q.limit + 1 are kept or `rounds` rounds ran: the plan cannot turn into
-    a recheck of every hit. Returns the kept rows and where the next round starts (None: the end)."""
+    their rollout matches, until q.limit + 1 are kept or `budget` rows were checked: the plan cannot
+    turn into a recheck of every hit. Returns the kept rows and where the next round starts (None: the
+    end of the order)."""
     assert q.search is not None
     hits: list[tuple[int, Any]] = []
     cursor, n = start or (q.cursor, WALK_FIRST)
-    done = 0
-    while len(hits) <= q.limit and (rounds is None or done < rounds):
+    checked = 0
+    while len(hits) <= q.limit and (budget is None or checked < budget):
         chunk = keyset_fetch(qs, value_field, id_field, q.order, cursor, n)
         with _plan(
             enable_bitmapscan="off", enable_seqscan="off"
@@ -378,7 +384,7 @@ def _walk(
                 .values_list("id", flat=True)
             )
         hits += [c for c in chunk if c[0] in found]
-        done += 1
+        checked += len(chunk)
         if len(chunk) < n:
             return hits, None
         cursor, n = encode_cursor(chunk[-1][1], chunk[-1][0]), min(2 * n, WALK_MAX)
@@ -392,14 +398,18 @@ def _search_page(
     One round of the walk comes first: a frequent word fills the page there, before the index is asked
     to count candidates (a count that costs in proportion to them: 0.1 s for a word in all of 100k)."""
     assert q.search is not None
-    hits, resume = _walk(qs, value_field, id_field, q, rounds=1)
+    hits, resume = _walk(qs, value_field, id_field, q, budget=WALK_FIRST)
     if len(hits) > q.limit or resume is None:
         return hits[: q.limit + 1]
     if len(hits) * DENSE >= WALK_FIRST:
         return (hits + _walk(qs, value_field, id_field, q, start=resume)[0])[: q.limit + 1]
-    ids = _probe(run, q.search, q.limit)
+    ids, budget = _probe(run, q.search, q.limit)
     if ids is None:
-        return (hits + _walk(qs, value_field, id_field, q, start=resume)[0])[: q.limit + 1]
+        more, resume = _walk(qs, value_field, id_field, q, start=resume, budget=budget)
+        hits += more
+        if len(hits) > q.limit or resume is None or budget is None:
+            return hits[: q.limit + 1]
+        ids = _fetch_hits(run, q.search)  # the walk has cost what fetching does: fetch after all
     found = qs.filter(**{f"{id_field}__in": ids})
     return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
 
