@@ -113,8 +113,8 @@ PARTS = ["assistant", "args", "result", "final", "reason"]
 
 @pytest.fixture
 def searched(run, env3, personas):
-    """`run` with one rollout per part holding a marker word there, plus a twin run holding every
-    marker."""
+    """`run` with one rollout per part holding a marker word there, plus a twin run
+    holding every marker."""
     ingest_groups(
         run,
         {"groups": [group(0, "g0", [{p: f"{p}needle"} for p in PARTS]), group(1, "g1", [{}, {}])]},
@@ -437,7 +437,8 @@ def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
 def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_are_candidates(
     searched, monkeypatch
 ):
-    """A word with few hits among many index candidates: the walk is bounded, then the hits fetched."""
+    """A word with few hits among many index candidates: the walk is bounded, then
+    the hits fetched."""
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
     from webapp.rollouts import queries
