@@ -44,7 +44,7 @@ demo: install sandbox-tool
 BIND ?= 127.0.0.1:8000
 WORKERS ?= $(shell echo $$(($$(nproc 2>/dev/null || echo 1) + 1)))
 serve: install
-	@$(BIN)/python manage.py migrate --check >/dev/null 2>&1 || { echo "unapplied migrations: run $(BIN)/python manage.py migrate first"; exit 1; }
+	@$(BIN)/python manage.py migrate --check >/dev/null || { echo "unapplied migrations (or the error above): run $(BIN)/python manage.py migrate first"; exit 1; }
 	$(BIN)/python manage.py collectstatic --noinput --verbosity 0
 	exec $(BIN)/gunicorn webapp.wsgi -c gunicorn.conf.py --bind $(BIND) --workers $(WORKERS)
 

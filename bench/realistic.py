@@ -407,7 +407,10 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         f"\nmedian of {repeat} requests, test client, DEBUG={os.environ['DEBUG']}; "
         f"largest realistic rollout: {big / 1000:,.0f} K characters of text"
     )
-    print(f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7}  target (realistic)")
+    print(
+        f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7} {'load':>5}"
+        "  target (realistic)"
+    )
     for (label, one_url, target), (_, real_url, _) in zip(
         urls["oneline"], urls["realistic"], strict=True
     ):
@@ -415,7 +418,11 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         verdict = (
             "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
         )
-        print(f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f}  {verdict}")
+        load = os.getloadavg()[0]
+        print(
+            f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f} {load:5.1f}  {verdict}",
+            flush=True,
+        )
 
 
 def word_shares(run: Any, sample: int = 2000) -> None:
