@@ -280,6 +280,7 @@ def test_it_makes_a_review_queue_from_an_explorer_view(page, live_server, diagra
 def test_it_opens_every_page_without_a_console_error(
     page, live_server, diagram_run, personas, shot
 ):  # noqa: F811
+    from webapp.annotations.models import Label
     from webapp.annotations.services import create_queue
     from webapp.annotations.taxonomy import ensure_default_labels
     from webapp.rollouts.models import Rollout
@@ -306,6 +307,8 @@ def test_it_opens_every_page_without_a_console_error(
         summary={"train_loss": 0.3, "train_runtime": 12.5},
     )
     twin = _twin(diagram_run, personas)
+    ablation = _ablation(diagram_run, personas)
+    label = Label.objects.order_by("id").first()
     base = live_server.url
     pages = {
         "runs": "/",
@@ -325,6 +328,12 @@ def test_it_opens_every_page_without_a_console_error(
         "diagnostics": f"/diagnostics/runs/{diagram_run.id}/",
         "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/",
         "overlay": f"/diagnostics/runs/{diagram_run.id}/overlay/{twin.id}/",
+        "ablation": f"/diagnostics/ablations/{ablation.id}/",
+        "ablation-preview": f"/diagnostics/runs/{diagram_run.id}/ablations/?{ablation_query(ablation)}",
+        "replays": f"/replays/runs/{diagram_run.id}/",
+        "annotate-rollout": f"/annotations/rollout/{rollout.id}/",
+        "new-label": "/annotations/labels/new/",
+        "edit-label": f"/annotations/labels/{label.id}/edit/",
         "activity": "/annotations/activity/",
         "agreement": f"/annotations/queues/{queue.id}/agreement/",
         "new-queue": "/annotations/queues/new/",
@@ -379,6 +388,30 @@ def _twin(run, personas):
     )
     ingest_groups(twin, {"groups": _steps(run, 0, 7)})
     return twin
+
+
+def _ablation(run, personas):
+    """A saved ablation of `run` (its first component dropped), as the ablations form saves one."""
+    from training import ablation as abl
+    from webapp.diagnostics import services
+    from webapp.diagnostics.models import Ablation
+
+    first = run.components()[0].name
+    spec = abl.AblationSpec(
+        drop=(first,), weights={}, scale_rewards="group", aggregation="sum_then_normalize"
+    )
+    return Ablation.objects.create(
+        run=run,
+        name=f"drop {first}",
+        spec=spec.as_dict(),
+        results=services.run_ablation(run, spec),
+        created_by=personas["trainer"],
+    )
+
+
+def ablation_query(ablation) -> str:
+    spec = ablation.spec
+    return f"drop={spec['drop'][0]}&scale_rewards=group&aggregation=sum_then_normalize"
 
 
 def test_it_overlays_a_twin_with_a_legend_clear_of_the_axis(
