@@ -23,10 +23,15 @@ def job_config(run: Run) -> Any:
     data["output_dir"] = str(output_dir(run))
     if "base_model" in names:
         data["base_model"] = resolve_model(run.base_model or data.get("base_model", ""))
-    weights = (run.config or {}).get("reward_weights")
-    if "reward_weights" in names and isinstance(weights, dict) and run.environment_id:
-        comps = run.environment.components.order_by("position", "id").values_list("name", "weight")
-        data["reward_weights"] = [float(weights.get(n, w)) for n, w in comps]
+    # The run's own weights (Run.reward_weights: its recorded settings, its config's by name, the
+    # environment's defaults), as the list in component order the trainer takes. A list written in a
+    # hand-made config is already in that form and is kept.
+    if (
+        "reward_weights" in names
+        and run.environment_id
+        and not isinstance(data.get("reward_weights"), list)
+    ):
+        data["reward_weights"] = list(run.reward_weights().values())
     if run.environment_id and "env" in names:
         data["env"] = run.environment.name
     parent = run.parent if run.parent_id else None

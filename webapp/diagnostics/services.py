@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from django.core.cache import cache
-from django.db.models import Avg, Count, Max, Q, Sum
+from django.db.models import Count, Max, Q
 
 from training import ablation as abl
 from training import diagnostics as dg
@@ -20,8 +20,8 @@ from training import stats
 from webapp.annotations import services as annotations
 from webapp.errors import FieldError
 from webapp.rollouts.arrays import load_run_arrays
-from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent
-from webapp.runs import launch
+from webapp.rollouts.models import Group, RewardComponent, StepStat
+from webapp.runs import launch, queries
 from webapp.runs.models import Run, StepMetric
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,9 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
     if window is None and max_rollouts is None:
         return None
     per_step = (
-        Group.objects.filter(run=run)
-        .values("step")
-        .annotate(n=Sum("size"))
+        StepStat.objects.filter(run=run, component_id=0)  # the aggregate's row: every rollout
         .order_by("-step")
-        .values_list("step", "n")
+        .values_list("step", "n_rollouts")
     )
     if window is not None:
         per_step = per_step[:window]
@@ -192,65 +190,25 @@ def slot_summary(run: Run) -> dict[str, Any]:
 
 
 def step_aggregates(run: Run) -> dict[str, Any]:
-    """Per step and component, from the stored GroupComponentStat rows (one SQL aggregate, whole run):
-    mean, mean within-group std, fraction of zero-std groups; and the aggregate reward per step.
-    Cached until the run gains groups."""
-    key = f"diag-steps:{_fingerprint(run)}"
-    hit = cache.get(key)
-    if hit is None:
-        hit = _step_aggregates(run)
-        cache.set(key, hit, CACHE_SECONDS)
-    return hit
-
-
-def _step_aggregates(run: Run) -> dict[str, Any]:
-    rows = (
-        GroupComponentStat.objects.filter(run=run)
-        .values("step", "component_id")
-        .annotate(
-            groups=Count("id"),
-            zero=Count("id", filter=Q(zero_std=True)),
-            mean=Avg("mean"),
-            std=Avg("std"),
-        )
-        .order_by("step")
-    )
-    names = {c.id: c.name for c in run.components()}
-    steps = sorted({r["step"] for r in rows})
-    pos = {s: i for i, s in enumerate(steps)}
-    series = {
-        n: {
-            "mean": [None] * len(steps),
-            "std": [None] * len(steps),
-            "zero_std_frac": [None] * len(steps),
-        }
-        for n in names.values()
-    }
-    for r in rows:
-        s = series.get(names.get(r["component_id"], ""))
-        if s is None:
-            continue
-        i = pos[r["step"]]
-        s["mean"][i], s["std"][i] = r["mean"], r["std"]
-        s["zero_std_frac"][i] = (r["zero"] or 0) / r["groups"] if r["groups"] else None
-    reward = dict(
-        Group.objects.filter(run=run)
-        .values("step")
-        .annotate(m=Avg("reward_mean"))
-        .values_list("step", "m")
-    )
-    zero = (
-        Group.objects.filter(run=run)
-        .values("step")
-        .annotate(n=Count("id"), z=Count("id", filter=Q(zero_std=True)))
-        .values_list("step", "n", "z")
-    )
-    zero_frac = {s: z / n for s, n, z in zero if n}
+    """The run dashboard's per-step series (webapp/runs/queries.py, read from StepStat) on one step
+    axis: each component's mean, mean within-group std and zero-std fraction, and the aggregate
+    reward's mean and zero-std fraction. None where a component scored nothing at a step."""
+    reward, reward_zero, _, _ = queries.reward_series(run)
+    steps = reward.steps
+    at = {step: i for i, step in enumerate(steps)}
+    series = {}
+    for cs in queries.component_series(run, run.components()):
+        out = {key: [None] * len(steps) for key in ("mean", "std", "zero_std_frac")}
+        for k, step in enumerate(cs.steps):
+            i = at[step]
+            out["mean"][i], out["std"][i] = cs.mean[k], cs.within_std[k]
+            out["zero_std_frac"][i] = cs.zero_std_frac[k]
+        series[cs.name] = out
     return {
         "steps": steps,
         "components": series,
-        "reward_mean": [reward.get(s) for s in steps],
-        "reward_zero_std_frac": [zero_frac.get(s) for s in steps],
+        "reward_mean": reward.mean,
+        "reward_zero_std_frac": reward_zero,
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.db.models import Avg, Count, F, Sum
+from django.db.models import Count, F, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
@@ -21,6 +21,7 @@ from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
+from webapp.runs.queries import component_series, reward_series
 from webapp.runs.services import weights_differ
 
 KIND_TITLES = {kind: job.title for kind, job in JOBS.items()}
@@ -264,7 +265,8 @@ def eval_summary(runs: list[Run]) -> dict | None:
 
 @escaped
 def compare_figures(runs: list[Run]) -> list[dict]:
-    """Overlay per-step curves: the aggregate reward mean (from groups) and each component's mean."""
+    """Overlay per-step curves (the dashboard's, from StepStat): the aggregate reward mean and each
+    component's mean."""
     reward = {
         "data": [],
         "layout": {
@@ -276,46 +278,38 @@ def compare_figures(runs: list[Run]) -> list[dict]:
     }
     per_comp: dict[str, dict] = {}
     for run in runs:
-        rows = (
-            RolloutGroup.objects.filter(run=run)
-            .values("step")
-            .annotate(m=Avg("reward_mean"))
-            .order_by("step")
-        )
+        series = reward_series(run)[0]
         reward["data"].append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
                 "name": f"{run.id} {run.name}"[:40],
-                "x": [r["step"] for r in rows],
-                "y": [r["m"] for r in rows],
+                "x": series.steps,
+                "y": series.mean,
             }
         )
-        stats = (
-            GroupComponentStat.objects.filter(run=run)
-            .values("component__name", "step")
-            .annotate(m=Avg("mean"))
-            .order_by("component__name", "step")
-        )
-        for s in stats:
+        for cs in component_series(run, run.components()):
+            if not cs.steps:
+                continue
             fig = per_comp.setdefault(
-                s["component__name"],
+                cs.name,
                 {
                     "data": {},
                     "layout": {
-                        "title": {"text": f"{s['component__name']} mean"},
+                        "title": {"text": f"{cs.name} mean"},
                         "height": 260,
                         "margin": {"t": 40, "r": 10},
                     },
                 },
             )
-            trace = fig["data"].setdefault(
-                run.id,
-                {"type": "scatter", "mode": "lines+markers", "name": f"{run.id}", "x": [], "y": []},
-            )
-            trace["x"].append(s["step"])
-            trace["y"].append(s["m"])
-        if not rows:  # a run fed only metrics (e.g. SFT): its logged loss instead
+            fig["data"][run.id] = {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{run.id}",
+                "x": cs.steps,
+                "y": cs.mean,
+            }
+        if not series.steps:  # a run fed only metrics (e.g. SFT): its logged loss instead
             loss = (
                 StepMetric.objects.filter(run=run, name="loss")
                 .order_by("step")
