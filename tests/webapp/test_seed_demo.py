@@ -1,6 +1,7 @@
-"""`manage.py seed_demo` (what `make demo` seeds): the failure stories exist and are flagged correctly on
-first open, the ablations tell dead from live, the annotation pages have data, and a re-run neither
-fails nor duplicates. The ask_to_code episodes run their code in the real sandbox (training.sandbox)."""
+"""`manage.py seed_demo` (what `make demo` seeds): the failure stories exist and are flagged
+correctly on first open, the ablations tell dead from live, the annotation pages have data, and a
+re-run neither fails nor duplicates. The ask_to_code episodes run their code in the real sandbox
+(training.sandbox)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ pytestmark = (
 
 @pytest.fixture(scope="module")
 def seeded(django_db_setup, django_db_blocker):
-    """Seed once for the module (a small diagram run; the stories at their demo size), timed, inside one
-    transaction that is rolled back afterwards: the next modules find the database as it was (each test
-    here runs in a savepoint of it)."""
+    """Seed once for the module (a small diagram run; the stories at their demo size), timed, inside
+    one transaction that is rolled back afterwards: the next modules find the database as it was
+    (each test here runs in a savepoint of it)."""
     from django.core.cache import cache
     from django.db import transaction
 

@@ -1,7 +1,7 @@
 """Original vs replayed reward: the comparisons the replay page, the API and `reward_regress` show.
 
-Pure numpy over the result arrays (services.RESULT_KEYS), except `regression_labels`, which reads the
-annotations. Ranks inside a group are competition ranks on the aggregate reward: 1 = best, tied
+Pure numpy over the result arrays (services.RESULT_KEYS), except `regression_labels`, which reads
+the annotations. Ranks inside a group are competition ranks on the aggregate reward: 1 = best, tied
 completions share a rank, an unscorable completion (NaN reward) ranks last.
 """
 
@@ -27,7 +27,8 @@ HACK = "reward hack"
 
 
 def regression_labels(run_id: int) -> dict[int, str]:
-    """{rollout id: kind} of the run's rollouts annotated with a regression label (a hack wins over the others)."""
+    """{rollout id: kind} of the run's rollouts annotated with a regression label (a hack wins
+    over the others)."""
     from webapp.annotations.models import Annotation
 
     out: dict[int, str] = {}
@@ -98,8 +99,8 @@ def component_table(
     g: np.ndarray,
     m: int,
 ) -> list[dict[str, Any]]:
-    """Per component (and the aggregate reward): mean, within-group std, zero-std fraction, share of the
-    advantage, histogram, original vs replay."""
+    """Per component (and the aggregate reward): mean, within-group std, zero-std fraction, share of
+    the advantage, histogram, original vs replay."""
     shares = {}
     for side in ("old", "new"):
         cov, _ = (
@@ -129,8 +130,8 @@ def component_table(
 def regression_table(
     a: dict[str, np.ndarray], labels: dict[int, str], g: np.ndarray
 ) -> list[dict[str, Any]]:
-    """One row per annotated rollout: rank in its group before and after, and whether it still beats the
-    group's median under the new reward (the `reward_regress` check for hacks)."""
+    """One row per annotated rollout: rank in its group before and after, and whether it still beats
+    the group's median under the new reward (the `reward_regress` check for hacks)."""
     if not labels or not a["ids"].size:
         return []
     r0, r1 = group_ranks(a["old_reward"], g), group_ranks(a["new_reward"], g)
@@ -251,7 +252,8 @@ def summary_line(report: dict[str, Any], replay: Any, scored: int, failed_chunks
     ]
     if h["hacks"]:
         parts.append(
-            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}"
+            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of "
+            f"{h['hacks']}"
         )
     if failed_chunks:
         parts.append(f"{failed_chunks} chunks failed")

@@ -1,14 +1,18 @@
 """REST API for replays. Wired in webapp/api/urls.py through webapp/replays/api_urls.py:
 
-    POST /api/v1/runs/<run_id>/replays/   {"versions": [{"version", "params"?}], "selection"?, "name"?}
-                                          -> 201 the replay, queued                      (trainer role)
-    GET  /api/v1/runs/<run_id>/replays/   -> {"replays": [...]}                           (any login)
+    POST /api/v1/runs/<run_id>/replays/   {"versions": [{"version", "params"?}], "selection"?,
+                                           "name"?}
+                                          -> 201 the replay, queued (trainer role)
+    GET  /api/v1/runs/<run_id>/replays/   -> {"replays": [...]} (any login)
     GET  /api/v1/replays/<id>/            -> the replay: status, progress, summary, headline numbers
-    GET  /api/v1/replays/<id>/regress/    -> {"ok", "headline", "regressions", "rows"}; 409 while running
-    POST /api/v1/replays/<id>/train/      -> 201 {"twin", ...}: a GRPO twin trained with the replayed versions
-                                          (200 with the existing twin; 400 naming why not)  (trainer role)
+    GET  /api/v1/replays/<id>/regress/    -> {"ok", "headline", "regressions", "rows"};
+                                             409 while running
+    POST /api/v1/replays/<id>/train/      -> 201 {"twin", ...}: a GRPO twin trained with the
+                                             replayed versions (200 with the existing twin; 400
+                                             naming why not) (trainer role)
 
-Errors follow the API's shape: {"errors": [{"field": "versions[0].params.min_coverage", "error": "..."}]}.
+Errors follow the API's shape:
+{"errors": [{"field": "versions[0].params.min_coverage", "error": "..."}]}.
 """
 
 from __future__ import annotations
@@ -78,7 +82,8 @@ def replay_detail(request: Request, replay_id: int) -> Response:
 
 
 @extend_schema(
-    summary="Annotated reward hacks that still outrank their group's median under the replayed reward",
+    summary="Annotated reward hacks that still outrank their group's median under the replayed "
+    "reward",
     responses={200: dict, 409: dict},
 )
 @api_view(["GET"])

@@ -1,13 +1,14 @@
 """Plotly figure dicts for the replay page, built from `analysis.compare`'s output. Pure functions.
 
-Drawn by static/js/app.js from a `json_script` blob. Component names come from the run's environment (an
-API client may name them anything), so `figures` passes through the project's `escape_figure` (plotly
-renders a few tags in names and tick labels). Histogram bins are category labels, not numbers: a click on
-a bar must not navigate to the explorer at a "step".
+Drawn by static/js/app.js from a `json_script` blob. Component names come from the run's environment
+(an API client may name them anything), so `figures` passes through the project's `escape_figure`
+(plotly renders a few tags in names and tick labels). Histogram bins are category labels, not
+numbers: a click on a bar must not navigate to the explorer at a "step".
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from webapp.diagnostics.charts import _layout
@@ -20,7 +21,7 @@ OLD, NEW = "#94a3b8", "#2563eb"
 def histogram_figure(row: dict[str, Any]) -> Figure:
     h = row["hist"]
     edges = h["edges"]
-    labels = [f"{a:.2f}–{b:.2f}" for a, b in zip(edges[:-1], edges[1:])]
+    labels = [f"{a:.2f}–{b:.2f}" for a, b in itertools.pairwise(edges)]
     data = [
         {"type": "bar", "x": labels, "y": h["old"], "name": "original", "marker": {"color": OLD}},
         {"type": "bar", "x": labels, "y": h["new"], "name": "replay", "marker": {"color": NEW}},

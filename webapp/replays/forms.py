@@ -1,5 +1,6 @@
-"""The replay form: up to three registered versions, each with optional JSON parameters, and a selection.
-It builds the same request dict the API takes, so both go through services.create_replay's checks."""
+"""The replay form: up to three registered versions, each with optional JSON parameters, and a
+selection. It builds the same request dict the API takes, so both go through
+services.create_replay's checks."""
 
 from __future__ import annotations
 

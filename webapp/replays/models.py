@@ -1,9 +1,10 @@
 """Reward replays: a run's stored transcripts re-scored with changed component versions.
 
-The new values live beside the originals (ReplayScore, never RewardScore). A replay's selection is fixed
-when it is created: its groups (all, a step window or a sample, up to the last group stored then) are
-cut into chunks of whole groups, which workers claim one at a time, so more worker processes finish
-sooner. A chunk's scores are written in one transaction with its "done" mark: a failed chunk stores nothing.
+The new values live beside the originals (ReplayScore, never RewardScore). A replay's selection is
+fixed when it is created: its groups (all, a step window or a sample, up to the last group stored
+then) are cut into chunks of whole groups, which workers claim one at a time, so more worker
+processes finish sooner. A chunk's scores are written in one transaction with its "done" mark: a
+failed chunk stores nothing.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class Replay(models.Model):
 
 class ReplayChunk(models.Model):
     class Status(models.TextChoices):
-        """pending -> running -> done | failed. A running chunk older than the stale limit is claimable again."""
+        """pending -> running -> done | failed. A running chunk older than the stale limit
+        is claimable again."""
 
         PENDING = "pending"
         RUNNING = "running"
@@ -130,8 +132,8 @@ class ReplayChunk(models.Model):
 
 
 class ReplayScore(models.Model):
-    """A replayed value. `value` is never NULL or NaN: a failed call stores the component's fail-closed
-    value (its declared minimum, else 0) with ok=False and the reason."""
+    """A replayed value. `value` is never NULL or NaN: a failed call stores the component's
+    fail-closed value (its declared minimum, else 0) with ok=False and the reason."""
 
     replay = models.ForeignKey(
         Replay, on_delete=models.CASCADE, related_name="scores", db_index=False

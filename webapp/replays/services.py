@@ -1,10 +1,11 @@
 """Creating a replay, scoring its chunks in workers, and summarising it.
 
-Flow: `create_replay` validates the request (versions registered for the run's environment, a selection)
-and stores the replay with its chunks (whole groups, about CHUNK_ROLLOUTS rollouts each). The Celery task
-(workers.tasks.run_replay) calls `work`: claim a chunk atomically, score it, store its values in one
-transaction, repeat; the first task enqueues PARALLEL-1 copies of itself, so every free worker process
-joins in (no chord: the chunk rows are the queue). Whoever finds no chunk left summarises, once.
+Flow: `create_replay` validates the request (versions registered for the run's environment, a
+selection) and stores the replay with its chunks (whole groups, about CHUNK_ROLLOUTS rollouts
+each). The Celery task (workers.tasks.run_replay) calls `work`: claim a chunk atomically, score it,
+store its values in one transaction, repeat; the first task enqueues PARALLEL-1 copies of itself,
+so every free worker process joins in (no chord: the chunk rows are the queue). Whoever finds no
+chunk left summarises, once.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ RESULT_KEYS = (
 
 
 def parallel() -> int:
-    """Task copies a replay asks for: more than the worker processes only costs a quick empty claim."""
+    """Task copies a replay asks for: more than the worker processes only costs a
+    quick empty claim."""
     return int(getattr(settings, "REPLAY_PARALLEL", 2))
 
 
@@ -64,7 +66,7 @@ def chunk_rollouts() -> int:
     return int(getattr(settings, "REPLAY_CHUNK_ROLLOUTS", CHUNK_ROLLOUTS))
 
 
-# ------------------------------------------------------------------------------------------- creating
+# ----------------------------------------------------------------------------------------- creating
 
 
 def _int(raw: dict[str, Any], key: str, path: str, low: int, high: int) -> int | None:
@@ -77,7 +79,8 @@ def _int(raw: dict[str, Any], key: str, path: str, low: int, high: int) -> int |
 
 
 def parse_selection(raw: Any) -> dict[str, Any]:
-    """{"mode": "all"} | {"mode": "steps", "step_min", "step_max"} | {"mode": "sample", "groups", "seed"}."""
+    """{"mode": "all"} | {"mode": "steps", "step_min", "step_max"} | {"mode":
+    "sample", "groups", "seed"}."""
     raw = {"mode": "all"} if raw is None else raw
     if not isinstance(raw, dict) or raw.get("mode") not in ("all", "steps", "sample"):
         raise FieldError("selection.mode", "must be all, steps or sample")
@@ -166,8 +169,8 @@ def _default_name(versions: list[rv.ComponentVersion]) -> str:
 
 @transaction.atomic
 def create_replay(run: Run, raw: Any, user: Any = None) -> Replay:
-    """Validate {"versions": [...], "selection": {...}, "name"?} and store the replay and its chunks.
-    Raises FieldError naming the field; nothing is stored then."""
+    """Validate {"versions": [...], "selection": {...}, "name"?} and store the replay and its
+    chunks. Raises FieldError naming the field; nothing is stored then."""
     if not isinstance(raw, dict):
         raise FieldError("body", "must be an object with versions, selection and optionally name")
     extra = set(raw) - {"versions", "selection", "name"}
@@ -214,7 +217,7 @@ def enqueue(replay: Replay) -> None:
     transaction.on_commit(lambda: app.send_task(REPLAY_TASK, args=[replay.id], queue="default"))
 
 
-# ------------------------------------------------------------------------------------------- training
+# ----------------------------------------------------------------------------------------- training
 
 
 def training_blocker(replay: Replay) -> str:
@@ -223,13 +226,16 @@ def training_blocker(replay: Replay) -> str:
     if replay.status != Replay.Status.SUCCEEDED:
         return "the replay has not succeeded"
     if run.kind != Run.Kind.GRPO or not run.base_model or not run.environment_id:
-        return "only a GRPO job run (with its base model and environment) has a start point to train from"
+        return (
+            "only a GRPO job run (with its base model and environment) has a start point to "
+            "train from"
+        )
     return ""
 
 
 def training_versions(replay: Replay) -> dict[str, dict[str, Any]]:
-    """GRPOJobConfig.reward_versions for the twin: the versions the run itself trained with (a twin of a
-    twin keeps them), the replay's on top."""
+    """GRPOJobConfig.reward_versions for the twin: the versions the run itself trained with (a twin
+    of a twin keeps them), the replay's on top."""
     keys = ("environment", "target", "params", "source_hash", "name")
     replayed = {v["component"]: {k: v.get(k) for k in keys} for v in replay.versions}
     return {**((replay.run.config or {}).get("reward_versions") or {}), **replayed}
@@ -237,10 +243,11 @@ def training_versions(replay: Replay) -> dict[str, dict[str, Any]]:
 
 @transaction.atomic
 def launch_training(replay: Replay, user: Any) -> Run:
-    """A GRPO twin of the replay's run: same start point (config, base model, weights), trained with the
-    replayed versions (GRPOJobConfig.reward_versions), the run's child, queued through runs.launch (behind
-    the run while it still trains). One twin per replay: a second call returns it. Raises FieldError
-    when the run cannot be retrained or a version no longer resolves to the code that was replayed."""
+    """A GRPO twin of the replay's run: same start point (config, base model, weights), trained with
+    the replayed versions (GRPOJobConfig.reward_versions), the run's child, queued through
+    runs.launch (behind the run while it still trains). One twin per replay: a second call returns
+    it. Raises FieldError when the run cannot be retrained or a version no longer resolves to the
+    code that was replayed."""
     from training.environments import get_environment
     from webapp.diagnostics.services import twin_config
     from webapp.runs import launch
@@ -290,7 +297,7 @@ def launch_training(replay: Replay, user: Any) -> Run:
     return twin
 
 
-# ------------------------------------------------------------------------------------------- scoring
+# ------------------------------------------------------------------------------------------ scoring
 
 
 @dataclass
@@ -302,13 +309,15 @@ class _Version:
 
 
 def _prepare(replay: Replay) -> list[_Version]:
-    """The replay's versions as callables; a VersionError if one no longer resolves on this worker."""
+    """The replay's versions as callables; a VersionError if one no longer resolves
+    on this worker."""
     comps = {c.name: c for c in replay.run.components()}
     out = []
     for v in replay.versions:
         fn = rv.resolve(v["target"])
         if rv.source_hash(fn) != v["source_hash"]:
-            # The deployed code changed since the replay was created: its numbers would not be the ones asked for.
+            # The deployed code changed since the replay was created: its numbers would not be the
+            # ones asked for.
             raise rv.VersionError(
                 "target",
                 f"{v['target']} changed since the replay was created "
@@ -329,7 +338,8 @@ def score_groups(
     versions: list[_Version],
     timeout_s: float = rv.DEFAULT_TIMEOUT_S,
 ) -> tuple[list[ScoreRow], int]:
-    """The replayed values of the groups' rollouts (rows to store) and how many rollouts had a failure."""
+    """The replayed values of the groups' rollouts (rows to store) and how many rollouts
+    had a failure."""
     env_name = replay.run.environment.name
     prompts = {
         gid: rv.prompt_for(env_name, key, prompt)
@@ -373,8 +383,8 @@ def score_groups(
 
 
 def write_scores(rows: list[ScoreRow]) -> None:
-    """Store score rows inside the caller's transaction: COPY on Postgres (no model instances: a fifth of
-    a chunk's time went to building them), bulk_create elsewhere."""
+    """Store score rows inside the caller's transaction: COPY on Postgres (no model instances: a
+    fifth of a chunk's time went to building them), bulk_create elsewhere."""
     if connection.vendor != "postgresql":
         ReplayScore.objects.bulk_create(
             [
@@ -391,13 +401,16 @@ def write_scores(rows: list[ScoreRow]) -> None:
             batch_size=5000,
         )
         return
-    with connection.wrap_database_errors, connection.cursor() as django_cur:
-        with django_cur.cursor.copy(
+    with (
+        connection.wrap_database_errors,
+        connection.cursor() as django_cur,
+        django_cur.cursor.copy(
             "COPY replays_replayscore (replay_id, rollout_id, component_id, value, ok, "
             "reason) FROM STDIN"
-        ) as cp:
-            for row in rows:
-                cp.write_row(row)
+        ) as cp,
+    ):
+        for row in rows:
+            cp.write_row(row)
 
 
 def claim_chunk(replay_id: int, worker: str) -> ReplayChunk | None:
@@ -438,7 +451,9 @@ def process_chunk(replay: Replay, chunk: ReplayChunk, versions: list[_Version] |
             if not mine.update(
                 status=ReplayChunk.Status.DONE, n_failed=failed, seconds=time.perf_counter() - t0
             ):
-                return  # declared stale and claimed by another worker meanwhile: its result counts, not ours
+                # Declared stale and claimed by another worker meanwhile: its result
+                # counts, not ours
+                return
             write_scores(rows)
             Replay.objects.filter(id=replay.id).update(
                 done=F("done") + chunk.n_rollouts, failed=F("failed") + failed
@@ -495,8 +510,9 @@ def _cancel(replay: Replay) -> None:
 
 
 def finish(replay_id: int) -> bool:
-    """Summarise once every chunk is done or failed; True for the one caller that did it. A summary begun
-    more than STALE_SECONDS ago (its worker died) is begun again; summarising twice stores the same result."""
+    """Summarise once every chunk is done or failed; True for the one caller that did it. A summary
+    begun more than STALE_SECONDS ago (its worker died) is begun again; summarising twice stores
+    the same result."""
     busy = ReplayChunk.objects.filter(
         replay_id=replay_id, status__in=[ReplayChunk.Status.PENDING, ReplayChunk.Status.RUNNING]
     )
@@ -509,7 +525,8 @@ def finish(replay_id: int) -> bool:
     if not Replay.objects.filter(claimable, id=replay_id).update(
         status=Replay.Status.SUMMARISING, summarising_at=timezone.now()
     ):
-        return False  # another worker is summarising (not for long enough to be presumed dead), or cancelled
+        # Another worker is summarising (not for long enough to be presumed dead), or cancelled
+        return False
     replay = Replay.objects.select_related("run", "run__environment").get(id=replay_id)
     try:
         summarise(replay)
@@ -525,9 +542,9 @@ def finish(replay_id: int) -> bool:
 
 
 def stalled(replay: Replay) -> bool:
-    """Nobody is working on `replay` and it is not finished: every worker that held a chunk or its summary
-    died (no claim or summary for STALE_SECONDS), or its tasks were lost; and it was not re-queued within
-    that time either. `resume` queues it again."""
+    """Nobody is working on `replay` and it is not finished: every worker that held a chunk or its
+    summary died (no claim or summary for STALE_SECONDS), or its tasks were lost; and it was not
+    re-queued within that time either. `resume` queues it again."""
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
     if replay.resumed_at and replay.resumed_at >= stale:
         return False  # already re-queued: give that task the same time a worker gets
@@ -541,9 +558,9 @@ def stalled(replay: Replay) -> bool:
 
 
 def resume(replay: Replay) -> bool:
-    """Queue a stalled replay again: its task reclaims the stale chunks, then the summary. False when it
-    is not stalled (workers are on it, it is finished, or another caller just re-queued it: the claim on
-    resumed_at is atomic, so many worker heartbeats queue one task)."""
+    """Queue a stalled replay again: its task reclaims the stale chunks, then the summary. False
+    when it is not stalled (workers are on it, it is finished, or another caller just re-queued it:
+    the claim on resumed_at is atomic, so many worker heartbeats queue one task)."""
     if not stalled(replay):
         return False
     stale = timezone.now() - timedelta(seconds=STALE_SECONDS)
@@ -559,17 +576,18 @@ RESUME_SCAN = 100  # unfinished replays looked at per heartbeat: a handful exist
 
 
 def resume_stalled() -> int:
-    """Re-queue every stalled replay (called by each worker's heartbeat, workers/tasks.py); how many."""
+    """Re-queue every stalled replay (called by each worker's heartbeat,
+    workers/tasks.py); how many."""
     live = Replay.objects.filter(status__in=[Replay.Status.RUNNING, Replay.Status.SUMMARISING])
     return sum(resume(r) for r in live.order_by("id")[:RESUME_SCAN])
 
 
-# ------------------------------------------------------------------------------------------- results
+# ------------------------------------------------------------------------------------------ results
 
 
 def advantage_settings(run: Run) -> dict[str, Any]:
-    """The run's own advantage settings (Run.advantage_settings, the trainer's values), else its job config
-    the way diagnostics read it before runs carried them."""
+    """The run's own advantage settings (Run.advantage_settings, the trainer's values), else its job
+    config the way diagnostics read it before runs carried them."""
     if hasattr(run, "advantage_settings"):
         return run.advantage_settings()
     cfg = run.config or {}
@@ -590,8 +608,9 @@ def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 
 def compute_results(replay: Replay) -> dict[str, np.ndarray]:
-    """Per rollout of the stored chunks: original and replayed component matrices, both aggregates and
-    both advantages, recomputed with the run's own weights and settings by the shared function."""
+    """Per rollout of the stored chunks: original and replayed component matrices, both
+    aggregates and both advantages, recomputed with the run's own weights and settings by
+    the shared function."""
     from webapp.diagnostics.services import load_run_arrays
 
     run = replay.run
@@ -662,7 +681,8 @@ def load_results(replay: Replay) -> dict[str, np.ndarray] | None:
 
 
 def summarise(replay: Replay) -> None:
-    """Store the result arrays, the headline numbers and the one-line summary; succeeded unless a chunk failed."""
+    """Store the result arrays, the headline numbers and the one-line summary; succeeded unless
+    a chunk failed."""
     from webapp.replays import analysis
 
     arrays = compute_results(replay)
@@ -725,8 +745,8 @@ class Regression:
 
 
 def regress(replay: Replay) -> Regression:
-    """The negative-test verdict of a finished replay (reward_regress and the API). Conflict when the
-    replay has no results to judge."""
+    """The negative-test verdict of a finished replay (reward_regress and the API). Conflict when
+    the replay has no results to judge."""
     if (
         replay.status not in (Replay.Status.SUCCEEDED, Replay.Status.FAILED)
         or replay.results is None

@@ -1,5 +1,5 @@
-"""Replay pages: a run's replays with the form to start one, a replay's comparison, its progress fragment
-and cancel. Reading needs any role; starting and cancelling need trainer."""
+"""Replay pages: a run's replays with the form to start one, a replay's comparison, its progress
+fragment and cancel. Reading needs any role; starting and cancelling need trainer."""
 
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def replay_cancel(request: HttpRequest, replay_id: int) -> HttpResponse:
 
 @require_POST
 def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
-    """ "Train with this reward": a GRPO twin of the run with the replayed versions, then the overlay."""
+    """ "Train with this reward": a GRPO twin of the run with the replayed versions, then the
+    overlay."""
     replay = _replay(request, replay_id, "trainer")
     had_twin = replay.twin_id is not None
     try:
@@ -120,7 +121,8 @@ def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
 
 @require_POST
 def replay_resume(request: HttpRequest, replay_id: int) -> HttpResponse:
-    """Queue a stalled replay again (its workers died): stale chunks and the summary are reclaimed."""
+    """Queue a stalled replay again (its workers died): stale chunks and the
+    summary are reclaimed."""
     replay = _replay(request, replay_id, "trainer")
     if services.resume(replay):
         messages.success(

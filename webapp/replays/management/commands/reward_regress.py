@@ -1,8 +1,9 @@
-"""`python manage.py reward_regress RUN --replay ID`: annotated failures as a test suite for a reward change.
+"""`python manage.py reward_regress RUN --replay ID`: annotated failures as a test suite for
+a reward change.
 
-Exit status: 0 when no annotated reward hack outranks its group's median under the replayed reward, 1 when
-one does (each is listed), 2 for bad input (unknown run or replay, a replay of another run, or one that has
-not finished).
+Exit status: 0 when no annotated reward hack outranks its group's median under the replayed reward,
+1 when one does (each is listed), 2 for bad input (unknown run or replay, a replay of another run,
+or one that has not finished).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ def _f(x: float | None) -> str:
 
 
 class Command(BaseCommand):
-    help = "Exit non-zero when an annotated reward hack still outranks its group's median under a replay's reward."
+    help = (
+        "Exit non-zero when an annotated reward hack still outranks its group's median under a "
+        "replay's reward."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("run", type=int, help="run id")
@@ -43,15 +47,16 @@ class Command(BaseCommand):
         h = result.headline
         self.stdout.write(f"replay {replay.id} ({replay.name}): {replay.summary}")
         self.stdout.write(
-            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of {h['hacks']}; "
-            f"above their group's median: {h['hacks_above_median']} of {h['hacks']}"
+            f"reward hacks still ranked best in their group: {h['hacks_still_best']} of "
+            f"{h['hacks']}; above their group's median: {h['hacks_above_median']} of {h['hacks']}"
         )
         for r in result.rows:
             mark = "FAIL" if r["regression"] else "ok  "
             self.stdout.write(
                 f"{mark} rollout {r['rollout_id']} ({r['kind']}, step {r['step']}): rank "
                 f"{r['rank_before']} -> {r['rank_after']} of {r['size']}, reward "
-                f"{_f(r['reward_before'])} -> {_f(r['reward_after'])}, median {_f(r['median_after'])}"
+                f"{_f(r['reward_before'])} -> {_f(r['reward_after'])}, median "
+                f"{_f(r['median_after'])}"
             )
         if not result.ok:
             n = sum(r["regression"] for r in result.rows)

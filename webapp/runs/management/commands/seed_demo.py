@@ -1,8 +1,8 @@
-"""Create the demo logins, a scripted-policy run of the diagram environment, and the failure stories of
-the ask-before-coding environment (training/demo_stories.py): a run whose verifier never runs the code
-and its fixed twin, each with a saved ablation dropping 'correctness'; a second user (annotator), a
-review queue both users annotated, and a DPO dataset exported from it. Safe to re-run: what exists is
-kept, nothing is duplicated, and stored runs are not generated again."""
+"""Create the demo logins, a scripted-policy run of the diagram environment, and the failure stories
+of the ask-before-coding environment (training/demo_stories.py): a run whose verifier never runs the
+code and its fixed twin, each with a saved ablation dropping 'correctness'; a second user
+(annotator), a review queue both users annotated, and a DPO dataset exported from it. Safe to
+re-run: what exists is kept, nothing is duplicated, and stored runs are not generated again."""
 
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ class Command(BaseCommand):
         if replay is not None:
             self.stdout.write(f"reward replay {replay.id}: /replays/{replay.id}/  {replay.summary}")
         self.stdout.write(
-            f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / {ANNOTATOR_PASSWORD}"
+            f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / "
+            f"{ANNOTATOR_PASSWORD}"
         )
 
     def _stories(self, user) -> None:
@@ -180,7 +181,8 @@ def _user(username: str, password: str, role: str):
 
 
 def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None) -> Run:
-    """The story's run, generated and ingested once (a re-run finds every group stored and skips it)."""
+    """The story's run, generated and ingested once (a re-run finds every group stored
+    and skips it)."""
     run, _ = get_or_create_run(
         name=name,
         kind=Run.Kind.IMPORT,
@@ -282,11 +284,11 @@ def _review_queue(run: Run, user, annotator):
 
 
 def _replay_story(run: Run, user):
-    """The replay loop on the diagram run: the annotator labels as reward hacks the rollouts that drew an
-    extra shape and still scored best in their group, then a replay re-scores the run with
-    `semantic_coverage@no_extras` (extras cost 4x more) so the replay page's regression table shows which
-    hacks the new version fixes and which still outrank their group's median. Run here, synchronously
-    (a few seconds); nothing is replayed again on a re-run."""
+    """The replay loop on the diagram run: the annotator labels as reward hacks the rollouts that
+    drew an extra shape and still scored best in their group, then a replay re-scores the run with
+    `semantic_coverage@no_extras` (extras cost 4x more) so the replay page's regression table shows
+    which hacks the new version fixes and which still outrank their group's median. Run here,
+    synchronously (a few seconds); nothing is replayed again on a re-run."""
     from webapp.annotations import services as annotations
     from webapp.annotations.models import Label
     from webapp.replays import services as replays
@@ -310,8 +312,8 @@ def _replay_story(run: Run, user):
 
 
 def _extra_shape_winners(run: Run, limit: int = 8) -> list:
-    """Rollouts whose semantic_coverage reason counts extra shapes and that have the highest reward of
-    their group, above the group's median: what a reviewer would call a reward hack."""
+    """Rollouts whose semantic_coverage reason counts extra shapes and that have the highest reward
+    of their group, above the group's median: what a reviewer would call a reward hack."""
     from webapp.rollouts.models import Rollout
 
     rows = Rollout.objects.filter(run=run).values_list("id", "group_id", "reward")
