@@ -1,12 +1,15 @@
 """Ingestion throughput on Postgres, as ratios measured in one run (the machines are noisy).
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/ingest.py [--rollouts 200000]
-    ... python -m bench.ingest --realistic --rollouts 4000   # multi-turn transcripts (bench/realistic.py)
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench
+    .venv/bin/python bench/ingest.py [--rollouts 200000]
+    .venv/bin/python -m bench.ingest --realistic --rollouts 4000  # multi-turn (bench/realistic.py)
 
-(a) the service (`ingest_groups`: validation, stats, advantages, previews, search text, COPY) against a
-raw psycopg COPY of the same rows (previews and search text included, prebuilt) into the same tables,
-the floor (target ratio >= 0.5);
-(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >= 30x;
+(a) the service (`ingest_groups`: validation, stats, advantages, previews, search text, COPY)
+    against a
+raw psycopg COPY of the same rows (previews and search text included, prebuilt) into the same
+tables, the floor (target ratio >= 0.5);
+(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >=
+    30x;
 one-line rollouts only).
 """
 
@@ -59,7 +62,8 @@ def make_groups(n_rollouts: int, seed: int) -> list[dict]:
                 "rollouts": [
                     {
                         "index": i,
-                        "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": {gi % 700}}}]',
+                        "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": '
+                        f"{gi % 700}}}]",
                         "rewards": {
                             NAMES[j]: {"value": float(values[gi, i, j]), "reason": "ok"}
                             for j in range(K)
@@ -108,8 +112,8 @@ def bench_service(groups: list[dict]) -> float:
 
 
 def bench_raw_copy(groups: list[dict]) -> float:
-    """The floor: the same rows, prebuilt as tuples (stats and packed scores included), COPY'd in batches
-    of the same size."""
+    """The floor: the same rows, prebuilt as tuples (stats and packed scores included), COPY'd in
+    batches of the same size."""
     run = new_run(f"bench-copy-{time.time()}")
     comps = {c.name: c.id for c in run.environment.components.all()}
     prepared = []
@@ -118,19 +122,21 @@ def bench_raw_copy(groups: list[dict]) -> float:
         with connection.cursor() as dc:
             cur = dc.cursor
             cur.execute(
-                "SELECT nextval(pg_get_serial_sequence('rollouts_group','id')) FROM generate_series(1,%s)",
+                "SELECT nextval(pg_get_serial_sequence('rollouts_group','id')) FROM "
+                "generate_series(1,%s)",
                 [len(batch)],
             )
             gids = [r[0] for r in cur.fetchall()]
             cur.execute(
-                "SELECT nextval(pg_get_serial_sequence('rollouts_rollout','id')) FROM generate_series(1,%s)",
+                "SELECT nextval(pg_get_serial_sequence('rollouts_rollout','id')) FROM "
+                "generate_series(1,%s)",
                 [len(batch) * G],
             )
             rids = [r[0] for r in cur.fetchall()]
         g_rows, r_rows, s_rows, st_rows = [], [], [], []
         k = 0
         header = packed.header([comps[n] for n in NAMES])
-        for gi, (gid, g) in enumerate(zip(gids, batch)):
+        for gi, (gid, g) in enumerate(zip(gids, batch, strict=True)):
             m = np.array([[r["rewards"][n]["value"] for n in NAMES] for r in g["rollouts"]])
             tot = m.sum(axis=1)
             lengths = np.array([r["length"] for r in g["rollouts"]], dtype=np.float64)
@@ -206,19 +212,21 @@ def bench_raw_copy(groups: list[dict]) -> float:
                 )
         prepared.append((g_rows, r_rows, s_rows, st_rows))
     sqls = (
-        "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
-        "reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM STDIN",
-        "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, reward, "
-        "advantage, length, truncated, finish_reason, parse_error, state, preview_head, preview_tail, n_turns, "
-        "n_tool_calls, text_chars, search_text) FROM STDIN",
-        "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM STDIN",
-        "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, min, max, "
-        "zero_std) FROM STDIN",
+        "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, "
+        "reward_mean, reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM "
+        "STDIN",
+        "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, "
+        "reward, advantage, length, truncated, finish_reason, parse_error, state, preview_head, "
+        "preview_tail, n_turns, n_tool_calls, text_chars, search_text) FROM STDIN",
+        "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM "
+        "STDIN",
+        "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, "
+        "min, max, zero_std) FROM STDIN",
     )
     t0 = time.perf_counter()  # only the COPY and the commit are timed: the floor
     for tables in track(prepared, "raw COPY", "batch"):
         with transaction.atomic(), connection.cursor() as dc:
-            for sql, rows in zip(sqls, tables):
+            for sql, rows in zip(sqls, tables, strict=True):
                 with dc.cursor.copy(sql) as cp:
                     for row in rows:
                         cp.write_row(row)
@@ -317,7 +325,8 @@ def main() -> None:
     print(f"ratio service / ORM loop  = {svc_rate / orm_rate:.1f}x (target >= 30x)")
     print(f"ratio service / ORM loop in one transaction = {svc_rate / orm_tx_rate:.1f}x")
     print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
+        "other work)"
     )
     for run_name in ("bench-service-", "bench-copy-", "bench-orm-"):
         from webapp.runs.models import Run
@@ -335,11 +344,13 @@ def bench_realistic(n_rollouts: int) -> None:
     )
     print(f"service   : {n / t_service:>10,.0f} rollouts/s ({t_service:.1f} s)")
     print(
-        f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, prebuilt"
+        f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, "
+        "prebuilt"
     )
     print(f"ratio service / raw COPY  = {t_copy / t_service:.2f}  (target >= 0.5)")
     print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
+        "other work)"
     )
     from webapp.runs.models import Run
 

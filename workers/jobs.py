@@ -1,4 +1,5 @@
-"""The bridge from a Run row to a training/ job: the job's config dataclass, resolved from the run."""
+"""The bridge from a Run row to a training/ job: the job's config dataclass, resolved
+from the run."""
 
 from __future__ import annotations
 

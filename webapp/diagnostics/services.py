@@ -54,8 +54,8 @@ def component_infos(run: Run, comps: list[RewardComponent]) -> list[dg.Component
 
 
 def window_start(run: Run, window: int | None, max_rollouts: int | None = None) -> int | None:
-    """The first step of the last `window` steps that have groups (None: from the start), shortened so
-    that the window holds at most `max_rollouts` rollouts (never fewer than one step)."""
+    """The first step of the last `window` steps that have groups (None: from the start), shortened
+    so that the window holds at most `max_rollouts` rollouts (never fewer than one step)."""
     if window is None and max_rollouts is None:
         return None
     per_step = (
@@ -73,7 +73,7 @@ def window_start(run: Run, window: int | None, max_rollouts: int | None = None) 
     return first if window is not None and len(rows) == window else None
 
 
-# ------------------------------------------------------------------------------------------ diagnostics
+# -------------------------------------------------------------------------------------- diagnostics
 
 
 def run_settings(run: Run) -> abl.Baseline:
@@ -89,7 +89,8 @@ def _fingerprint(run: Run, *parts: Any) -> str:
     """Changes whenever the run gains groups or its weights/settings change: the cache key."""
     g = Group.objects.filter(run=run).aggregate(n=Count("id"), last=Max("id"))
     m = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
-    # created_at: the cache is shared and outlives a database (a reset, a test session): run ids repeat.
+    # created_at: the cache is shared and outlives a database (a reset, a test session):
+    # run ids repeat.
     raw = json.dumps(
         [run.id, run.created_at, g, m, run.config or {}, run.reward_settings or {}, *parts],
         sort_keys=True,
@@ -124,7 +125,8 @@ def _metrics(run: Run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def diagnose_run(
     run: Run, window: int | None = DEFAULT_WINDOW, max_rollouts: int | None = MAX_WINDOW_ROLLOUTS
 ) -> dict[str, Any]:
-    """The diagnosis of the run's last `window` steps (None: all) as JSON, cached until the run changes."""
+    """The diagnosis of the run's last `window` steps (None: all) as JSON, cached until
+    the run changes."""
     key = f"diag:{_fingerprint(run, window, max_rollouts)}"
     hit = cache.get(key)
     if hit is not None:
@@ -147,9 +149,9 @@ def diagnose_run(
 
 
 def slot_summary(run: Run) -> dict[str, Any]:
-    """What the run dashboard shows: a health verdict, each component's share of the advantage and its
-    zero-std fraction, and the top findings. Cached per run for SLOT_SECONDS (a live run's dashboard
-    polls; the slot may lag instead of recomputing each time)."""
+    """What the run dashboard shows: a health verdict, each component's share of the advantage and
+    its zero-std fraction, and the top findings. Cached per run for SLOT_SECONDS (a live run's
+    dashboard polls; the slot may lag instead of recomputing each time)."""
     from webapp.diagnostics.links import with_links
 
     key = f"diag-slot:{run.id}"
@@ -212,7 +214,7 @@ def step_aggregates(run: Run) -> dict[str, Any]:
     }
 
 
-# ------------------------------------------------------------------------------------------ ablations
+# ---------------------------------------------------------------------------------------- ablations
 
 
 def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -> abl.AblationSpec:
@@ -229,7 +231,22 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
             f"spec.{sorted(extra)[0]}",
             "unknown key; expected drop, weights, scale_rewards, aggregation",
         )
-    # Absent or null means "as the run"; any other value must have the right type ({} is not a default).
+    # Absent or null means "as the run"; any other value must have the right type ({} is
+    # not a default).
+    drop = _parse_drop(raw, names)
+    clean = _parse_weights(raw, names)
+    scale = base.scale_rewards if raw.get("scale_rewards") is None else raw["scale_rewards"]
+    if not isinstance(scale, str) or scale not in SCALES:
+        raise FieldError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
+    agg = base.aggregation if raw.get("aggregation") is None else raw["aggregation"]
+    if not isinstance(agg, str) or agg not in AGGREGATIONS:
+        raise FieldError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
+    return abl.AblationSpec(
+        drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg
+    )
+
+
+def _parse_drop(raw: dict[str, Any], names: list[str]) -> list[str]:
     drop = [] if raw.get("drop") is None else raw["drop"]
     if not isinstance(drop, list) or not all(isinstance(d, str) for d in drop):
         raise FieldError("spec.drop", "must be a list of component names")
@@ -242,6 +259,10 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
         raise FieldError(
             "spec.drop", "cannot drop every component: nothing would be left to reward"
         )
+    return drop
+
+
+def _parse_weights(raw: dict[str, Any], names: list[str]) -> dict[str, float]:
     weights = {} if raw.get("weights") is None else raw["weights"]
     if not isinstance(weights, dict):
         raise FieldError("spec.weights", "must be an object of component name -> number")
@@ -255,21 +276,14 @@ def parse_spec(raw: Any, run: Run, comps: list[RewardComponent] | None = None) -
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
             raise FieldError(f"spec.weights.{name}", "must be a finite number")
         clean[name] = float(w)
-    scale = base.scale_rewards if raw.get("scale_rewards") is None else raw["scale_rewards"]
-    if not isinstance(scale, str) or scale not in SCALES:
-        raise FieldError("spec.scale_rewards", f"must be one of {', '.join(SCALES)}")
-    agg = base.aggregation if raw.get("aggregation") is None else raw["aggregation"]
-    if not isinstance(agg, str) or agg not in AGGREGATIONS:
-        raise FieldError("spec.aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
-    return abl.AblationSpec(
-        drop=tuple(dict.fromkeys(drop)), weights=clean, scale_rewards=scale, aggregation=agg
-    )
+    return clean
 
 
 def run_ablation(
     run: Run, spec: abl.AblationSpec, data: dg.RunArrays | None = None
 ) -> dict[str, Any]:
-    """Recompute every group's advantages under `spec` over the stored rollouts, end to end (read + math)."""
+    """Recompute every group's advantages under `spec` over the stored rollouts, end to end
+    (read + math)."""
     t0 = time.perf_counter()
     data = load_run_arrays(run) if data is None else data
     t1 = time.perf_counter()
@@ -302,14 +316,15 @@ class Launch:
 
 
 def twin_config(run: Run, **changes: Any) -> dict[str, Any]:
-    """A twin run's job config: the run's own config (its start point: base model, steps, learning rate...)
-    with the run's own weights by component name, then `changes`. Shared by ablation and replay twins."""
+    """A twin run's job config: the run's own config (its start point: base model, steps,
+    learning rate...) with the run's own weights by component name, then `changes`. Shared by
+    ablation and replay twins."""
     return {**(run.config or {}), "reward_weights": run.reward_weights(), **changes}
 
 
 def launch_twin(ablation: Any, user: Any) -> Launch:
-    """A twin GRPO run with the ablation's reward, from the same start as the run (same config and base
-    model), recorded as the run's child, and queued."""
+    """A twin GRPO run with the ablation's reward, from the same start as the run (same config and
+    base model), recorded as the run's child, and queued."""
     from webapp.rollouts.services import create_run
 
     run: Run = ablation.run
@@ -347,7 +362,8 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
 
 
 def overlay_series(runs: list[Run]) -> list[dict[str, Any]]:
-    """Reward mean per step and per-component means per step for each run (from stored aggregates)."""
+    """Reward mean per step and per-component means per step for each run
+    (from stored aggregates)."""
     out = []
     for run in runs:
         agg = step_aggregates(run)

@@ -1,11 +1,13 @@
-"""The one ingestion service: every path (API, importers, the recorder's database sink) calls `ingest_groups`.
+"""The one ingestion service: every path (API, importers, the recorder's database
+sink) calls `ingest_groups`.
 
 A batch goes through four steps, one module each:
 
 1. validation (webapp/rollouts/validation.py): the whole batch is parsed and checked before anything
    is written; one FieldError lists every problem, each naming its field;
-2. statistics (ingest_stats.py): rewards and advantages (TRL's formulas with the run's settings, where
-   the trainer sent none), per-group statistics and the per-step sums, as one typed `BatchStats`;
+2. statistics (ingest_stats.py): rewards and advantages (TRL's formulas with the run's settings,
+   where the trainer sent none), per-group statistics and the per-step sums, as one typed
+   `BatchStats`;
 3. rows (rows.py): the rows of the four tables (groups with their packed score matrix, rollouts,
    scores, per-group component statistics), built once with ids drawn up front;
 4. writing (ingest_write.py): Postgres COPY, or executemany on SQLite, then the StepStat upsert.
@@ -32,7 +34,8 @@ from webapp.rollouts.validation import GroupIn, validate_batch
 from webapp.runs.models import Run
 
 RETRIES = 3
-# run_weights is ingest_stats's; replays/services.py and rollouts/views.py still import it from here.
+# run_weights is ingest_stats's; replays/services.py and rollouts/views.py still import
+# it from here.
 __all__ = ["IngestResult", "ingest_groups", "run_weights"]
 
 
@@ -52,10 +55,11 @@ def ingest_groups(run: Run, body: Any) -> IngestResult:
             return _store(run, groups, comps)
         except (IntegrityError, OperationalError) as e:
             # A concurrent batch with some of the same groups committed first (unique violation) or
-            # wrote them in another order (deadlock): our transaction rolled back whole, and the retry
-            # skips the groups that are now stored.
+            # wrote them in another order (deadlock): our transaction rolled back whole, and the
+            # retry skips the groups that are now stored.
             if isinstance(e, IntegrityError) and not Run.objects.filter(id=run.id).exists():
-                # Deleted while we wrote (its job is being stopped): a refusal, not a crash in the trainer.
+                # Deleted while we wrote (its job is being stopped): a refusal, not a crash
+                # in the trainer.
                 raise FieldError("run", f"run {run.id} was deleted") from None
             if attempt == RETRIES - 1 or not _lost_race(e):
                 raise

@@ -24,8 +24,8 @@ HUGE = 1e150
 
 @dataclass(frozen=True)
 class BatchStats:
-    """Rows are the batch's rollouts in order (N), groups the batch's groups in order (M), columns the
-    run's components in order (K). NaN means unknown (not scored, unscorable, or overflowed)."""
+    """Rows are the batch's rollouts in order (N), groups the batch's groups in order (M), columns
+    the run's components in order (K). NaN means unknown (not scored, unscorable, or overflowed)."""
 
     matrix: np.ndarray  # (N, K) component values
     reward: np.ndarray  # (N,) aggregate reward: the trainer's when sent, else TRL's weighted sum
@@ -37,7 +37,8 @@ class BatchStats:
 
     @property
     def group_zero_std(self) -> np.ndarray:
-        """(M,) Group.zero_std: the aggregate reward is constant within the group, or never scored."""
+        """(M,) Group.zero_std: the aggregate reward is constant within the group,
+        or never scored."""
         return (self.agg.count == 0) | stored_zero_std(self.agg.std)
 
 
@@ -66,8 +67,8 @@ STEP_STAT_COLUMNS = StepStatRow._fields[2:]
 
 
 def run_weights(run: Run, components: list[RewardComponent]) -> np.ndarray:
-    """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job config's,
-    then the environment's defaults)."""
+    """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job
+    config's, then the environment's defaults)."""
     weights = run.reward_weights(components)
     return np.array([weights[c.name] for c in components], dtype=np.float64)
 
@@ -95,8 +96,8 @@ def compute(
     )
     reward = np.where(np.isnan(sent_reward), result.rewards, sent_reward)
     advantage = np.where(np.isnan(sent_advantage), result.advantages, sent_advantage)
-    # Sums of huge finite values can overflow float64: store "unknown" (NULL), never an infinity that
-    # no JSON response can carry.
+    # Sums of huge finite values can overflow float64: store "unknown" (NULL), never an infinity
+    # that no JSON response can carry.
     reward = np.where(np.isfinite(reward), reward, np.nan)
     advantage = np.where(np.isfinite(advantage), advantage, np.nan)
     m = len(group_steps)
@@ -151,8 +152,8 @@ def _column_sums(
         total, squares = float(vals.sum()), float((vals * vals).sum())
         std_sum = float(stdv[defined].sum())
     # Postgres raises on a float8 sum that overflows. NULL instead: NULL + x stays NULL in SQL (both
-    # databases; SQLite would turn a NaN into NULL anyway), and the dashboard shows the step as missing.
-    # Statistics of values this large are meaningless.
+    # databases; SQLite would turn a NaN into NULL anyway), and the dashboard shows the step as
+    # missing. Statistics of values this large are meaningless.
     std_sum: float | None = std_sum if abs(std_sum) < HUGE else None
     if not (abs(total) < HUGE and squares < HUGE):
         total = squares = None
@@ -172,8 +173,8 @@ def step_stat_rows(s: BatchStats, comps: list[RewardComponent]) -> list[StepStat
     """One row per step of the batch and column (the aggregate reward, then each component): a loop
     over steps x columns, never over rollouts."""
     rollout_steps = s.group_steps[s.group_of]
-    # The aggregate's zero-std groups as StepStat has always counted them: no signal, or nothing scored
-    # (an infinite std counts as signal here; Group.zero_std counts it as zero).
+    # The aggregate's zero-std groups as StepStat has always counted them: no signal, or nothing
+    # scored (an infinite std counts as signal here; Group.zero_std counts it as zero).
     reward_zero = s.agg.zero_std | (s.agg.count == 0)
     comp_zero = s.comp.zero_std
     rows = []

@@ -3,8 +3,8 @@
 Both databases get the same tuples with their ids already set, so the rows of every table are built
 once, before anything is written. Ids come from the tables' own sequences: Postgres draws them with
 nextval (never handed out twice, even to a batch that rolls back); SQLite reads the AUTOINCREMENT
-counter, which is safe because settings open every transaction with BEGIN IMMEDIATE (the single write
-lock is held from the start, so no other writer can take the same ids).
+counter, which is safe because settings open every transaction with BEGIN IMMEDIATE (the single
+write lock is held from the start, so no other writer can take the same ids).
 """
 
 from __future__ import annotations

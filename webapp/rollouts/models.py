@@ -53,10 +53,10 @@ class Group(models.Model):
     """The G rollouts of one prompt at one step of one run.
 
     `packed_scores` holds the group's score matrix, written at ingest in the same transaction as its
-    rows, so that reading a whole run into arrays scans one row per group instead of every rollout and
-    score row (webapp/rollouts/arrays.py, the one reader of a run's scores as arrays). Layout,
-    little-endian, one fixed-width record per rollout in ingestion order (= rollout id order), `size`
-    records in all:
+    rows, so that reading a whole run into arrays scans one row per group instead of every rollout
+    and score row (webapp/rollouts/arrays.py, the one reader of a run's scores as arrays). Layout,
+    little-endian, one fixed-width record per rollout in ingestion order (= rollout id order),
+    `size` records in all:
 
         rollout id  int64
         length      float64   NaN: NULL
@@ -65,8 +65,8 @@ class Group(models.Model):
     `packed_components` is the comma-separated RewardComponent ids of the K columns (the run's
     environment components at ingest; "" when K = 0). A component added to the environment later is
     absent from older groups' headers: it reads as NaN there, as it would from the rows.
-    Every writer fills it (NOT NULL; migrations 0006 and 0009 backfilled the groups stored before); a
-    blob that does not hold the group's `size` records is refused by the reader. See
+    Every writer fills it (NOT NULL; migrations 0006 and 0009 backfilled the groups stored before);
+    a blob that does not hold the group's `size` records is refused by the reader. See
     webapp/rollouts/packed.py.
     """
 
@@ -135,8 +135,9 @@ class Rollout(models.Model):
     finish_reason = models.CharField(max_length=50, blank=True)
     parse_error = models.TextField(blank=True)
     state = models.JSONField(null=True, blank=True)  # environment state, e.g. the diagram canvas
-    # Built at ingest by webapp/rollouts/text.py, so list pages never read the transcript (often 10-200 KB).
-    # Database defaults too: a raw COPY without them (a restore, a bench floor) still stores the row.
+    # Built at ingest by webapp/rollouts/text.py, so list pages never read the transcript (often
+    # 10-200 KB). Database defaults too: a raw COPY without them (a restore, a bench floor) still
+    # stores the row.
     preview_head = models.TextField(
         blank=True, default="", db_default=""
     )  # first 300 chars of agent text
@@ -146,11 +147,13 @@ class Rollout(models.Model):
     n_turns = models.IntegerField(default=0, db_default=0)  # assistant messages
     n_tool_calls = models.IntegerField(default=0, db_default=0)
     text_chars = models.IntegerField(default=0, db_default=0)  # characters of visible agent text
-    # Prompt + every message (tool calls and results) + reward reasons, whitespace collapsed. Postgres:
-    # a pg_trgm GIN index on UPPER(search_text) (migration 0007; docs/performance.md says why trigram).
+    # Prompt + every message (tool calls and results) + reward reasons, whitespace collapsed.
+    # Postgres: a pg_trgm GIN index on UPPER(search_text) (migration 0007; docs/performance.md
+    # says why trigram).
     search_text = models.TextField(blank=True, default="", db_default="")
 
-    # What list pages (explorer, group, queues, exports listings) load: never transcript, state, search_text.
+    # What list pages (explorer, group, queues, exports listings) load: never
+    # transcript, state, search_text.
     LIST_FIELDS = (
         "id",
         "group",
@@ -188,8 +191,9 @@ class Rollout(models.Model):
 
 
 class RewardScore(models.Model):
-    # No database FK check on the (N x K) score rows: at commit Postgres would run one deferred trigger
-    # per row, a quarter of ingestion time. The service writes them with their rollout, in one transaction.
+    # No database FK check on the (N x K) score rows: at commit Postgres would run one deferred
+    # trigger per row, a quarter of ingestion time. The service writes them with their rollout,
+    # in one transaction.
     rollout = models.ForeignKey(
         Rollout,
         on_delete=models.CASCADE,
@@ -214,8 +218,8 @@ class RewardScore(models.Model):
         indexes = [
             # The design's (component, value, rollout) sort index, led by run so that one run's scan
             # never walks another run's rows of a shared environment.
-            # INCLUDE step (Postgres; ignored elsewhere): a step-range filter is checked inside the index
-            # instead of a heap fetch per entry (measured 760 ms -> 115 ms at 1M rollouts).
+            # INCLUDE step (Postgres; ignored elsewhere): a step-range filter is checked inside the
+            # index instead of a heap fetch per entry (measured 760 ms -> 115 ms at 1M rollouts).
             models.Index(
                 fields=["run", "component", "value", "rollout"], include=["step"], name="score_sort"
             ),
@@ -252,8 +256,8 @@ class GroupComponentStat(models.Model):
 
 
 class StepStat(models.Model):
-    """Per (run, step, component) sufficient statistics, incremented at ingest so the dashboard reads
-    one row per step and component instead of aggregating every group. `component_id` 0 is the
+    """Per (run, step, component) sufficient statistics, incremented at ingest so the dashboard
+    reads one row per step and component instead of aggregating every group. `component_id` 0 is the
     aggregate reward. Means and Bessel stds follow from the sums (see webapp/runs/queries.py)."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, db_index=False)

@@ -84,9 +84,9 @@ class Table:
 
 
 def dumps(value: Any) -> str:
-    """JSON text for a jsonb column: orjson (several times faster than json; NaN and infinities become
-    null, which jsonb accepts, where json.dumps wrote NaN, which it refuses); json for what orjson cannot
-    encode (integers past 64 bits, non-string keys are kept as their str)."""
+    """JSON text for a jsonb column: orjson (several times faster than json; NaN and infinities
+    become null, which jsonb accepts, where json.dumps wrote NaN, which it refuses); json for what
+    orjson cannot encode (integers past 64 bits, non-string keys are kept as their str)."""
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     except (orjson.JSONEncodeError, TypeError):
@@ -223,7 +223,8 @@ def _rollout_and_score_rows(
 def stat_rows(
     run_id: int, comps: list[RewardComponent], s: BatchStats, group_ids: list[int]
 ) -> list[tuple]:
-    """GroupComponentStat rows: one per group and component that scored at least one rollout of it."""
+    """GroupComponentStat rows: one per group and component that scored at least one
+    rollout of it."""
     cs = s.comp
     gi, j = np.nonzero(cs.count > 0)  # row-major: group by group, components in order
     zero = stored_zero_std(cs.std[gi, j])

@@ -1,4 +1,5 @@
-"""Environment registration and run-level recomputation (shared by the API, workers and commands)."""
+"""Environment registration and run-level recomputation (shared by the API,
+workers and commands)."""
 
 from __future__ import annotations
 
@@ -95,14 +96,15 @@ def _finite(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
-# Namespaces of the advisory locks that serialise find-or-create by name (first key of pg_advisory_xact_lock).
+# Namespaces of the advisory locks that serialise find-or-create by name (first key of
+# pg_advisory_xact_lock).
 RUN_NAME_LOCK = 0x52554E  # "RUN"
 ENVIRONMENT_NAME_LOCK = 0x454E56  # "ENV"
 
 
 def lock_name(namespace: int, name: str) -> None:
-    """Hold a lock on `name` until the current transaction ends, so that two find-or-create calls for
-    one name run one after the other: the second finds what the first created.
+    """Hold a lock on `name` until the current transaction ends, so that two find-or-create calls
+    for one name run one after the other: the second finds what the first created.
 
     Postgres: a transaction-scoped advisory lock on (namespace, hashtext(name)); two names that hash
     alike only wait for each other. SQLite: nothing to take here, because settings open every
@@ -121,9 +123,10 @@ def lock_name(namespace: int, name: str) -> None:
 def ensure_environment(
     name: str, components: list[dict[str, Any]], description: str = ""
 ) -> Environment:
-    """Get or create the environment and add any component it lacks. Existing components keep their
-    stored weight (a run's own weights live on the run: Run.reward_weights). Safe to call from two
-    processes at once (two importers of one new run): the name lock makes the second see the first's rows."""
+    """Get or create the environment and add any component it lacks. Existing components keep
+    their stored weight (a run's own weights live on the run: Run.reward_weights). Safe to call
+    from two processes at once (two importers of one new run): the name lock makes the second see
+    the first's rows."""
     lock_name(ENVIRONMENT_NAME_LOCK, name)
     env, _ = Environment.objects.get_or_create(name=name, defaults={"description": description})
     have = {c.name: c for c in env.components.all()}
@@ -207,17 +210,18 @@ def get_or_create_run(
     parent: Run | None = None,
     status: str = Run.Status.RUNNING,
 ) -> tuple[Run, bool]:
-    """The run named `name`, or a new one: (run, created). The one way to find-or-create a run by name
-    (the API's `get_or_create`, `import_rollouts`, recorders and reward wrappers naming a run).
+    """The run named `name`, or a new one: (run, created). The one way to find-or-create a run by
+    name (the API's `get_or_create`, `import_rollouts`, recorders and reward wrappers naming a run).
 
-    Atomic: concurrent callers naming one run converge on one run. A run of any kind with the name is
-    returned as it is (its kind, environment and owner are not compared: a caller that cares checks
-    them); the other arguments only describe a run created here (see `create_run`). Raises
+    Atomic: concurrent callers naming one run converge on one run. A run of any kind with the name
+    is returned as it is (its kind, environment and owner are not compared: a caller that cares
+    checks them); the other arguments only describe a run created here (see `create_run`). Raises
     RunNameConflict (field "name") when several runs already share the name.
 
-    Why a lock and not a unique constraint: run names are labels, and job runs legitimately repeat them
-    (every "demo · sft" of `make demo`), and databases already hold duplicates. A constraint on the name
-    would refuse those rows and their migration; the lock serialises only find-or-create by name."""
+    Why a lock and not a unique constraint: run names are labels, and job runs legitimately repeat
+    them (every "demo · sft" of `make demo`), and databases already hold duplicates. A constraint
+    on the name would refuse those rows and their migration; the lock serialises only
+    find-or-create by name."""
     lock_name(RUN_NAME_LOCK, name)
     found = list(Run.objects.filter(name=name).select_related("environment").order_by("id")[:2])
     if len(found) > 1:
@@ -260,12 +264,12 @@ def git_commit() -> str:
 
 @transaction.atomic
 def recompute_run_stats(run: Run) -> dict[str, int]:
-    """Rebuild a run's derived rows from its stored scores, with the code ingestion uses: each group's
-    aggregate statistics, its GroupComponentStat rows and the run's StepStat rows.
+    """Rebuild a run's derived rows from its stored scores, with the code ingestion uses: each
+    group's aggregate statistics, its GroupComponentStat rows and the run's StepStat rows.
 
     The repair path for a run whose statistics are missing or stale (StepStat came after the first
-    runs were stored and no migration backfills it). Stored rewards and advantages are kept: they are
-    what the trainer used; a missing reward is recomputed with the run's current weights.
+    runs were stored and no migration backfills it). Stored rewards and advantages are kept: they
+    are what the trainer used; a missing reward is recomputed with the run's current weights.
     """
     from webapp.rollouts import arrays, ingest_stats, rows
     from webapp.rollouts.ingest_write import insert, upsert_step_stats

@@ -1,9 +1,10 @@
 """Parse and check a batch of groups before anything is written (the first step of ingestion).
 
-`validate_batch` walks the whole batch once and raises one FieldError listing every problem it found
-(up to MAX_ERRORS), each naming its field path (`groups[3].rollouts[2].rewards.format`), so a client
-fixes a batch in one round trip. What it returns is typed and safe to store: every string is storable
-by both databases, every number finite or None, and each rollout carries its preview and search text.
+`validate_batch` walks the whole batch once and raises one FieldError listing every problem it
+found (up to MAX_ERRORS), each naming its field path (`groups[3].rollouts[2].rewards.format`), so
+a client fixes a batch in one round trip. What it returns is typed and safe to store: every string
+is storable by both databases, every number finite or None, and each rollout carries its preview
+and search text.
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ def unstorable_text(value: Any, path: str) -> tuple[str, str] | None:
 
 
 def _storable_fast(value: Any) -> bool:
-    """True when `value` certainly holds no NUL and no lone surrogate: one C-speed serialisation instead of
-    a Python walk over every string (a fifth of ingestion time). False means "walk it to find where"
-    (orjson refuses surrogates, non-string keys and integers past 64 bits; NUL serialises as \\u0000)."""
+    """True when `value` certainly holds no NUL and no lone surrogate: one C-speed serialisation
+    instead of a Python walk over every string (a fifth of ingestion time). False means "walk it to
+    find where" (orjson refuses surrogates, non-string keys and integers past 64 bits; NUL
+    serialises as \\u0000)."""
     try:
         return b"\\u0000" not in orjson.dumps(value)
     except (orjson.JSONEncodeError, TypeError):

@@ -15,7 +15,8 @@ MAX_NAME = 200
 
 
 def _unknown(obj: dict[str, Any], allowed: tuple[str, ...], path: str) -> list[dict[str, str]]:
-    """Errors for keys a client may have misspelt: stored as given, they would vanish without a word."""
+    """Errors for keys a client may have misspelt: stored as given, they would vanish
+    without a word."""
     out = []
     for key in obj:
         if key not in allowed:
