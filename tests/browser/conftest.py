@@ -1,8 +1,10 @@
-"""Browser fixtures: pytest-django's live server and a headless Debian Chromium driven by Playwright.
+"""Browser fixtures: pytest-django's live server and a headless Debian Chromium
+driven by Playwright.
 
-Chromium is the system one (/usr/bin/chromium): nothing downloads a browser at test time. Tests skip
-when it is missing. Playwright's sync API runs an event loop in this thread, which makes Django refuse
-synchronous ORM calls; the tests only touch the ORM outside Playwright calls, so that guard is lifted.
+Chromium is the system one (/usr/bin/chromium): nothing downloads a browser at test time. Tests
+skip when it is missing. Playwright's sync API runs an event loop in this thread, which makes
+Django refuse synchronous ORM calls; the tests only touch the ORM outside Playwright calls, so that
+guard is lifted.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def browser():
 
 @pytest.fixture
 def page(browser, live_server, django_db_serialized_rollback):
-    """A fresh context per test. Records dialogs (alert/confirm) so XSS tests can assert none opened.
+    """A fresh context per test. Records dialogs (alert/confirm) so XSS tests can
+    assert none opened.
 
-    Serialized rollback: the live server needs real commits, and the flush that follows must not take
-    other apps' migrated rows (default labels) away from the tests that run after these."""
+    Serialized rollback: the live server needs real commits, and the flush that follows must not
+    take other apps' migrated rows (default labels) away from the tests that run after these."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     pg = context.new_page()
     pg.dialogs = []

@@ -104,7 +104,8 @@ def test_it_walks_a_queue_with_the_keyboard(page, live_server, queue, personas, 
     page.keyboard.press("n")
     page.wait_for_url(_focus_url(live_server, queue, 1))
     page.keyboard.press("n")  # no label chosen: the server says so and stores nothing
-    # The refusal arrives as a new page: wait for it (reading at once raced the response under load).
+    # The refusal arrives as a new page: wait for it (reading at once raced the
+    # response under load).
     expect(page.locator(".ann-panel")).to_contain_text("label: choose a label")
     page.keyboard.press("5")  # loop / repetition
     page.keyboard.press("n")

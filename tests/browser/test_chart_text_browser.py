@@ -1,4 +1,5 @@
-"""Plotly in a real Chromium draws a hostile metric, component and run name as text: no link, no markup."""
+"""Plotly in a real Chromium draws a hostile metric, component and run name as text: no
+link, no markup."""
 
 from __future__ import annotations
 

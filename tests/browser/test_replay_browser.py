@@ -1,4 +1,5 @@
-"""The replay pages in real headless Chromium: charts drawn, forms work, no script from model output."""
+"""The replay pages in real headless Chromium: charts drawn, forms work, no script
+from model output."""
 
 import pytest
 

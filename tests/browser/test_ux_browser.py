@@ -1,6 +1,7 @@
-"""Issue 19 in a real Chromium: exports that never pair a text with itself, a GRPO launch whose reward weights
-end up on the run, a live chart that gains points without a reload, cancel that reads right, a review queue
-made from an explorer view, and no console error on any page opened (screenshots in test-artifacts/)."""
+"""Issue 19 in a real Chromium: exports that never pair a text with itself, a GRPO launch whose
+reward weights end up on the run, a live chart that gains points without a reload, cancel that reads
+right, a review queue made from an explorer view, and no console error on any page opened
+(screenshots in test-artifacts/)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def _steps(run, first: int, last: int) -> list[dict]:
-    """Groups of the diagram environment for steps first..last (the same generator as the fixture's)."""
+    """Groups of the diagram environment for steps first..last (the same generator
+    as the fixture's)."""
     from training.demo import generate_groups, linear_schedule
     from training.environments import get_environment
     from training.environments.diagram import ScriptedDiagramPolicy
@@ -68,8 +70,9 @@ def test_it_exports_dpo_pairs_whose_chosen_never_equals_rejected(
 
     ensure_default_labels()
     hack = Label.objects.get(slug="reward-hacking")
-    # In every group of step 7: the worst rollout is a bad case and the best one is a copy of its text (a
-    # duplicate sample), so the naive "best unflagged sibling" would pair the text with itself.
+    # In every group of step 7: the worst rollout is a bad case and the best one is a copy of
+    # its text (a duplicate sample), so the naive "best unflagged sibling" would pair the
+    # text with itself.
     for group_id in (
         Rollout.objects.filter(run=diagram_run, step=7)
         .values_list("group_id", flat=True)
@@ -175,7 +178,8 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
         window.__same_page = 1; window.__extended = [];
         const extend = Plotly.extendTraces;
         Plotly.extendTraces = function (gd) {
-            window.__extended.push(gd.getAttribute('data-chart')); return extend.apply(this, arguments);
+            window.__extended.push(gd.getAttribute('data-chart'));
+            return extend.apply(this, arguments);
         };
     }""")
     count = "document.querySelector('[data-chart=\"%s\"]').data[%d].x.length"
@@ -189,7 +193,8 @@ def test_it_extends_a_running_runs_charts_without_a_reload(page, live_server, di
     page.wait_for_function((count % ("reward", 2)) + " === 10", timeout=20_000)
     xs = "document.querySelector('[data-chart=\"reward\"]').data[2].x"
     assert page.evaluate(xs) == list(range(10))  # step 7 was sent again and replaced, not doubled
-    # Only the new points travelled: the page named its last step and got steps 7-9, no whole figure.
+    # Only the new points travelled: the page named its last step and got steps 7-9,
+    # no whole figure.
     query, answer = next((q, a) for q, a in polls if a["points"])
     assert "since=7" in query and answer["figures"] is None
     assert answer["points"]["reward"]["x"][2] == [7, 8, 9]
@@ -329,7 +334,9 @@ def test_it_opens_every_page_without_a_console_error(
         "ablations": f"/diagnostics/runs/{diagram_run.id}/ablations/",
         "overlay": f"/diagnostics/runs/{diagram_run.id}/overlay/{twin.id}/",
         "ablation": f"/diagnostics/ablations/{ablation.id}/",
-        "ablation-preview": f"/diagnostics/runs/{diagram_run.id}/ablations/?{ablation_query(ablation)}",
+        "ablation-preview": (
+            f"/diagnostics/runs/{diagram_run.id}/ablations/?{ablation_query(ablation)}"
+        ),
         "replays": f"/replays/runs/{diagram_run.id}/",
         "annotate-rollout": f"/annotations/rollout/{rollout.id}/",
         "new-label": "/annotations/labels/new/",
@@ -351,10 +358,12 @@ def test_it_opens_every_page_without_a_console_error(
         resp = page.goto(base + path)
         assert resp.status == 200, f"{name}: {resp.status}"
         page.wait_for_load_state("networkidle")
-        # Charts below the fold are drawn as they come near: a reader scrolling down finds each drawn.
+        # Charts below the fold are drawn as they come near: a reader scrolling down
+        # finds each drawn.
         scroll_through(page)
         page.wait_for_function(
-            "[...document.querySelectorAll('[data-chart]')].every(e => e.querySelector('.main-svg'))"
+            "[...document.querySelectorAll('[data-chart]')].every(e => "
+            "e.querySelector('.main-svg'))"
         )
         shot(page, f"ux-page-{name}")
     assert page.console_errors == [], page.console_errors
@@ -449,9 +458,9 @@ def test_it_overlays_a_twin_with_a_legend_clear_of_the_axis(
 
 @pytest.fixture
 def bench_shaped_run(personas):
-    """The 1M-rollout bench run's dashboard, at 1 group per step: the same 500 steps and 4 components (the
-    page reads per-step StepStat rows, so its size does not depend on the rollouts per step) and the
-    dozen metrics TRL logs per step."""
+    """The 1M-rollout bench run's dashboard, at 1 group per step: the same 500 steps and 4
+    components (the page reads per-step StepStat rows, so its size does not depend on the rollouts
+    per step) and the dozen metrics TRL logs per step."""
     import numpy as np
 
     from bench.pages import COMPONENTS, STEPS, synthetic_step
@@ -510,17 +519,19 @@ def _best_of(page, url: str, until: str, n: int = 3) -> float:
 
 
 def test_it_prints_how_long_the_dashboard_takes_to_be_usable(page, live_server, bench_shaped_run):
-    """Timing printed, not asserted (a shared machine's load decides it): navigation start to the moment
-    every chart in view is drawn, on a page shaped like the 1M-rollout bench run's. Baselines measured in
-    the same run: the runs list, and the same dashboard in a window tall enough to show every chart (what
-    drawing all figures up front costs, as the page did before charts below the fold were lazy)."""
+    """Timing printed, not asserted (a shared machine's load decides it): navigation start to the
+    moment every chart in view is drawn, on a page shaped like the 1M-rollout bench run's. Baselines
+    measured in the same run: the runs list, and the same dashboard in a window tall enough to show
+    every chart (what drawing all figures up front costs, as the page did before charts below the
+    fold were lazy)."""
     import os
 
     login(page, live_server, "viewer", PASSWORD)
     url = f"{live_server.url}/runs/{bench_shaped_run.id}/"
     page.goto(url)  # warm: static files cached as a returning user has them
     in_view = """() => [...document.querySelectorAll('[data-chart]')]
-        .filter(e => e.getBoundingClientRect().top < innerHeight).every(e => e.querySelector('.main-svg'))"""
+        .filter(e => e.getBoundingClientRect().top < innerHeight)
+        .every(e => e.querySelector('.main-svg'))"""
     first = _best_of(
         page, url, "() => !!document.querySelector('[data-chart=\"reward\"] .main-svg')"
     )
@@ -534,10 +545,10 @@ def test_it_prints_how_long_the_dashboard_takes_to_be_usable(page, live_server, 
     page.set_viewport_size({"width": 1440, "height": 8000})
     eager = _best_of(page, url, in_view)
     print(
-        f"\ndashboard (500 steps, 4 components, 12 metrics, {size / 1024:.0f} KB): first chart {first:.2f} s; "
-        f"every chart in view {lazy:.2f} s with "
+        f"\ndashboard (500 steps, 4 components, 12 metrics, {size / 1024:.0f} KB): first chart "
+        f"{first:.2f} s; every chart in view {lazy:.2f} s with "
         f"{drawn}/{total} charts drawn up front; all {total} drawn up front {eager:.2f} s "
-        f"(ratio {lazy / eager:.2f}); runs list {runs_list:.2f} s (ratio {lazy / runs_list:.2f}); best of 3 each; "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"(ratio {lazy / eager:.2f}); runs list {runs_list:.2f} s (ratio {lazy / runs_list:.2f}); "
+        f"best of 3 each; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     assert page.console_errors == [] and page.page_errors == []

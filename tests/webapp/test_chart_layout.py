@@ -1,6 +1,6 @@
-"""Figure details the browser screenshots showed wrong: legends over the step title, a trainer-log
-trace with nothing in it, chart values that JSON cannot carry. Pure functions: no database, no
-browser."""
+"""Figure details the browser screenshots showed wrong: legends over the step title, a
+trainer-log trace with nothing in it, chart values that JSON cannot carry. Pure functions: no
+database, no browser."""
 
 from __future__ import annotations
 

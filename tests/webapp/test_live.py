@@ -1,6 +1,6 @@
-"""The dashboard's live poll (runs/<id>/live.json): whole figures for a page that names no step, and
-only the points from the page's last step on when it does (the page extends its charts with
-them)."""
+"""The dashboard's live poll (runs/<id>/live.json): whole figures for a page that names no
+step, and only the points from the page's last step on when it does (the page extends its
+charts with them)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Plotly figure dicts for the diagnostics pages. Pure functions over plain data: no queries, no request.
+"""Plotly figure dicts for the diagnostics pages. Pure functions over plain data: no
+queries, no request.
 
-Figures follow webapp/runs/charts.py's convention ({"data", "layout"}, drawn by static/js/app.js from a
-`json_script` blob); every builder is `@escaped`, because plotly renders HTML in names and titles.
+Figures follow webapp/runs/charts.py's convention ({"data", "layout"}, drawn by
+static/js/app.js from a `json_script` blob); every builder is `@escaped`, because plotly
+renders HTML in names and titles.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ LEGEND_ROW = 17  # px per legend entry at font size 11
 
 
 def _legend_below(fig: Figure) -> Figure:
-    """One legend row per trace under the "step" title, in a bottom margin grown to hold them. A legend
-    placed at a paper-relative y (under the plot) sat on the axis title once names were long."""
+    """One legend row per trace under the "step" title, in a bottom margin grown to hold
+    them. A legend placed at a paper-relative y (under the plot) sat on the axis title once
+    names were long."""
     entries = [t for t in fig["data"] if t.get("showlegend", True)]
     if len(entries) < 2:  # plotly shows no legend for a single trace
         return fig
@@ -72,8 +75,8 @@ def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> di
 
 
 def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Layout additions marking each finding's onset step: a dashed vertical line and a label (plotly
-    renders annotation text as text, and it is only a finding code and a step)."""
+    """Layout additions marking each finding's onset step: a dashed vertical line and a label
+    (plotly renders annotation text as text, and it is only a finding code and a step)."""
     onsets: dict[int, list[str]] = {}
     for f in findings or []:
         if f.get("onset_step") is not None:
@@ -91,7 +94,8 @@ def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
         }
         for s in sorted(onsets)
     ]
-    # Labels sit just right of their line, one row lower each, so onsets a few steps apart stay readable.
+    # Labels sit just right of their line, one row lower each, so onsets a few steps
+    # apart stay readable.
     notes = [
         {
             "x": s,
@@ -144,8 +148,8 @@ def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None =
 def at_max_figure(
     over_time: dict[str, Any], findings: list[dict[str, Any]] | None = None
 ) -> Figure:
-    """Per step of the window: each component's share of rollouts at the top of its range (saturation),
-    with the findings' onsets marked."""
+    """Per step of the window: each component's share of rollouts at the top of its range
+    (saturation), with the findings' onsets marked."""
     steps = over_time.get("steps") or []
     data = [
         _line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])

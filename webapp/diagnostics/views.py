@@ -1,5 +1,6 @@
-"""Diagnostics pages: component health and findings, ablations (preview, save, compare, launch a twin),
-and the overlay of a run with its twin. Reading needs any role; saving and launching need trainer.
+"""Diagnostics pages: component health and findings, ablations (preview, save, compare,
+launch a twin), and the overlay of a run with its twin. Reading needs any role; saving and
+launching need trainer.
 """
 
 from __future__ import annotations
@@ -88,14 +89,16 @@ def _ablation_page(
         "saved": list(run.ablations.select_related("created_by", "twin")[:100]),
     }
     if _is_partial(request):
-        # htmx 2 does not swap a 4xx response: the fragment carrying the field errors comes back as 200.
+        # htmx 2 does not swap a 4xx response: the fragment carrying the field errors comes
+        # back as 200.
         return render(request, "diagnostics/_result.html", ctx)
     return render(request, "diagnostics/ablations.html", ctx, status=400 if invalid else 200)
 
 
 @require_safe
 def ablations(request: HttpRequest, run_id: int) -> HttpResponse:
-    """The ablation form; with its fields in the query string, a preview of the result (not saved)."""
+    """The ablation form; with its fields in the query string, a preview of the
+    result (not saved)."""
     run = get_run_for(request, run_id)
     bound = "scale_rewards" in request.GET
     form = AblationForm(run, run.components(), request.GET if bound else None)
@@ -181,7 +184,7 @@ def overlay(request: HttpRequest, run_id: int, other_id: int) -> HttpResponse:
         other.config.get("ablation_of"),
         other.config.get("replay_of"),
     )  # ablation or replay twin
-    for s, label in zip(series, ("original", "twin" if twin else "other")):
+    for s, label in zip(series, ("original", "twin" if twin else "other"), strict=True):
         s["label"] = f"{label}: {s['run'].name}"
     return render(
         request,

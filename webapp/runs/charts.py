@@ -2,8 +2,8 @@
 
 Each figure is {"data": [...], "layout": {...}} ready for `Plotly.newPlot`; static/js/app.js draws
 every `[data-chart]` element and turns a click on a point into the explorer filtered to that step.
-Text in figures (component, metric and run names) is user- and model-controlled, and plotly renders a
-subset of HTML in trace names, titles, annotations, hover text and category labels (a metric named
+Text in figures (component, metric and run names) is user- and model-controlled, and plotly renders
+a subset of HTML in trace names, titles, annotations, hover text and category labels (a metric named
 `<a href=//x>y</a>` became a link): every builder's figure passes through `escape_figure`. The page
 embeds the figures with `json_script`, so nothing becomes markup outside plotly either.
 """
@@ -38,8 +38,8 @@ TEXT_KEYS = frozenset(
 
 def escape_figure(value: Any, text: bool = False) -> Any:
     """A copy of a figure (or a dict/list of figures) with every string under a TEXT_KEYS key
-    HTML-escaped. Plotly turns &lt; &amp; back into characters when it draws, so a name reads as typed
-    and never becomes a tag. Style values (colors, modes, templates) are left alone."""
+    HTML-escaped. Plotly turns &lt; &amp; back into characters when it draws, so a name reads as
+    typed and never becomes a tag. Style values (colors, modes, templates) are left alone."""
     if isinstance(value, str):
         return html.escape(value, quote=False) if text else value
     if isinstance(value, dict):
@@ -98,13 +98,15 @@ def _layout(title: str, y_title: str = "", **extra: Any) -> dict[str, Any]:
     return layout
 
 
-SIGNIFICANT = 5  # digits kept in chart values: a 500-step dashboard's JSON halves, the hover still reads exact
+# Digits kept in chart values: a 500-step dashboard's JSON halves, the hover still reads exact
+SIGNIFICANT = 5
 
 
 def _short(values: list[float | None]) -> list[float | None]:
-    """Each value to SIGNIFICANT digits, for the whole series at once (a string round trip per value
-    was a quarter of the 500-step dashboard's server time). q / 10**d with an integer q is the double
-    nearest that decimal, so it prints with at most SIGNIFICANT digits. None and non-finite: None."""
+    """Each value to SIGNIFICANT digits, for the whole series at once (a string round trip
+    per value was a quarter of the 500-step dashboard's server time). q / 10**d with an
+    integer q is the double nearest that decimal, so it prints with at most SIGNIFICANT
+    digits. None and non-finite: None."""
     a = np.array(values, dtype=float)  # None -> nan
     nonzero = np.isfinite(a) & (a != 0)
     digits = np.zeros(a.shape)
@@ -191,7 +193,8 @@ def reward_figure(reward: Series) -> Figure:
 def zero_std_figure(
     steps: list[int], overall: list[float | None], components: list[ComponentSeries]
 ) -> Figure:
-    """Fraction of groups with no signal per step: the aggregate (no advantage at all) and each component."""
+    """Fraction of groups with no signal per step: the aggregate (no advantage at all)
+    and each component."""
     data = [
         _line(
             steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4}
@@ -258,9 +261,9 @@ def metric_figure(name: str, steps: list[int], values: list[float | None], color
 
 def dashboard_figures(data: DashboardData, table_scalars: bool = True) -> dict[str, Any]:
     """Every dashboard chart: `all` maps a chart id to its figure (one JSON blob on the page); the
-    other keys list those ids in the order the template lays them out. Metrics logged at one step only
-    are `scalars` (name, step, value) for a table, unless `table_scalars` is false (the live points of a
-    metric may be one step long)."""
+    other keys list those ids in the order the template lays them out. Metrics logged at one step
+    only are `scalars` (name, step, value) for a table, unless `table_scalars` is false (the live
+    points of a metric may be one step long)."""
     figures: dict[str, Figure] = {
         "reward": reward_figure(data.reward),
         "zero-std": zero_std_figure(data.zero_std_steps, data.zero_std_frac, data.components),
@@ -303,9 +306,9 @@ def dashboard_figures(data: DashboardData, table_scalars: bool = True) -> dict[s
 
 def live_points(data: DashboardData) -> dict[str, dict[str, list[list[Any]]]]:
     """The new points of every chart, for a live page holding all steps before the ones in `data`:
-    chart id -> {"x": [one list per trace], "y": [...]} (the page drops its points from the first step
-    sent and extends each trace with these: Plotly.extendTraces). Values as the figures have them
-    (rounded, escaped)."""
+    chart id -> {"x": [one list per trace], "y": [...]} (the page drops its points from the first
+    step sent and extends each trace with these: Plotly.extendTraces). Values as the figures have
+    them (rounded, escaped)."""
     return {
         chart_id: {"x": [t["x"] for t in fig["data"]], "y": [t["y"] for t in fig["data"]]}
         for chart_id, fig in dashboard_figures(data, table_scalars=False)["all"].items()

@@ -70,8 +70,9 @@ TRAINED_KINDS = ("sft", "grpo", "dpo")  # kinds whose output is a model another 
 
 
 def checkpoint_state(run: Run) -> str | None:
-    """ "ready" when the run saved a model, "pending" when it may still (a chain can queue behind it), None
-    when it never will (failed, cancelled, being cancelled, or a kind that trains nothing)."""
+    """ "ready" when the run saved a model, "pending" when it may still (a chain can queue behind
+    it), None when it never will (failed, cancelled, being cancelled, or a kind that trains
+    nothing)."""
     if run.kind not in TRAINED_KINDS:
         return None
     if run.status == Run.Status.SUCCEEDED:
@@ -82,7 +83,8 @@ def checkpoint_state(run: Run) -> str | None:
 
 
 def queue_info(run: Run) -> dict | None:
-    """For a queued run: the queue it waits in and the live workers that listen on it (heartbeats)."""
+    """For a queued run: the queue it waits in and the live workers that listen
+    on it (heartbeats)."""
     from django.conf import settings
 
     if run.status != Run.Status.QUEUED:
@@ -129,7 +131,8 @@ def detail(request: HttpRequest, run_id: int) -> HttpResponse:
 def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(request, run_id, related=())
     finished = run.is_finished and request.headers.get("HX-Request")
-    # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what the end changed.
+    # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what
+    # the end changed.
     response = render(
         request, "jobs/_progress.html", job_context(run), status=286 if finished else 200
     )
@@ -176,7 +179,8 @@ def compare(request: HttpRequest) -> HttpResponse:
         key=lambda r: ids.index(r.id)
     )  # the order asked for: before / after reads left to right
     evals = eval_summary([r for r in runs if r.kind == Run.Kind.EVAL])
-    # Evals are one step each: their table and bars say it all; per-step curves of one dot per run do not.
+    # Evals are one step each: their table and bars say it all; per-step curves of one dot per
+    # run do not.
     curves = [r for r in runs if r.kind != Run.Kind.EVAL]
     figures = compare_figures(curves) if curves else []
     return render(
@@ -194,9 +198,9 @@ def compare(request: HttpRequest) -> HttpResponse:
 
 
 def eval_summary(runs: list[Run]) -> dict | None:
-    """Held-out evals side by side: one row per eval run (rollouts, reward mean, each component's mean
-    over its rollouts) and a grouped bar chart of the component means. Single-step runs read badly as
-    curves; this is what a before/after comparison of checkpoints wants."""
+    """Held-out evals side by side: one row per eval run (rollouts, reward mean, each component's
+    mean over its rollouts) and a grouped bar chart of the component means. Single-step runs read
+    badly as curves; this is what a before/after comparison of checkpoints wants."""
     if not runs:
         return None
     ids = [r.id for r in runs]
@@ -265,8 +269,8 @@ def eval_summary(runs: list[Run]) -> dict | None:
 
 @escaped
 def compare_figures(runs: list[Run]) -> list[dict]:
-    """Overlay per-step curves (the dashboard's, from StepStat): the aggregate reward mean and each
-    component's mean."""
+    """Overlay per-step curves (the dashboard's, from StepStat): the aggregate reward mean and
+    each component's mean."""
     reward = {
         "data": [],
         "layout": {

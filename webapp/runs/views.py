@@ -44,10 +44,13 @@ KIND_TITLES = {
     "import": "Import",
 }
 NO_VERDICT = {
-    "sft": "SFT runs train on a dataset and store no rollouts by design: there is no reward-health verdict.",
-    "dpo": "DPO runs train on preference pairs and store no rollouts by design: there is no reward-health verdict.",
+    "sft": "SFT runs train on a dataset and store no rollouts by design: there is no reward-health "
+    "verdict.",
+    "dpo": "DPO runs train on preference pairs and store no rollouts by design: there is no "
+    "reward-health verdict.",
     "probe": "A probe samples once to judge the signal: its verdict is at the top of the page.",
-    "teacher": "Teacher trajectories are filtered by reward, not trained on it: there is no reward-health verdict.",
+    "teacher": "Teacher trajectories are filtered by reward, not trained on it: there is no "
+    "reward-health verdict.",
 }
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
@@ -95,7 +98,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 
 
 def refresh_diagnostics_on_status_change(run: Run) -> None:
-    """The diagnostics slot is cached for a minute; a run that just ended must not show its live verdict."""
+    """The diagnostics slot is cached for a minute; a run that just ended must not show
+    its live verdict."""
     seen_key = f"diag-slot-status:{run.id}"
     if cache.get(seen_key) != run.status:
         cache.delete(DIAG_SLOT_KEY.format(run.id))
@@ -110,7 +114,8 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
     figures = charts.dashboard_figures(data)
     components = run.components()
     logged_hashes = (run.provenance or {}).get("components") or {}
-    # The weight this run trained with (trainer-reported or launch-time), beside the environment's default.
+    # The weight this run trained with (trainer-reported or launch-time), beside
+    # the environment's default.
     weights = run.reward_weights(components)
     provenance = [(c, logged_hashes.get(c.name, ""), weights.get(c.name)) for c in components]
     ctx = {
@@ -143,9 +148,9 @@ JSON_SCRIPT_ESCAPES = {ord(">"): "\\u003E", ord("<"): "\\u003C", ord("&"): "\\u0
 
 
 def json_script(value: object, element_id: str) -> SafeString:
-    """Django's json_script (same escaping: no "</script>" can end the element), encoded by orjson: the
-    figures of a 500-step dashboard (230 KB) took ~30 ms through json.dumps. json for what orjson
-    refuses (a lone surrogate in a model-chosen metric name)."""
+    """Django's json_script (same escaping: no "</script>" can end the element), encoded by orjson:
+    the figures of a 500-step dashboard (230 KB) took ~30 ms through json.dumps. json for what
+    orjson refuses (a lone surrogate in a model-chosen metric name)."""
     try:
         text = orjson.dumps(value).decode()
     except (orjson.JSONEncodeError, TypeError):
@@ -158,7 +163,8 @@ def json_script(value: object, element_id: str) -> SafeString:
 
 
 def live_version(run: Run) -> str:
-    """Changes whenever the run gains a step of rollouts or a logged metric (two index-only aggregates)."""
+    """Changes whenever the run gains a step of rollouts or a logged metric
+    (two index-only aggregates)."""
     stats = StepStat.objects.filter(run=run, component_id=0).aggregate(
         n=Count("id"), g=Sum("n_groups")
     )
@@ -168,9 +174,10 @@ def live_version(run: Run) -> str:
 
 @require_safe
 def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
-    """The dashboard's poll while a run is live: its status and, only when something new was stored since
-    the version the page holds, the charts' points from step `since` on (the page holds every step
-    before it) -- or every chart's whole figure when the page names no step (a chart it lacks)."""
+    """The dashboard's poll while a run is live: its status and, only when something new was
+    stored since the version the page holds, the charts' points from step `since` on (the page
+    holds every step before it) -- or every chart's whole figure when the page names no step (a
+    chart it lacks)."""
     run = get_run_for(request, run_id, related=())
     version = live_version(run)
     body: dict = {
