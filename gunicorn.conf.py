@@ -1,11 +1,12 @@
 """gunicorn settings for `make serve` (the Makefile passes --bind and --workers; the rest is here).
 
-Threaded workers (gthread): a sync worker is held for the whole of a request, so four trainers posting
-batches of groups (hundreds of ms each, mostly waiting on Postgres) left one of five sync workers for
-the readers, and explorer reads queued behind the writes (bench/load.py: read p95 776 ms). Threads let
-a worker serve reads while its other threads wait on COPY. Each thread keeps its database connection
-for DB_CONN_MAX_AGE seconds (Django checks it before reuse): opening one per request cost a Postgres
-backend start per read. Connections: workers x threads (default 3 x 4 = 12 on 2 cores).
+Threaded workers (gthread): a sync worker is held for the whole of a request, so four trainers
+posting batches of groups (hundreds of ms each, mostly waiting on Postgres) left one of five sync
+workers for the readers, and explorer reads queued behind the writes (bench/load.py: read p95 776
+ms). Threads let a worker serve reads while its other threads wait on COPY. Each thread keeps its
+database connection for DB_CONN_MAX_AGE seconds (Django checks it before reuse): opening one per
+request cost a Postgres backend start per read. Connections: workers x threads (default 3 x 4 = 12
+on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,5 +23,6 @@ max_requests = 2000  # recycle workers now and then (memory held by one huge req
 max_requests_jitter = 200
 accesslog = "-"
 errorlog = "-"
-# Inherited by the workers (forked from this process): persistent connections unless the caller chose.
+# Inherited by the workers (forked from this process): persistent connections unless
+# the caller chose.
 os.environ.setdefault("DB_CONN_MAX_AGE", "60")

@@ -2,13 +2,13 @@
 
     DATABASE_URL=postgres://... python bench/load.py [--seconds 60] [--writers 4] [--readers 8]
 
-Starts the production server (`make serve`: gunicorn, workers sized to the machine) on a free loopback
-port against DATABASE_URL (migrated first; the database is created when missing),
+Starts the production server (`make serve`: gunicorn, workers sized to the machine) on a free
+loopback port against DATABASE_URL (migrated first; the database is created when missing),
 seeds a run, then measures in the same run:
   1. baseline: R readers paging GET /api/v1/runs/{id}/rollouts/?sort=<component>&cursor=... alone;
   2. load: W writers posting batches of groups through training/client.py while the R readers page.
-Reports errors, lost rollouts (acknowledged vs stored) and read latency p50/p95 under load vs baseline.
-Loopback only, bounded by --seconds. Exits non-zero on any error or lost rollout.
+Reports errors, lost rollouts (acknowledged vs stored) and read latency p50/p95 under load vs
+baseline. Loopback only, bounded by --seconds. Exits non-zero on any error or lost rollout.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def batch(writer: int, n: int, groups: int, size: int, rng: random.Random) -> li
 
 
 def ensure_database(url: str) -> None:
-    """Create the database named in DATABASE_URL when it does not exist yet (through the `postgres` one)."""
+    """Create the database named in DATABASE_URL when it does not exist yet (through
+    the `postgres` one)."""
     import psycopg
 
     parts = urllib.parse.urlsplit(url)
@@ -323,16 +324,19 @@ def main() -> int:
     ratio50 = loaded["p50"] / baseline["p50"]
     ratio95 = loaded["p95"] / baseline["p95"]
     print(
-        f"\nload bench: {args.writers} writers x {args.groups}x{args.group_size} rollouts per batch, "
-        f"{args.readers} readers, {args.seconds:g} s under load, Postgres, gunicorn (make serve)"
+        f"\nload bench: {args.writers} writers x {args.groups}x{args.group_size} rollouts per "
+        f"batch, {args.readers} readers, {args.seconds:g} s under load, Postgres, gunicorn (make "
+        "serve)"
     )
     print(f"{'':<28}{'baseline':>12}{'under load':>12}{'ratio':>8}")
     print(f"{'explorer reads':<28}{baseline['reads']:>12}{loaded['reads']:>12}")
     print(
-        f"{'read p50 (ms)':<28}{baseline['p50'] * 1e3:>12.1f}{loaded['p50'] * 1e3:>12.1f}{ratio50:>8.2f}"
+        f"{'read p50 (ms)':<28}{baseline['p50'] * 1e3:>12.1f}{loaded['p50'] * 1e3:>12.1f}"
+        f"{ratio50:>8.2f}"
     )
     print(
-        f"{'read p95 (ms)':<28}{baseline['p95'] * 1e3:>12.1f}{loaded['p95'] * 1e3:>12.1f}{ratio95:>8.2f}"
+        f"{'read p95 (ms)':<28}{baseline['p95'] * 1e3:>12.1f}{loaded['p95'] * 1e3:>12.1f}"
+        f"{ratio95:>8.2f}"
     )
     print(
         f"{'read p99 (ms)':<28}{baseline['p99'] * 1e3:>12.1f}{loaded['p99'] * 1e3:>12.1f}"
@@ -351,7 +355,8 @@ def main() -> int:
     print(f"{'rollouts acked':<28}{seeded:>12}{acked:>12}")
     print(f"{'ingest rollouts/s':<28}{'':>12}{acked / args.seconds:>12.0f}")
     print(
-        f"{'write p50 / p95 (ms)':<28}{'':>12}{percentile(wl, 0.5) * 1e3:>6.0f}/{percentile(wl, 0.95) * 1e3:<5.0f}"
+        f"{'write p50 / p95 (ms)':<28}{'':>12}"
+        f"{percentile(wl, 0.5) * 1e3:>6.0f}/{percentile(wl, 0.95) * 1e3:<5.0f}"
     )
     print(f"{'rollouts stored (db)':<28}{stored:>24}")
     under = f"{loaded['read_errors']} / {write_errors}"
@@ -359,7 +364,8 @@ def main() -> int:
     print(f"{'lost rollouts':<28}{lost:>24}")
     errors = baseline["read_errors"] + loaded["read_errors"] + write_errors
     print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
+        "other work)"
     )
     if errors or lost:
         print(

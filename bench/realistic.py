@@ -1,15 +1,15 @@
-"""Realistic transcripts at scale: a run of multi-turn agent rollouts against a run of one-line rollouts of
-the same size, in the same Postgres, both seeded through the one ingestion service; every page is timed
-on both in the same process and reported as a ratio (realistic / one-line).
+"""Realistic transcripts at scale: a run of multi-turn agent rollouts against a run of one-line
+rollouts of the same size, in the same Postgres, both seeded through the one ingestion service;
+every page is timed on both in the same process and reported as a ratio (realistic / one-line).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/realistic.py
     ... python -m bench.realistic --rollouts 50000 --repeat 7
     (bench/search_compare.py measures tsvector GIN against pg_trgm GIN on the same documents)
 
 A realistic rollout: a system message and a task message, 2-40 agent turns (assistant text with tool
-calls, tool results), sizes drawn from a log-normal with a median near 9 KB and a tail past 150 KB, a
-small environment state, reward reasons. Rare words are planted at known rates (RARE_WORDS), so the
-number of hits a search must return is known. Seeded runs are found again by name and reused; an
+calls, tool results), sizes drawn from a log-normal with a median near 9 KB and a tail past 150 KB,
+a small environment state, reward reasons. Rare words are planted at known rates (RARE_WORDS), so
+the number of hits a search must return is known. Seeded runs are found again by name and reused; an
 interrupted seed resumes at the first missing step. The database is created when missing.
 """
 
@@ -57,18 +57,19 @@ RARE_WORDS = {
     "xylobranch": (1e-4, "tool_result"),
 }
 COMMON_WORD = "assert"  # in most tool results: the "common word" search
-# Words of the generated vocabulary (Vocabulary(default_rng(7))) in a middling share of rollouts, about
-# 0.4%, 1.4% and 10% (time_pages prints the share it measures on a sample). Their trigrams are common
-# (the vocabulary is built from 20 syllables), so the index offers about half the run as candidates.
+# Words of the generated vocabulary (Vocabulary(default_rng(7))) in a middling share of
+# rollouts, about 0.4%, 1.4% and 10% (time_pages prints the share it measures on a sample).
+# Their trigrams are common (the vocabulary is built from 20 syllables), so the index offers
+# about half the run as candidates.
 MIDDLE_WORDS = ("besadevi", "rasakavi", "dedekato")
 MEDIAN_BYTES, SIGMA, MAX_BYTES = 5_000, 1.1, 400_000  # of generated text; JSON adds ~3 KB
 TOOLS = ("bash", "read_file", "write_file", "run_tests", "search_code")
 
 
 class Vocabulary:
-    """Zipf-distributed synthetic words plus code-ish lines: text with a realistic word-frequency tail
-    (a few very common words, many rare ones). Two corpora are generated once; a piece of text is a
-    slice at a random offset, so seeding a million rollouts is not bound by text generation."""
+    """Zipf-distributed synthetic words plus code-ish lines: text with a realistic word-frequency
+    tail (a few very common words, many rare ones). Two corpora are generated once; a piece of text
+    is a slice at a random offset, so seeding a million rollouts is not bound by text generation."""
 
     CORPUS_CHARS = 4_000_000
 
@@ -282,7 +283,8 @@ def make_step(
 
 
 def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
-    """The run of `kind` with n rollouts (reused when already seeded); (run, ingest rollouts/s or None)."""
+    """The run of `kind` with n rollouts (reused when already seeded); (run, ingest
+    rollouts/s or None)."""
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group
     from webapp.rollouts.services import create_run, ensure_environment
@@ -321,7 +323,8 @@ def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
             bar.update(len(groups) * G)
     n = len(todo) * groups_per_step * G
     print(
-        f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not counted)"
+        f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not "
+        "counted)"
     )
     return run, n / ingest_s
 
@@ -345,7 +348,8 @@ def median_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
-    """(label, url, target ms) for one run: the issue's pages, on its biggest rollout for the transcript."""
+    """(label, url, target ms) for one run: the issue's pages, on its biggest rollout
+    for the transcript."""
     from webapp.rollouts.models import Rollout
 
     big = (
@@ -444,7 +448,8 @@ def word_shares(run: Any, sample: int = 2000) -> None:
                 [run.id, run.id, sample, f"%{word.upper()}%"],
             )
             print(
-                f"middling word {word!r}: in {100 * cur.fetchone()[0] / max(n, 1):.2f}% of {n} sampled"
+                f"middling word {word!r}: in {100 * cur.fetchone()[0] / max(n, 1):.2f}% of {n} "
+                "sampled"
             )
 
 
@@ -472,7 +477,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-seed",
         action="store_true",
-        help="time the runs as they stand (a seed still running, or stopped part way: sizes printed)",
+        help="time the runs as they stand (a seed still running, or stopped part way: sizes "
+        "printed)",
     )
     args = parser.parse_args(argv)
     require_postgres()
@@ -500,7 +506,8 @@ def main(argv: list[str] | None = None) -> None:
     word_shares(runs["realistic"])
     time_pages(runs, args.repeat)
     print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
+        "other work)"
     )
 
 

@@ -1,12 +1,14 @@
 """tsvector GIN vs pg_trgm GIN for whole-rollout search, measured on realistic search documents.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/search_compare.py --rows 20000
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench
+    .venv/bin/python bench/search_compare.py --rows 20000
 
-Builds a scratch table (id, score, doc) of realistic rollouts' search documents (bench/realistic.py's
-generator, webapp/rollouts/text.py's document builder) with a btree on score (the explorer's "sorted by a
-component" path), then for each index kind: build time, index size, and the median time of a rare word
-and a common word query, first page of 50 sorted by score, plus the plan the planner chose. Same table,
-same process, same queries: only the index differs. The scratch table is dropped at the end.
+Builds a scratch table (id, score, doc) of realistic rollouts' search documents
+(bench/realistic.py's generator, webapp/rollouts/text.py's document builder) with a btree on score
+(the explorer's "sorted by a component" path), then for each index kind: build time, index size, and
+the median time of a rare word and a common word query, first page of 50 sorted by score, plus the
+plan the planner chose. Same table, same process, same queries: only the index differs. The scratch
+table is dropped at the end.
 """
 
 from __future__ import annotations
@@ -102,11 +104,13 @@ def compare(rows: int, repeat: int) -> None:
                 cur.execute("EXPLAIN " + page, [word])
                 plan = " / ".join(r[0].strip().split("  (")[0] for r in cur.fetchall()[:3])
                 print(
-                    f"  {word!r:14} first page {ms:8.1f} ms | all {hits:,} hits {cms:8.1f} ms | plan: {plan}"
+                    f"  {word!r:14} first page {ms:8.1f} ms | all {hits:,} hits {cms:8.1f} ms | "
+                    f"plan: {plan}"
                 )
         cur.execute("DROP TABLE search_cmp")
     print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with other work)"
+        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
+        "other work)"
     )
 
 

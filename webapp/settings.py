@@ -1,4 +1,5 @@
-"""Settings, all from the environment (see webapp/env.py). Embedded defaults: SQLite + filesystem broker."""
+"""Settings, all from the environment (see webapp/env.py). Embedded defaults: SQLite
++ filesystem broker."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ VAR_DIR = Path(
 )  # runtime files: sqlite, broker, models, outputs
 
 DEBUG = env_bool("DEBUG", True)
-_DEV_SECRET = "dev-only-insecure-secret-key-do-not-use-in-production"  # development default, refused when DEBUG=0
+# Development default, refused when DEBUG=0
+_DEV_SECRET = "dev-only-insecure-secret-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:
     raise ConfigError(
@@ -77,8 +79,9 @@ TEMPLATES = [
 _default_db = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASE_URL = env_url("DATABASE_URL", _default_db, schemes=("sqlite", "postgres", "postgresql"))
 DATABASES = {
-    # DB_CONN_MAX_AGE > 0 (make serve's default, gunicorn.conf.py): a connection outlives its request,
-    # checked before reuse so a restarted Postgres costs one retry-free reconnect, not a 500.
+    # DB_CONN_MAX_AGE > 0 (make serve's default, gunicorn.conf.py): a connection outlives its
+    # request, checked before reuse so a restarted Postgres costs one retry-free reconnect,
+    # not a 500.
     "default": dj_database_url.parse(
         DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0), conn_health_checks=True
     )
@@ -185,9 +188,10 @@ CELERY_TASK_ROUTES = {"workers.tasks.run_job": {"queue": "gpu"}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-# One cache shared by every server and worker process (the login rate limit must hold across gunicorn
-# workers): CACHE_URL, else the broker's Redis when the broker is Redis, else files under VAR_DIR (shared
-# by the processes of one host). redis://host:port/db, file:///path, or locmem:// (one process only).
+# One cache shared by every server and worker process (the login rate limit must hold across
+# gunicorn workers): CACHE_URL, else the broker's Redis when the broker is Redis, else files under
+# VAR_DIR (shared by the processes of one host). redis://host:port/db, file:///path, or locmem://
+# (one process only).
 _redis_broker = CELERY_BROKER_URL.split("://", 1)[0] in ("redis", "rediss")
 CACHE_URL = env_url(
     "CACHE_URL",

@@ -1,11 +1,11 @@
 """The explorer query, shared by the API and the pages: rollouts of a run sorted by any component,
-the aggregate reward, the advantage or the length, filtered, with keyset pagination. A reward replay's
-values (webapp/replays) sort and filter like a component's: sort=replay.<component>, min_/max_replay.<component>,
-replay=<id>, served by the (replay, component, value, rollout) index.
+the aggregate reward, the advantage or the length, filtered, with keyset pagination. A reward
+replay's values (webapp/replays) sort and filter like a component's: sort=replay.<component>,
+min_/max_replay.<component>, replay=<id>, served by the (replay, component, value, rollout) index.
 
-Keyset order is (value, id) with NULL treated as larger than every number: ascending puts NULLs last,
-descending puts them first. That is Postgres's native B-tree order, so both directions are a plain
-forward or backward scan of the (run, component, value, rollout) or (run, field, id) index.
+Keyset order is (value, id) with NULL treated as larger than every number: ascending puts NULLs
+last, descending puts them first. That is Postgres's native B-tree order, so both directions are a
+plain forward or backward scan of the (run, component, value, rollout) or (run, field, id) index.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery, hig
 from webapp.runs.models import Run
 
 BUILTIN_SORTS = ("reward", "advantage", "length", "step")
-REPLAY_PREFIX = "replay."  # sort=replay.<component>, min_/max_replay.<component>: a replay's values (replay=<id>)
+# Sort=replay.<component>, min_/max_replay.<component>: a replay's values (replay=<id>)
+REPLAY_PREFIX = "replay."
 MAX_LIMIT = 500
 
 
@@ -60,7 +61,8 @@ class ExplorerQuery:
 
     @classmethod
     def from_params(cls, params: Any, components: list[str]) -> ExplorerQuery:
-        """Parse query-string params (a QueryDict or dict). Raises FieldError naming the parameter."""
+        """Parse query-string params (a QueryDict or dict). Raises FieldError
+        naming the parameter."""
         q = cls()
         q.sort = params.get("sort") or "reward"
         replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX) :] in components
@@ -191,9 +193,10 @@ def keyset_fetch(
     """Up to `limit` (id, value) rows after `cursor` in keyset order.
 
     NULLs form their own segment (last ascending, first descending), fetched by a separate query:
-    one `value > v OR (value = v AND id > last)` predicate mixed with `IS NULL` would make Postgres
-    scan the index from its start, so every page would cost as much as OFFSET. Each segment's
-    predicate carries the redundant bound `value >= v` (or `<=`) that lets the scan start at the cursor.
+    one `value > v OR (value = v AND id > last)` predicate mixed with `IS NULL` would make
+    Postgres scan the index from its start, so every page would cost as much as OFFSET. Each
+    segment's predicate carries the redundant bound `value >= v` (or `<=`) that lets the scan
+    start at the cursor.
     """
     asc = order == "asc"
     vf, idf = value_field, id_field
@@ -249,8 +252,8 @@ SEARCH_PROBE = 300  # hits always fetched outright, whatever the run's size (the
 
 
 def _search_q(search: SearchQuery, prefix: str) -> Q:
-    """Case-insensitive substrings of the whole rollout's search text. Postgres: UPPER(...) LIKE, which the
-    trigram GIN index on UPPER(search_text) serves; SQLite: a scan (the demo's size)."""
+    """Case-insensitive substrings of the whole rollout's search text. Postgres: UPPER(...) LIKE,
+    which the trigram GIN index on UPPER(search_text) serves; SQLite: a scan (the demo's size)."""
     cond = Q()
     for term in search.include:
         cond &= Q(**{f"{prefix}search_text__icontains": term})
@@ -261,12 +264,14 @@ def _search_q(search: SearchQuery, prefix: str) -> Q:
 
 @contextlib.contextmanager
 def _plan(**settings: str) -> Iterator[None]:
-    """Postgres: planner settings for the queries inside (SET LOCAL, undone at the transaction's end)."""
+    """Postgres: planner settings for the queries inside (SET LOCAL, undone at
+    the transaction's end)."""
     if connection.vendor != "postgresql":
         yield
         return
     with transaction.atomic(), connection.cursor() as cur:
-        # Plans priced past a disabled node cross jit_above_cost: half a second compiling a 5 ms query.
+        # Plans priced past a disabled node cross jit_above_cost: half a second compiling a
+        # 5 ms query.
         cur.execute("SET LOCAL jit = off")
         for name, value in settings.items():
             cur.execute(
@@ -276,20 +281,21 @@ def _plan(**settings: str) -> Iterator[None]:
 
 
 def _run_search(run: Run, search: SearchQuery) -> QuerySet:
-    # run_id as bigint: btree_gin has no int8 = int4 operator, and an int4 literal leaves run_id out of
-    # the index condition (2.2 s instead of 0.5 ms for a word common in another run).
+    # run_id as bigint: btree_gin has no int8 = int4 operator, and an int4 literal leaves run_id out
+    # of the index condition (2.2 s instead of 0.5 ms for a word common in another run).
     run_id = Cast(Value(run.id), BigIntegerField())
     return Rollout.objects.filter(run_id=run_id).filter(_search_q(search, ""))
 
 
 def _candidates(run: Run, search: SearchQuery) -> int | None:
     """How many of the run's rollouts the trigram index offers for the search's words, before any is
-    rechecked against its text; None off Postgres. Postgres cannot estimate a LIKE on long text (ANALYZE
-    skips values over 1 KB), and a recheck costs a detoast and an UPPER of the whole document (~0.1-0.3
-    ms at 11 KB): counting the hits themselves would cost as much as fetching them. The index's own count
-    comes from running its bitmap scan once, under EXPLAIN ANALYZE with LIMIT 1 (the bitmap is built
-    whole before the first row is read; the heap is then read only up to the first hit). The count is
-    an upper bound of the hits; for words of 3+ characters the two are nearly always equal."""
+    rechecked against its text; None off Postgres. Postgres cannot estimate a LIKE on long text
+    (ANALYZE skips values over 1 KB), and a recheck costs a detoast and an UPPER of the whole
+    document (~0.1-0.3 ms at 11 KB): counting the hits themselves would cost as much as fetching
+    them. The index's own count comes from running its bitmap scan once, under EXPLAIN ANALYZE with
+    LIMIT 1 (the bitmap is built whole before the first row is read; the heap is then read only up
+    to the first hit). The count is an upper bound of the hits; for words of 3+ characters the two
+    are nearly always equal."""
     if connection.vendor != "postgresql":
         return None
     sql, params = _run_search(run, search).values("id")[:1].query.sql_with_params()
@@ -332,16 +338,17 @@ def _fetch_hits(run: Run, search: SearchQuery, cap: int | None = None) -> list[i
 
 
 def _probe(run: Run, search: SearchQuery, limit: int = 50) -> tuple[list[int] | None, int | None]:
-    """(ids, None) when fetching every hit is the cheaper plan; else (None, budget): walk the sort order
-    (_walk), checking at most `budget` rows (None: no bound) before fetching after all.
+    """(ids, None) when fetching every hit is the cheaper plan; else (None, budget): walk the sort
+    order (_walk), checking at most `budget` rows (None: no bound) before fetching after all.
 
-    Both plans cost rechecks (a detoast and an UPPER of the document). Fetching every hit costs one per
-    index candidate, C; walking the sort order costs about (limit + 1) / selectivity = (limit + 1) x
-    run size / hits. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million rollouts,
-    where both cost ~7,100 rechecks: the worst case), walk otherwise, for at most C rows: a word with few
-    hits among many candidates (common trigrams) is then fetched, at no more than twice the cheaper
-    plan's cost. Off Postgres (no count), the old rule: fetch up to SEARCH_PROBE + 1, walk past that.
-    The index leads with run_id (btree_gin), so other runs cost nothing."""
+    Both plans cost rechecks (a detoast and an UPPER of the document). Fetching every hit costs one
+    per index candidate, C; walking the sort order costs about (limit + 1) / selectivity = (limit +
+    1) x run size / hits. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million
+       rollouts,
+    where both cost ~7,100 rechecks: the worst case), walk otherwise, for at most C rows: a word
+    with few hits among many candidates (common trigrams) is then fetched, at no more than twice the
+    cheaper plan's cost. Off Postgres (no count), the old rule: fetch up to SEARCH_PROBE + 1, walk
+    past that. The index leads with run_id (btree_gin), so other runs cost nothing."""
     candidates = _candidates(run, search)
     if candidates is None:
         ids = _fetch_hits(run, search, SEARCH_PROBE)
@@ -365,10 +372,10 @@ def _walk(
     start: tuple[str | None, int] | None = None,
     budget: int | None = None,
 ) -> tuple[list[tuple[int, Any]], tuple[str | None, int] | None]:
-    """Rows in keyset order from q.cursor (or `start`), fetched without the search in rounds, kept when
-    their rollout matches, until q.limit + 1 are kept or `budget` rows were checked: the plan cannot
-    turn into a recheck of every hit. Returns the kept rows and where the next round starts (None: the
-    end of the order)."""
+    """Rows in keyset order from q.cursor (or `start`), fetched without the search in rounds, kept
+    when their rollout matches, until q.limit + 1 are kept or `budget` rows were checked: the plan
+    cannot turn into a recheck of every hit. Returns the kept rows and where the next round starts
+    (None: the end of the order)."""
     assert q.search is not None
     hits: list[tuple[int, Any]] = []
     cursor, n = start or (q.cursor, WALK_FIRST)
@@ -394,9 +401,10 @@ def _walk(
 def _search_page(
     run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery
 ) -> list[tuple[int, Any]]:
-    """q.limit + 1 matching rows in keyset order, by the cheaper of two plans (_probe says why).
-    One round of the walk comes first: a frequent word fills the page there, before the index is asked
-    to count candidates (a count that costs in proportion to them: 0.1 s for a word in all of 100k)."""
+    """q.limit + 1 matching rows in keyset order, by the cheaper of two plans (_probe says
+    why). One round of the walk comes first: a frequent word fills the page there, before the
+    index is asked to count candidates (a count that costs in proportion to them: 0.1 s for a
+    word in all of 100k)."""
     assert q.search is not None
     hits, resume = _walk(qs, value_field, id_field, q, budget=WALK_FIRST)
     if len(hits) > q.limit or resume is None:
@@ -421,8 +429,9 @@ def _filters(
     prefix: str,
     step_field: str = "step",
 ) -> Q:
-    """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for RewardScore.
-    `step_field`: Rollout and RewardScore carry step; ReplayScore does not ("rollout__step")."""
+    """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for
+    RewardScore. `step_field`: Rollout and RewardScore carry step; ReplayScore does not
+    ("rollout__step")."""
     cond = Q()
     if q.step_min is not None:
         cond &= Q(**{f"{step_field}__gte": q.step_min})
@@ -441,7 +450,8 @@ def _range_exists(
     comps: dict[str, RewardComponent],
     outer: str,
 ) -> list[Exists]:
-    """One EXISTS per component range over `scores` (RewardScore, or one replay's ReplayScore rows)."""
+    """One EXISTS per component range over `scores` (RewardScore, or one
+    replay's ReplayScore rows)."""
     out = []
     for name, (lo, hi) in ranges.items():
         sub = scores.filter(rollout_id=OuterRef(outer), component=comps[name])
@@ -454,7 +464,8 @@ def _range_exists(
 
 
 def _replay(run: Run, q: ExplorerQuery) -> Any:
-    """The query's replay, checked: one of this run's, with stored values for what the query uses."""
+    """The query's replay, checked: one of this run's, with stored values for what
+    the query uses."""
     from webapp.replays.models import Replay  # replays build on rollouts, not the other way round
 
     used = set(q.replay_ranges) | (
@@ -480,7 +491,8 @@ def _replay(run: Run, q: ExplorerQuery) -> Any:
 
 
 def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
-    """The label / annotated filters on the rollout id field `outer`, through Rollout.annotations."""
+    """The label / annotated filters on the rollout id field `outer`, through
+    Rollout.annotations."""
     out = []
     if q.label:
         from webapp.annotations.models import Label
@@ -550,8 +562,8 @@ SELECT id, GREATEST(at - %s, 1), SUBSTR(doc, GREATEST(at - %s, 1), %s) FROM (
 
 
 def _list_rollouts(ids: list[int], search: SearchQuery | None) -> dict[int, Rollout]:
-    """The page's rollouts with the list columns only (never transcript, state or search text); for a
-    search, the database cuts a snippet around the first match of the most specific term (one
+    """The page's rollouts with the list columns only (never transcript, state or search text); for
+    a search, the database cuts a snippet around the first match of the most specific term (one
     character more than shown, to tell whether the document goes on)."""
     qs = Rollout.objects.only(*Rollout.LIST_FIELDS)
     if search is None:

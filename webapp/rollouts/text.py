@@ -1,12 +1,12 @@
 """What a rollout shows on list pages and what search reads, built once at ingest.
 
 - The preview: the first and last PREVIEW_CHARS characters of the transcript's visible agent text
-  (every message after the prompt: assistant text, tool calls as `name(arguments)`, tool results), the
-  number of agent turns (assistant messages), tool calls and visible characters. List pages read these
-  columns, never the transcript or the state (Rollout.LIST_FIELDS).
+  (every message after the prompt: assistant text, tool calls as `name(arguments)`, tool results),
+  the number of agent turns (assistant messages), tool calls and visible characters. List pages read
+  these columns, never the transcript or the state (Rollout.LIST_FIELDS).
 - The search document: the prompt, every message of the transcript (tool-call arguments and tool
-  results included) and the reward reasons, as one text column (Rollout.search_text). Postgres indexes
-  it with a pg_trgm GIN index (docs/performance.md says why not tsvector); SQLite scans it.
+  results included) and the reward reasons, as one text column (Rollout.search_text). Postgres
+  indexes it with a pg_trgm GIN index (docs/performance.md says why not tsvector); SQLite scans it.
 
 A search query is parsed here, the same way for both databases: words and "quoted phrases" must all
 occur (case-insensitive substrings), -word must not. Highlighting escapes every piece of model text.
@@ -61,8 +61,9 @@ def message_texts(m: dict[str, Any]) -> list[str]:
 
 
 def agent_messages(transcript: list[dict[str, Any]], prompt: Any) -> list[dict[str, Any]]:
-    """The transcript after its prompt: after the group's prompt messages when it starts with them,
-    else after its leading system/user/developer messages; the whole transcript when nothing is left."""
+    """The transcript after its prompt: after the group's prompt messages when it starts with
+    them, else after its leading system/user/developer messages; the whole transcript when
+    nothing is left."""
     if isinstance(prompt, list) and prompt and transcript[: len(prompt)] == prompt:
         rest = transcript[len(prompt) :]
     else:
@@ -114,7 +115,8 @@ _TOKEN = re.compile(r'(-?)"([^"]*)"?|(\S+)')
 
 
 def parse_query(raw: str) -> SearchQuery | None:
-    """None for an empty query. Raises FieldError (a 400 naming `q`) for a query no index can serve."""
+    """None for an empty query. Raises FieldError (a 400 naming `q`) for a query no
+    index can serve."""
     if not raw or not raw.strip():
         return None
     if len(raw) > MAX_QUERY_CHARS:
