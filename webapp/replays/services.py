@@ -30,7 +30,7 @@ from training import reward_versions as rv
 from training import stats
 from webapp.errors import Conflict, FieldError
 from webapp.replays.models import Replay, ReplayChunk, ReplayScore
-from webapp.rollouts.ingest import run_weights
+from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.runs.models import Run
 

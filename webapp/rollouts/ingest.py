@@ -27,16 +27,13 @@ from django.db import IntegrityError, OperationalError, transaction
 
 from webapp.errors import FieldError
 from webapp.rollouts import ingest_stats, rows
-from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.ingest_write import insert, reserve_ids, upsert_step_stats
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.rollouts.validation import GroupIn, validate_batch
 from webapp.runs.models import Run
 
 RETRIES = 3
-# run_weights is ingest_stats's; replays/services.py and rollouts/views.py still import
-# it from here.
-__all__ = ["IngestResult", "ingest_groups", "run_weights"]
+__all__ = ["IngestResult", "ingest_groups"]
 
 
 @dataclass(frozen=True)

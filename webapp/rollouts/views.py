@@ -25,7 +25,7 @@ from training.environments.base import Prompt
 from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
 from webapp.errors import FieldError
-from webapp.rollouts.ingest import run_weights
+from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
     ExplorerQuery,
