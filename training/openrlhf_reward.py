@@ -326,22 +326,29 @@ class RewardRecorder:
                 ready = self._stale(time.monotonic(), everything=True)
             if ready:
                 self._hand_over(ready)
-        if self._queue is not None:
+        if self._queue is not None and self._thread.is_alive():  # nobody would answer otherwise
             done = threading.Event()
             self._queue.put(done)
             done.wait(timeout)
 
     def close(self) -> None:
+        """Post what is left and stop the upload thread; later calls deliver in the caller's thread.
+        Idempotent: a recorder closed by its owner is not flushed again (and waited on) at exit."""
+        if self._queue is None:
+            return
         self.flush(timeout=60, partial=True)
-        if self._queue is not None and self._thread.is_alive():
+        if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=60)
+        self._queue = None
+        atexit.unregister(self.close)
 
     def _worker(self) -> None:
-        assert self._queue is not None
+        q = self._queue  # its own reference: close() drops the recorder's once the thread stops
+        assert q is not None
         while True:
             try:
-                item = self._queue.get(timeout=min(5.0, self.straggler_timeout))
+                item = q.get(timeout=min(5.0, self.straggler_timeout))
             except queue.Empty:
                 with self._lock:  # no calls for a while: stragglers must not wait for the next one
                     item = self._stale(time.monotonic())

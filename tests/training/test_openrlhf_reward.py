@@ -150,6 +150,43 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
     wrapped.recorded.recorder.close()
 
 
+def test_it_lets_the_trainer_exit_at_once_after_closing_the_recorder():
+    """A recorder its owner closed is not flushed again at exit: the atexit flush used to wait 60 s
+    for an upload thread that had already stopped (a trainer hung a minute per closed recorder)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = """
+from training.openrlhf_reward import RewardRecorder
+class Client:
+    def post_groups(self, run_id, groups):
+        return {"groups": len(groups)}
+recorders = [RewardRecorder(Client(), 1, straggler_timeout=0.5) for _ in range(2)]
+for r in recorders:
+    r.close()
+    r.close()  # idempotent
+    r.flush(timeout=None)  # nothing to wait for once closed
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=root, timeout=50, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_it_delivers_in_the_callers_thread_once_closed():
+    client = FakeClient()
+    wrapped = wrap_reward_func(reward_func, client=client, run=3, n_samples_per_prompt=4)
+    asyncio.run(engine(wrapped, ROUND))
+    recorder = wrapped.recorded.recorder
+    recorder.close()
+    posted = len(client.groups)
+    assert posted == 2
+    asyncio.run(engine(wrapped, ROUND))  # a late call after close: nothing lost, nothing hangs
+    assert len(client.groups) == posted + 2
+
+
 def test_it_posts_a_straggling_group_after_the_timeout():
     client = FakeClient()
     wrapped = wrap_reward_func(
