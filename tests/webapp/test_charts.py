@@ -90,8 +90,8 @@ def test_it_lays_out_every_dashboard_figure_under_a_unique_id():
 
 
 def test_it_switches_to_lines_only_for_long_runs():
-    long = charts._line(list(range(100)), [0.0] * 100, "x", "#000")
-    short = charts._line([0, 1], [0.0, 1.0], "x", "#000")
+    long = charts.line_trace(list(range(100)), [0.0] * 100, "x", "#000")
+    short = charts.line_trace([0, 1], [0.0, 1.0], "x", "#000")
     assert long["mode"] == "lines" and short["mode"] == "lines+markers"
 
 
@@ -104,7 +104,7 @@ def test_it_scales_a_sparkline_into_its_box():
 
 
 def test_it_keeps_five_significant_digits_in_chart_values():
-    trace = charts._line([0, 1, 2], [1 / 3, 2.5e-7 / 3, None], "x", "#000")
+    trace = charts.line_trace([0, 1, 2], [1 / 3, 2.5e-7 / 3, None], "x", "#000")
     assert trace["y"] == [
         0.33333,
         8.3333e-08,

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from webapp.runs.charts import escaped  # component and run names are user- and model-controlled
+from webapp.runs.charts import (
+    escaped,
+    line_trace,
+)  # component and run names are user- and model-controlled
 
 Figure = dict[str, Any]
 
@@ -60,20 +63,6 @@ def _legend_below(fig: Figure) -> Figure:
     return fig
 
 
-def _line(x: list[Any], y: list[Any], name: str, color: str, **extra: Any) -> dict[str, Any]:
-    trace = {
-        "type": "scatter",
-        "mode": "lines+markers" if len(x) <= 60 else "lines",
-        "x": list(x),
-        "y": list(y),
-        "name": name,
-        "line": {"color": color, "width": 1.8},
-        "marker": {"size": 4},
-    }
-    trace.update(extra)
-    return trace
-
-
 def onset_marks(findings: list[dict[str, Any]] | None) -> dict[str, Any]:
     """Layout additions marking each finding's onset step: a dashed vertical line and a label
     (plotly renders annotation text as text, and it is only a finding code and a step)."""
@@ -119,11 +108,11 @@ def zero_std_figure(agg: dict[str, Any], findings: list[dict[str, Any]] | None =
     """Fraction of groups where each component (and the aggregate reward) is constant, per step."""
     steps = agg["steps"]
     data = [
-        _line(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
+        line_trace(steps, s["zero_std_frac"], name, PALETTE[i % len(PALETTE)])
         for i, (name, s) in enumerate(agg["components"].items())
     ]
     data.append(
-        _line(
+        line_trace(
             steps,
             agg["reward_zero_std_frac"],
             "aggregate reward",
@@ -152,7 +141,7 @@ def at_max_figure(
     (saturation), with the findings' onsets marked."""
     steps = over_time.get("steps") or []
     data = [
-        _line(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
+        line_trace(steps, s["at_max"], name, PALETTE[i % len(PALETTE)])
         for i, (name, s) in enumerate((over_time.get("components") or {}).items())
     ]
     return _legend_below(
@@ -170,7 +159,7 @@ def at_max_figure(
 
 def _per_component(agg: dict[str, Any], field: str) -> list[dict[str, Any]]:
     return [
-        _line(agg["steps"], s[field], name, PALETTE[i % len(PALETTE)])
+        line_trace(agg["steps"], s[field], name, PALETTE[i % len(PALETTE)])
         for i, (name, s) in enumerate(agg["components"].items())
     ]
 
@@ -293,14 +282,14 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
     """Reward mean per step for each run, and one figure per component with each run's mean."""
     dashes = ("solid", "dash", "dot", "dashdot")
     reward = [
-        _line(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)])
+        line_trace(s["steps"], s["reward_mean"], s["label"], PALETTE[i % len(PALETTE)])
         for i, s in enumerate(series)
     ]
     for i, s in enumerate(series):
         logged = [p for p in s.get("logged_reward") or [] if p[1] is not None]
         if logged:  # what the trainer itself logged as "reward", when it logged a number
             reward.append(
-                _line(
+                line_trace(
                     [p[0] for p in logged],
                     [p[1] for p in logged],
                     f"{s['label']} (trainer log)",
@@ -318,7 +307,7 @@ def overlay_figures(series: list[dict[str, Any]]) -> dict[str, Figure]:
         names += [n for n in s["components"] if n not in names]
     for j, name in enumerate(names):
         data = [
-            _line(
+            line_trace(
                 s["steps"],
                 s["components"][name],
                 s["label"],

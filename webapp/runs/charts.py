@@ -122,7 +122,7 @@ def _short(values: list[float | None]) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in out.tolist()]
 
 
-def _line(
+def line_trace(
     x: list[int], y: list[float | None], name: str, color: str, **extra: Any
 ) -> dict[str, Any]:
     trace: dict[str, Any] = {
@@ -152,8 +152,8 @@ def reward_figure(reward: Series) -> Figure:
     band = {"line": {"width": 0}, "hoverinfo": "skip", "showlegend": False, "mode": "lines"}
     return {
         "data": [
-            _line(reward.steps, upper, "mean + std", PALETTE[0], **band),
-            _line(
+            line_trace(reward.steps, upper, "mean + std", PALETTE[0], **band),
+            line_trace(
                 reward.steps,
                 lower,
                 "mean − std",
@@ -162,8 +162,8 @@ def reward_figure(reward: Series) -> Figure:
                 fillcolor="rgba(37,99,235,0.12)",
                 **band,
             ),
-            _line(reward.steps, reward.mean, "reward mean", PALETTE[0]),
-            _line(
+            line_trace(reward.steps, reward.mean, "reward mean", PALETTE[0]),
+            line_trace(
                 reward.steps,
                 reward.std,
                 "reward std (batch)",
@@ -196,13 +196,13 @@ def zero_std_figure(
     """Fraction of groups with no signal per step: the aggregate (no advantage at all)
     and each component."""
     data = [
-        _line(
+        line_trace(
             steps, overall, "aggregate (no advantage)", "#111", line={"color": "#111", "width": 2.4}
         )
     ]
     for i, cs in enumerate(components):
         data.append(
-            _line(
+            line_trace(
                 cs.steps,
                 cs.zero_std_frac,
                 cs.name,
@@ -223,7 +223,7 @@ def zero_std_figure(
 @escaped
 def component_mean_figure(cs: ComponentSeries, color: str) -> Figure:
     return {
-        "data": [_line(cs.steps, cs.mean, f"{cs.name} mean", color)],
+        "data": [line_trace(cs.steps, cs.mean, f"{cs.name} mean", color)],
         "layout": _layout(f"{cs.name} · mean", "mean", showlegend=False),
     }
 
@@ -238,8 +238,8 @@ def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
     )
     return {
         "data": [
-            _line(cs.steps, cs.within_std, "within-group std (mean over groups)", color),
-            _line(
+            line_trace(cs.steps, cs.within_std, "within-group std (mean over groups)", color),
+            line_trace(
                 cs.steps,
                 cs.batch_std,
                 batch_label,
@@ -254,7 +254,7 @@ def component_std_figure(cs: ComponentSeries, color: str) -> Figure:
 @escaped
 def metric_figure(name: str, steps: list[int], values: list[float | None], color: str) -> Figure:
     return {
-        "data": [_line(steps, values, name, color)],
+        "data": [line_trace(steps, values, name, color)],
         "layout": _layout(name, "", showlegend=False),
     }
 
