@@ -29,7 +29,12 @@ def histogram_figure(row: dict[str, Any]) -> Figure:
     return {
         "data": data,
         "layout": _layout(
-            f"{row['name']}: distribution", "rollouts", "value", barmode="group", height=230
+            # no x title: the slanted bin labels (the values) took its place and overlapped it
+            f"{row['name']}: distribution of values",
+            "rollouts",
+            "",
+            barmode="group",
+            height=230,
         ),
     }
 
