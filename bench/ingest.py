@@ -133,7 +133,7 @@ def bench_raw_copy(groups: list[dict]) -> float:
                 [len(batch) * G],
             )
             rids = [r[0] for r in cur.fetchall()]
-        g_rows, r_rows, s_rows, st_rows = [], [], [], []
+        g_rows, r_rows, s_rows, st_rows, vocab = [], [], [], [], set()
         k = 0
         header = packed.header([comps[n] for n in NAMES])
         for gi, (gid, g) in enumerate(zip(gids, batch, strict=True)):
@@ -166,6 +166,8 @@ def bench_raw_copy(groups: list[dict]) -> float:
                 tr = _transcript(r)
                 sm = text.summarize(tr, g["prompt"])
                 doc = text.search_document(prompt_text, g["prompt"], tr, ["ok"] * K)
+                words = text.search_words(doc)
+                vocab.update(words or ())
                 r_rows.append(
                     (
                         rid,
@@ -189,6 +191,7 @@ def bench_raw_copy(groups: list[dict]) -> float:
                         sm.tool_calls,
                         sm.chars,
                         doc,
+                        text.words_tsvector(run.id, words),
                     )
                 )
                 for n in NAMES:
@@ -210,14 +213,14 @@ def bench_raw_copy(groups: list[dict]) -> float:
                         False,
                     )
                 )
-        prepared.append((g_rows, r_rows, s_rows, st_rows))
+        prepared.append((g_rows, r_rows, s_rows, st_rows, sorted(vocab)))
     sqls = (
         "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, "
         "reward_mean, reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM "
         "STDIN",
         "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, "
         "reward, advantage, length, truncated, finish_reason, parse_error, state, preview_head, "
-        "preview_tail, n_turns, n_tool_calls, text_chars, search_text) FROM STDIN",
+        "preview_tail, n_turns, n_tool_calls, text_chars, search_text, search_words) FROM STDIN",
         "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM "
         "STDIN",
         "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, "
@@ -226,10 +229,15 @@ def bench_raw_copy(groups: list[dict]) -> float:
     t0 = time.perf_counter()  # only the COPY and the commit are timed: the floor
     for tables in track(prepared, "raw COPY", "batch"):
         with transaction.atomic(), connection.cursor() as dc:
-            for sql, rows in zip(sqls, tables, strict=True):
+            for sql, rows in zip(sqls, tables[:4], strict=True):
                 with dc.cursor.copy(sql) as cp:
                     for row in rows:
                         cp.write_row(row)
+            dc.execute(  # the run's vocabulary, as the service adds it (prebuilt word list)
+                "INSERT INTO rollouts_searchword (run_id, word) SELECT %s, w "
+                "FROM unnest(%s::text[]) AS w ORDER BY w ON CONFLICT DO NOTHING",
+                [run.id, tables[4]],
+            )
     elapsed = time.perf_counter() - t0
     return elapsed
 

@@ -448,6 +448,7 @@ def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_ar
         cur.execute(
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
         )
+    monkeypatch.setattr(queries, "_word_plan", lambda run, search: None)  # the trigram plans
     monkeypatch.setattr(queries, "SEARCH_PROBE", 0)
     monkeypatch.setattr(queries, "WALK_FIRST", 1)  # rounds of 1, 2, 4... rows
     monkeypatch.setattr(queries, "_run_size", lambda run: 0)  # cap 0: 1 candidate is "too many"

@@ -150,7 +150,9 @@ def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     # to 1,000 rows).
     items = (
         queue.items.select_related("rollout")
-        .defer("rollout__transcript", "rollout__state", "rollout__search_text")
+        .defer(
+            "rollout__transcript", "rollout__state", "rollout__search_text", "rollout__search_words"
+        )
         .prefetch_related(
             "assignments__user", "rollout__annotations__label", "rollout__annotations__author"
         )[:1000]

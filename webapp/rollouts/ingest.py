@@ -27,7 +27,12 @@ from django.db import IntegrityError, OperationalError, transaction
 
 from webapp.errors import FieldError
 from webapp.rollouts import ingest_stats, rows
-from webapp.rollouts.ingest_write import insert, reserve_ids, upsert_step_stats
+from webapp.rollouts.ingest_write import (
+    add_vocabulary,
+    insert,
+    reserve_ids,
+    upsert_step_stats,
+)
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.rollouts.validation import GroupIn, validate_batch
 from webapp.runs.models import Run
@@ -81,6 +86,7 @@ def _store(run: Run, groups: list[GroupIn], comps: list[RewardComponent]) -> Ing
     group_ids, rollout_ids = reserve_ids(Group, len(new)), reserve_ids(Rollout, n)
     insert(rows.batch_rows(run.id, new, comps, s, group_ids, rollout_ids))
     upsert_step_stats(run.id, ingest_stats.step_stat_rows(s, comps))
+    add_vocabulary(run.id, [r.search_words for g in new for r in g.rollouts])  # last: it says why
     return IngestResult(groups=len(new), rollouts=n, skipped_groups=len(groups) - len(new))
 
 

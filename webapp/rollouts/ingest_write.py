@@ -71,3 +71,21 @@ def upsert_step_stats(run_id: int, rows: list[StepStatRow]) -> None:
     )
     with connection.cursor() as cur:
         cur.executemany(sql, [(run_id, *row) for row in rows])
+
+
+def add_vocabulary(run_id: int, word_sets: Sequence[set[str] | None]) -> None:
+    """Add the words of a batch's search documents (text.search_words) to the run's vocabulary
+    (SearchWord), Postgres only. Call it last in the batch's transaction: it locks new words in
+    sorted order, after every other lock the batch takes, so concurrent batches cannot deadlock on
+    them (a batch that adds a word another has just added waits for that one's commit)."""
+    if connection.vendor != "postgresql":
+        return
+    words: set[str] = set().union(*(w for w in word_sets if w))
+    if not words:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO rollouts_searchword (run_id, word) SELECT %s, w "
+            "FROM unnest(%s::text[]) AS w ORDER BY w ON CONFLICT DO NOTHING",
+            [run_id, sorted(words)],
+        )

@@ -7,6 +7,8 @@ advantage / length" scans Rollout(run, <field>, id). Keyset pagination rides on 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 
@@ -108,6 +110,14 @@ class Group(models.Model):
         return f"run {self.run_id} step {self.step} {self.key}"
 
 
+class WordsField(models.TextField):
+    """Postgres: tsvector (a document's distinct words, no positions); SQLite: text, left NULL (the
+    demo's search scans)."""
+
+    def db_type(self, connection: Any) -> str:
+        return "tsvector" if connection.vendor == "postgresql" else "text"
+
+
 class Rollout(models.Model):
     group = models.ForeignKey(
         Group, on_delete=models.CASCADE, related_name="rollouts", db_index=False
@@ -151,6 +161,10 @@ class Rollout(models.Model):
     # Postgres: a pg_trgm GIN index on UPPER(search_text) (migration 0007; docs/performance.md
     # says why trigram).
     search_text = models.TextField(blank=True, default="", db_default="")
+    # Its distinct words (text.search_words), written with it by ingestion; Postgres GIN-indexes
+    # them with the run id (migration 0010). NULL: not word-indexed (written another way, or too
+    # many words): search rechecks such rows' text.
+    search_words = WordsField(null=True, blank=True, editable=False)
 
     # What list pages (explorer, group, queues, exports listings) load: never
     # transcript, state, search_text.
@@ -276,3 +290,18 @@ class StepStat(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "step", "component_id"], name="stepstat_unique")
         ]
+
+
+class SearchWord(models.Model):
+    """A run's vocabulary: every word (text.search_words) of its rollouts' search documents, added
+    by ingestion in the batch's transaction. Search looks up the words that contain a term here
+    (Postgres: a trigram index on word, migration 0010), then the rollouts holding any of them
+    through the word index: substring matching with no document rechecked."""
+
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    word = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "word"], name="searchword_unique")]

@@ -20,11 +20,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Value
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Exists,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Greatest, StrIndex, Substr, Upper
 from django.utils.safestring import SafeString
 
 from webapp.errors import FieldError
+from webapp.rollouts import text
 from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery, highlight, parse_query
 from webapp.runs.models import Run
@@ -312,12 +323,12 @@ SEARCH_INDEX = (
 )
 
 
-def _index_rows(node: dict[str, Any]) -> Iterator[int]:
-    """Actual rows of the search index's bitmap scans in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
-    if node.get("Node Type") == "Bitmap Index Scan" and node.get("Index Name") == SEARCH_INDEX:
+def _index_rows(node: dict[str, Any], index: str = SEARCH_INDEX) -> Iterator[int]:
+    """Actual rows of an index's bitmap scans in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
+    if node.get("Node Type") == "Bitmap Index Scan" and node.get("Index Name") == index:
         yield int(node.get("Actual Rows", 0))
     for child in node.get("Plans", ()):
-        yield from _index_rows(child)
+        yield from _index_rows(child, index)
 
 
 def _run_size(run: Run) -> int:
@@ -401,11 +412,15 @@ def _walk(
 def _search_page(
     run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery
 ) -> list[tuple[int, Any]]:
-    """q.limit + 1 matching rows in keyset order, by the cheaper of two plans (_probe says
-    why). One round of the walk comes first: a frequent word fills the page there, before the
-    index is asked to count candidates (a count that costs in proportion to them: 0.1 s for a
-    word in all of 100k)."""
+    """q.limit + 1 matching rows in keyset order. Postgres serves most searches from the word index
+    (_word_search_page); the rest, and SQLite, by the cheaper of two plans over the trigram index
+    (_probe says why). One round of the walk comes first: a frequent word fills the page there,
+    before the index is asked to count candidates (a count that costs in proportion to them: 0.1 s
+    for a word in all of 100k)."""
     assert q.search is not None
+    plan = _word_plan(run, q.search)
+    if plan is not None:
+        return _word_search_page(run, qs, value_field, id_field, q, plan)
     hits, resume = _walk(qs, value_field, id_field, q, budget=WALK_FIRST)
     if len(hits) > q.limit or resume is None:
         return hits[: q.limit + 1]
@@ -418,7 +433,116 @@ def _search_page(
         if len(hits) > q.limit or resume is None or budget is None:
             return hits[: q.limit + 1]
         ids = _fetch_hits(run, q.search)  # the walk has cost what fetching does: fetch after all
-    found = qs.filter(**{f"{id_field}__in": ids})
+    found = _with_ids(qs, id_field, ids)
+    return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
+
+
+def _with_ids(qs: QuerySet, id_field: str, ids: list[int]) -> QuerySet:
+    """qs narrowed to rows whose `id_field` is in `ids`: one array parameter on Postgres (tens of
+    thousands of ids would be as many parameters), IN elsewhere."""
+    if connection.vendor != "postgresql":
+        return qs.filter(**{f"{id_field}__in": ids})
+    column = qs.model._meta.get_field(id_field).column
+    sql = f"{connection.ops.quote_name(qs.model._meta.db_table)}.{column} = ANY(%s)"
+    return qs.filter(RawSQL(sql, (list(ids),), output_field=BooleanField()))
+
+
+# The word index (migration 0010): each rollout's distinct words (text.search_words), prefixed by
+# their run, in a GIN index; each run's vocabulary (SearchWord) under a trigram index. A term's runs
+# of letters and digits (text.term_runs) are looked up in the vocabulary: the rollouts holding any
+# word that contains a run are exactly those whose text contains the run, so the index answers a
+# one-word term with no document rechecked, and narrows any other term to real candidates.
+WORDS_INDEX = "rollout_search_words"
+VOCAB_CAP = 2000  # words containing one run: past this the run is not used to narrow the search
+# A fetched hit costs a heap visit (~a few us); a row the walk checks costs a recheck of its text
+# (~0.1-0.3 ms at ~11 KB): the ratio of the two prices the plans of an exact word search.
+RECHECK_PER_FETCH = 50
+
+
+@dataclass(frozen=True)
+class WordPlan:
+    tsquery: str  # AND over the runs of OR over the words containing each; "" = nothing matches
+    exact: bool  # the index's hits are the search's hits (one-word terms, no exclusions)
+
+
+def _word_plan(run: Run, search: SearchQuery) -> WordPlan | None:
+    """The word-index query for a search (Postgres), or None when no term has a run of 3+ letters
+    and digits that the vocabulary narrows (the trigram plans serve it)."""
+    if connection.vendor != "postgresql":
+        return None
+    clauses, narrowed_all = [], True
+    with connection.cursor() as cur:
+        for run_text in dict.fromkeys(r for t in search.include for r in text.term_runs(t)):
+            # Runs hold only A-Z and 0-9: no LIKE escaping, and words need no tsquery quoting.
+            cur.execute(
+                "SELECT word FROM rollouts_searchword WHERE run_id = %s::bigint AND word LIKE %s "
+                "LIMIT %s",
+                [run.id, f"%{run_text}%", VOCAB_CAP + 1],
+            )
+            words = [w for (w,) in cur.fetchall()]
+            if not words:  # no stored word contains it: only rollouts stored without words can
+                return WordPlan("", True)
+            if len(words) > VOCAB_CAP:
+                narrowed_all = False
+                continue
+            clauses.append("(" + " | ".join(text.words_lexeme(run.id, w) for w in words) + ")")
+    if not clauses:
+        return None
+    exact = narrowed_all and not search.exclude and all(map(text.is_one_word, search.include))
+    return WordPlan(" & ".join(clauses), exact)
+
+
+def _words_match(plan: WordPlan) -> RawSQL:
+    """The word index's condition. Its lexemes carry their run (text.words_lexeme), so it needs no
+    run filter: another run's rollouts never match."""
+    sql = "rollouts_rollout.search_words @@ %s::tsquery"
+    return RawSQL(sql, (plan.tsquery,), output_field=BooleanField())
+
+
+def _word_hits(run: Run, search: SearchQuery, plan: WordPlan) -> list[int]:
+    """The ids of the run's rollouts the word index finds, rechecked against their text unless the
+    plan is exact; plus the rollouts without words (written another way than ingestion, or with
+    too many words), found by their text through a partial index."""
+    run_id = Cast(Value(run.id), BigIntegerField())  # bigint: see _run_search
+    unindexed = Rollout.objects.filter(run_id=run_id, search_words__isnull=True)
+    with _plan(enable_seqscan="off", enable_indexscan="off"):
+        ids = list(unindexed.filter(_search_q(search, "")).values_list("id", flat=True))
+        if plan.tsquery:
+            hits = Rollout.objects.filter(_words_match(plan))  # run-scoped by the lexemes' prefix
+            if not plan.exact:
+                hits = hits.filter(_search_q(search, ""))
+            ids += hits.values_list("id", flat=True)
+        return ids
+
+
+def _word_count(plan: WordPlan) -> int:
+    """How many rollouts the word index finds (the hits of an exact plan, else candidates), from
+    its bitmap scan run once under EXPLAIN ANALYZE (no row is read)."""
+    qs = Rollout.objects.filter(_words_match(plan)).values("id")[:1]
+    sql, params = qs.query.sql_with_params()
+    with _plan(enable_seqscan="off", enable_indexscan="off"), connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql, params)
+        tree = cur.fetchone()[0]
+    tree = json.loads(tree) if isinstance(tree, str) else tree
+    return max(_index_rows(tree[0]["Plan"], WORDS_INDEX), default=0)
+
+
+def _word_search_page(
+    run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, plan: WordPlan
+) -> list[tuple[int, Any]]:
+    """Fetch every hit and sort them through the sort index, or walk the sort order checking rows,
+    whichever costs less. An exact plan's hits cost a heap visit each, RECHECK_PER_FETCH times
+    cheaper than a walk's recheck: fetch when C <= sqrt((limit + 1) x run size x that ratio)
+    (50,000 at a million rollouts: a word in up to 5% of them). Otherwise the candidates are
+    rechecked as the trigram plans do (_probe)."""
+    assert q.search is not None
+    count = _word_count(plan) if plan.tsquery else 0
+    scale = (q.limit + 1) * max(_run_size(run), 1) * (RECHECK_PER_FETCH if plan.exact else 1)
+    if count > max(SEARCH_PROBE, math.isqrt(scale)):
+        hits, resume = _walk(qs, value_field, id_field, q, budget=None if plan.exact else count)
+        if len(hits) > q.limit or resume is None or plan.exact:
+            return hits[: q.limit + 1]
+    found = _with_ids(qs, id_field, _word_hits(run, q.search, plan))
     return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
 
 

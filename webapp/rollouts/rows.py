@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from webapp.rollouts import packed
+from webapp.rollouts import packed, text
 from webapp.rollouts.ingest_stats import BatchStats, stored_zero_std
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.validation import GroupIn
@@ -58,6 +58,7 @@ ROLLOUT_COLUMNS = (
     "n_tool_calls",
     "text_chars",
     "search_text",
+    "search_words",
 )
 SCORE_COLUMNS = ("rollout_id", "component_id", "run_id", "step", "value", "reason")
 STAT_COLUMNS = (
@@ -205,6 +206,7 @@ def _rollout_and_score_rows(
                     sm.tool_calls,
                     sm.chars,
                     r.search_text,
+                    text.words_tsvector(run_id, r.search_words),
                 )
             )
             values, given = matrix[i], r.rewards

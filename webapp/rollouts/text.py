@@ -6,7 +6,9 @@
   these columns, never the transcript or the state (Rollout.LIST_FIELDS).
 - The search document: the prompt, every message of the transcript (tool-call arguments and tool
   results included) and the reward reasons, as one text column (Rollout.search_text). Postgres
-  indexes it with a pg_trgm GIN index (docs/performance.md says why not tsvector); SQLite scans it.
+  indexes it twice: a pg_trgm GIN index on it, and a word index (search_words: its distinct words,
+  a GIN-indexed tsvector, with each run's vocabulary in SearchWord); SQLite scans it.
+  docs/performance.md says why both.
 
 A search query is parsed here, the same way for both databases: words and "quoted phrases" must all
 occur (case-insensitive substrings), -word must not. Highlighting escapes every piece of model text.
@@ -30,6 +32,13 @@ MAX_QUERY_CHARS = 1000  # past this a query is refused (400): every term is an i
 MAX_TERMS = 12
 MIN_TERM_CHARS = 3  # a trigram index cannot serve shorter words
 SNIPPET_BEFORE, SNIPPET_CHARS = 40, 200  # the match stays visible in a one-line table cell
+# The word index: a word is a maximal run of ASCII letters and digits of the upper-cased document
+# (every other character separates words). A word longer than WORD_CHARS is stored as windows of
+# WORD_CHARS characters every WORD_STEP, so any run of up to WORD_STEP characters inside it lies
+# whole in one window. Documents with more distinct words than MAX_WORDS are not word-indexed
+# (search_words NULL: search rechecks them as it did before; tsvector holds at most 1 MB).
+WORD_CHARS, WORD_STEP, MAX_WORDS = 64, 32, 40_000
+_WORD_BYTES = bytes(c if 48 <= c <= 57 or 65 <= c <= 90 else 32 for c in range(256))
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,56 @@ def search_document(
     parts.extend(r for r in reasons if r)
     # Whitespace collapsed: a "quoted phrase" matches across the line breaks of a traceback.
     return " ".join(" ".join(parts).split())
+
+
+def _words(s: str) -> set[str]:
+    """Maximal runs of ASCII letters and digits, upper-cased, exactly as Postgres's UPPER (the
+    search's definition) sees them: it upper-cases two non-ASCII letters to ASCII (dotless i to I,
+    long s to S) and leaves every other non-ASCII character non-ASCII (ß stays ß, where Python
+    would write SS), so those only separate words."""
+    if "ı" in s or "ſ" in s:
+        s = s.replace("ı", "I").replace("ſ", "S")
+    raw = s.encode("utf-8", "replace").upper().translate(_WORD_BYTES)  # bytes.upper: ASCII only
+    return set(raw.decode("ascii").split())
+
+
+def search_words(doc: str) -> set[str] | None:
+    """The document's distinct words (words longer than WORD_CHARS as windows), or None past
+    MAX_WORDS. A document contains a run of letters and digits iff one of its words does."""
+    words = _words(doc)
+    long = [w for w in words if len(w) > WORD_CHARS]
+    for w in long:
+        words.discard(w)
+        words.update(w[i : i + WORD_CHARS] for i in range(0, max(len(w) - WORD_STEP, 1), WORD_STEP))
+    return None if len(words) > MAX_WORDS else words
+
+
+def words_lexeme(run_id: int, word: str) -> str:
+    """A word as the word index stores it: prefixed by its run ("63x" + word; words hold only A-Z
+    and 0-9, so the lower-case x ends the prefix and nothing needs quoting). The index is then
+    run-scoped without a run_id column, which the planner could pick for a plain run filter."""
+    return f"{run_id}x{word}"
+
+
+def words_tsvector(run_id: int, words: set[str] | None) -> str | None:
+    """The tsvector literal of a rollout's words (Rollout.search_words)."""
+    if words is None:
+        return None
+    prefix = f"{run_id}x"
+    return " ".join([prefix + w for w in words])
+
+
+def term_runs(term: str) -> list[str]:
+    """The runs of ASCII letters and digits of a search term (as _words reads them), of
+    MIN_TERM_CHARS or more, cut to WORD_STEP characters. A document containing the term has, for
+    each run, a stored word containing it."""
+    return [w[:WORD_STEP] for w in _words(term) if len(w) >= MIN_TERM_CHARS]
+
+
+def is_one_word(term: str) -> bool:
+    """A term whose stored words decide it exactly: one run of ASCII letters and digits, at most
+    WORD_STEP long (a document contains it iff one of its words contains it)."""
+    return MIN_TERM_CHARS <= len(term) <= WORD_STEP and term.isascii() and term.isalnum()
 
 
 @dataclass(frozen=True)

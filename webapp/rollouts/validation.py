@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from django.db import connection
 
 from webapp.errors import MAX_ERRORS, FieldError
 from webapp.rollouts import text
@@ -42,6 +43,7 @@ class RolloutIn:
     state: Any
     summary: text.TextSummary | None = None  # preview columns, set once the batch is valid
     search_text: str = ""
+    search_words: set[str] | None = None  # its distinct words (text.search_words); Postgres
 
 
 @dataclass
@@ -313,6 +315,7 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
             groups.append(group)
     if errs:
         raise FieldError.of(errs.items)
+    words = connection.vendor == "postgresql"  # the word index (SQLite, the demo, scans)
     for group in groups:  # only for a valid batch: the text work is a good part of ingestion
         group.prompt_text = _flatten_prompt(group.prompt)
         for r in group.rollouts:
@@ -323,6 +326,7 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
                 r.transcript,
                 [reason for _, reason in r.rewards.values()],
             )
+            r.search_words = text.search_words(r.search_text) if words else None
     return groups
 
 

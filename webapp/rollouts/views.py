@@ -399,7 +399,9 @@ def _messages(transcript: Any) -> list[dict[str, Any]]:
 def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
     require_role(request, "viewer")
     rollout = get_object_or_404(
-        Rollout.objects.select_related("group", "run", "run__environment").defer("search_text"),
+        Rollout.objects.select_related("group", "run", "run__environment").defer(
+            "search_text", "search_words"
+        ),
         id=rollout_id,
     )
     run, group = rollout.run, rollout.group
