@@ -339,8 +339,27 @@ def vacuum() -> None:
             "rollouts_rewardscore",
             "rollouts_groupcomponentstat",
             "rollouts_stepstat",
+            "rollouts_searchword",
         ):
             cur.execute(f"VACUUM ANALYZE {table}")
+
+
+def index_sizes() -> None:
+    """The search indexes' sizes and each run's vocabulary (the word index's words)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, pg_size_pretty(pg_relation_size(c.oid)) FROM pg_class c WHERE "
+            "c.relname IN ('rollout_search_run_trgm', 'rollout_search_words', "
+            "'searchword_run_trgm', 'rollouts_searchword') ORDER BY 1"
+        )
+        print("search storage: " + ", ".join(f"{n} {size}" for n, size in cur.fetchall()))
+        cur.execute(
+            "SELECT r.name, count(*) FROM rollouts_searchword w JOIN runs_run r ON r.id = w.run_id "
+            "WHERE r.name LIKE 'bench-%%' GROUP BY r.name ORDER BY 1"
+        )
+        print("vocabulary: " + ", ".join(f"{n} {c:,} words" for n, c in cur.fetchall()))
 
 
 def median_ms(fn: Callable[[], Any], repeat: int) -> float:
@@ -366,6 +385,16 @@ def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
         ("explorer p1, sort by component", f"{ex}?sort=tool_use&order=desc", 100),
         ("explorer p1, sort by reward", f"{ex}?sort=reward&order=desc", 100),
         (f"explorer search rare word ({rare})", f"{ex}?sort=tool_use&order=desc&q={rare}", 300),
+        (  # inside a word: the vocabulary finds the words that contain it
+            f"explorer search part of a word ({rare[2:7]})",
+            f"{ex}?sort=tool_use&order=desc&q={rare[2:7]}",
+            300,
+        ),
+        (  # an exclusion: candidates from the word index, rechecked against their text
+            f"explorer search {rare} -{COMMON_WORD}",
+            f"{ex}?sort=tool_use&order=desc&q={rare}+-{COMMON_WORD}",
+            300,
+        ),
         (
             f"explorer search common word ({COMMON_WORD})",
             f"{ex}?sort=tool_use&order=desc&q={COMMON_WORD}",
@@ -502,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             runs[kind], _ = seed(kind, args.rollouts)
     vacuum()
+    index_sizes()
     count_hits(runs["realistic"])
     word_shares(runs["realistic"])
     time_pages(runs, args.repeat)

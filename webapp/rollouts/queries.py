@@ -461,7 +461,7 @@ RECHECK_PER_FETCH = 50
 
 @dataclass(frozen=True)
 class WordPlan:
-    tsquery: str  # AND over the runs of OR over the words containing each; "" = nothing matches
+    tsquery: str  # AND over the runs of OR over the words containing each; "": no word matches
     exact: bool  # the index's hits are the search's hits (one-word terms, no exclusions)
 
 
