@@ -1,0 +1,90 @@
+"""CPU and queries of one explorer API read, in-process (no server, no network).
+
+    DATABASE_URL=postgres://... python bench/api_read.py [--rollouts 20000] [--reads 300]
+
+Seeds a run of one-line rollouts (bench/pages.py's shapes, through ingest_groups; reused when
+already there), then reads GET /api/v1/runs/<id>/rollouts/?sort=<component>&cursor=... through the
+test client with a token, paging up to 5 pages per sort like bench/load.py's readers. Prints the
+queries of one read and the process CPU (time.process_time: Django, DRF, psycopg; not Postgres's)
+per read, with the load average beside it: the figure that bounds what one gunicorn core serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+from bench.pages import COMPONENTS, production_like_env, seed  # noqa: E402
+
+
+def reads(client, run_id: int, n: int, rng: random.Random) -> list[str]:
+    """n reads as bench/load.py's readers make them; returns the URLs read (for the query count)."""
+    urls: list[str] = []
+    names = [c["name"] for c in COMPONENTS]
+    while len(urls) < n:
+        sort, order, cursor = rng.choice(names), rng.choice(["asc", "desc"]), None
+        for _ in range(5):
+            params = {"sort": sort, "order": order, "limit": 50}
+            if cursor:
+                params["cursor"] = cursor
+            res = client.get(f"/api/v1/runs/{run_id}/rollouts/", params)
+            assert res.status_code == 200, res.content[:300]
+            urls.append(res.request["QUERY_STRING"])
+            cursor = res.json()["next"]
+            if not cursor or len(urls) >= n:
+                break
+    return urls
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=20_000)
+    parser.add_argument("--reads", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    production_like_env()
+
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    from webapp.accounts.roles import set_role
+
+    call_command("migrate", verbosity=0)
+    run = seed(args.rollouts)
+    user, _ = get_user_model().objects.get_or_create(username="bench-api-viewer")
+    set_role(user, "viewer")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    rng = random.Random(0)
+    reads(client, run.id, 20, rng)  # warm-up: imports, URL resolver, connection
+    with CaptureQueriesContext(connection) as ctx:
+        reads(client, run.id, 1, random.Random(1))
+    print(f"queries per read: {len(ctx.captured_queries)}")
+    per_read = []
+    for _ in range(args.rounds):
+        t0 = time.process_time()
+        reads(client, run.id, args.reads, rng)
+        per_read.append((time.process_time() - t0) * 1000 / args.reads)
+        load = os.getloadavg()[0]
+        print(f"CPU ms per read: {per_read[-1]:.2f} (load {load:.2f})")
+    print(f"median CPU ms per read: {statistics.median(per_read):.2f}")
+
+
+if __name__ == "__main__":
+    main()
