@@ -73,9 +73,15 @@ def main(argv: list[str] | None = None) -> None:
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
     rng = random.Random(0)
     reads(client, run.id, 20, rng)  # warm-up: imports, URL resolver, connection
-    with CaptureQueriesContext(connection) as ctx:
-        reads(client, run.id, 1, random.Random(1))
-    print(f"queries per read: {len(ctx.captured_queries)}")
+    counts = []
+    for url in reads(client, run.id, 50, random.Random(1)):
+        with CaptureQueriesContext(connection) as ctx:
+            client.get(f"/api/v1/runs/{run.id}/rollouts/?{url}")
+        counts.append(len(ctx.captured_queries))
+    print(
+        f"queries per read: mean {statistics.mean(counts):.2f}, "
+        f"min {min(counts)}, max {max(counts)} (50 reads)"
+    )
     per_read = []
     for _ in range(args.rounds):
         t0 = time.process_time()
