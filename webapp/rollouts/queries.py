@@ -616,16 +616,17 @@ def _page_rows(
     qn = connection.ops.quote_name
     meta = Rollout._meta
     cols = ", ".join(f"r.{qn(meta.get_field(f).column)}" for f in VALUE_FIELDS)
+    # A subquery per row (an index lookup each), not a join: with a join the planner hashed a
+    # sequential scan of the whole stats table for the page's 50 rows (1.5 ms at 20k rollouts).
     params: list[Any] = []
     if sorted_comp is not None:  # (group, component) is unique: one row at most
-        std = "s.std"
-        join = f"{GroupComponentStat._meta.db_table} s ON s.group_id = r.group_id"
-        join += " AND s.component_id = %s"
+        std = f"SELECT s.std FROM {GroupComponentStat._meta.db_table} s "
+        std += "WHERE s.group_id = r.group_id AND s.component_id = %s"
         params.append(sorted_comp.id)
     else:
-        std, join = "g.reward_std", f"{Group._meta.db_table} g ON g.id = r.group_id"
+        std = f"SELECT g.reward_std FROM {Group._meta.db_table} g WHERE g.id = r.group_id"
     marks = ", ".join(["%s"] * len(ids))
-    sql = f"SELECT {cols}, {std} FROM {meta.db_table} r LEFT JOIN {join} WHERE r.id IN ({marks})"
+    sql = f"SELECT {cols}, ({std}) FROM {meta.db_table} r WHERE r.id IN ({marks})"
     with connection.cursor() as cur:
         cur.execute(sql, [*params, *ids])
         rows = cur.fetchall()  # one call: iterating the cursor costs a call per row
