@@ -6,7 +6,7 @@ Seeds a run of one-line rollouts (bench/pages.py's shapes, through ingest_groups
 already there), then reads GET /api/v1/runs/<id>/rollouts/?sort=<component>&cursor=... through the
 test client with a token, paging up to 5 pages per sort like bench/load.py's readers. Prints the
 queries of one read and the process CPU (time.process_time: Django, DRF, psycopg; not Postgres's)
-per read, with the load average beside it: the figure that bounds what one gunicorn core serves.
+per read, and the CPU of the Postgres backend that served them, with the load average beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,16 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 from bench.pages import COMPONENTS, production_like_env, seed  # noqa: E402
+
+
+def backend_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of the Postgres backend serving this process (same host); 0.0
+    where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def reads(client, run_id: int, n: int, rng: random.Random) -> list[str]:
@@ -82,13 +92,17 @@ def main(argv: list[str] | None = None) -> None:
         f"queries per read: mean {statistics.mean(counts):.2f}, "
         f"min {min(counts)}, max {max(counts)} (50 reads)"
     )
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
     per_read = []
     for _ in range(args.rounds):
-        t0 = time.process_time()
+        t0, pg0 = time.process_time(), backend_cpu_seconds(backend)
         reads(client, run.id, args.reads, rng)
         per_read.append((time.process_time() - t0) * 1000 / args.reads)
+        pg = (backend_cpu_seconds(backend) - pg0) * 1000 / args.reads
         load = os.getloadavg()[0]
-        print(f"CPU ms per read: {per_read[-1]:.2f} (load {load:.2f})")
+        print(f"CPU ms per read: {per_read[-1]:.2f}, Postgres {pg:.2f} (load {load:.2f})")
     print(f"median CPU ms per read: {statistics.median(per_read):.2f}")
 
 
