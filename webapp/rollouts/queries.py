@@ -25,13 +25,7 @@ from django.db.models.functions import Cast, Greatest, StrIndex, Substr, Upper
 from django.utils.safestring import SafeString
 
 from webapp.errors import FieldError
-from webapp.rollouts.models import (
-    Group,
-    GroupComponentStat,
-    RewardComponent,
-    RewardScore,
-    Rollout,
-)
+from webapp.rollouts.models import GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery, highlight, parse_query
 from webapp.runs.models import Run
 
@@ -624,6 +618,8 @@ def _page_rows(
         std += "WHERE s.group_id = r.group_id AND s.component_id = %s"
         params.append(sorted_comp.id)
     else:
+        from webapp.rollouts.models import Group
+
         std = f"SELECT g.reward_std FROM {Group._meta.db_table} g WHERE g.id = r.group_id"
     marks = ", ".join(["%s"] * len(ids))
     sql = f"SELECT {cols}, ({std}) FROM {meta.db_table} r WHERE r.id IN ({marks})"
