@@ -20,7 +20,7 @@ from webapp.api.parsing import parse_body
 from webapp.errors import Conflict, FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore
-from webapp.rollouts.queries import ExplorerQuery, explore
+from webapp.rollouts.queries import ExplorerQuery, explore_values
 from webapp.rollouts.services import (
     create_run,
     ensure_environment,
@@ -306,31 +306,9 @@ def run_finish(request: Request, run_id: int) -> Response:
 )
 @api_view(["GET"])
 def run_rollouts(request: Request, run_id: int) -> Response:
-    run = get_run_for(request, run_id, related=())
-    comp_names = [c.name for c in run.components()]
-    q = ExplorerQuery.from_params(request.query_params, comp_names)
-    page = explore(run, q)
-    return Response(
-        {
-            "sort": q.sort,
-            "order": q.order,
-            "next": page.next_cursor,
-            "rollouts": [
-                {
-                    "id": row.rollout.id,
-                    "step": row.rollout.step,
-                    "group_id": row.rollout.group_id,
-                    "index": row.rollout.index,
-                    "split": row.rollout.split,
-                    "reward": row.rollout.reward,
-                    "advantage": row.rollout.advantage,
-                    "length": row.rollout.length,
-                    "completion": row.rollout.completion,
-                    "rewards": row.values,
-                    "group_std": row.group_std,
-                    "sort_value": row.sort_value,
-                }
-                for row in page.rows
-            ],
-        }
-    )
+    # Only what the explorer reads of the run: not its config, provenance, summary or log.
+    run = get_run_for(request, run_id, related=(), fields=("id", "environment", "owner"))
+    components = run.components()
+    q = ExplorerQuery.from_params(request.query_params, [c.name for c in components])
+    rows, next_cursor = explore_values(run, q, components)
+    return Response({"sort": q.sort, "order": q.order, "next": next_cursor, "rollouts": rows})

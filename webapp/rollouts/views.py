@@ -68,7 +68,7 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
     error, page, q = None, None, ExplorerQuery()
     try:
         q = ExplorerQuery.from_params(request.GET, [c.name for c in components])
-        page = explore(run, q)
+        page = explore(run, q, components)
     except FieldError as exc:
         error = exc
     qs = urlencode(q.params())
@@ -354,11 +354,13 @@ def neighbours(
     else:
         value = getattr(rollout, q.sort)
     cursor = encode_cursor(value, rollout.id)
-    after = explore(run, dataclasses.replace(q, cursor=cursor, limit=1)).rows
+    after = explore(run, dataclasses.replace(q, cursor=cursor, limit=1), components).rows
     # The keyset order is a total order, so the reversed direction from the same
     # cursor is "previous".
     flipped = "asc" if q.order == "desc" else "desc"
-    before = explore(run, dataclasses.replace(q, cursor=cursor, order=flipped, limit=1)).rows
+    before = explore(
+        run, dataclasses.replace(q, cursor=cursor, order=flipped, limit=1), components
+    ).rows
     return (before[0].rollout.id if before else None), (after[0].rollout.id if after else None)
 
 

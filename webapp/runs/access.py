@@ -17,15 +17,19 @@ def get_run_for(
     *,
     owner_may: bool = False,
     related: tuple[str, ...] = ("environment",),
+    fields: tuple[str, ...] = (),
 ) -> Run:
     """The run `run_id` for a request that may act on it with `role`: PermissionDenied (a 403, as
     JSON under the API) when the user lacks the role, before the run is looked up; Http404 when it
     does not exist. `owner_may`: the run's owner may also act with the annotator role (the API's
     write rule: a script feeding its own run); a viewer changes nothing, owner or not. Roles are
-    read per request, so a demotion takes effect on the next one."""
+    read per request, so a demotion takes effect on the next one. `fields`: load only these
+    (a hot read path that needs neither the run's JSON nor its log); () loads them all."""
     runs = (
         Run.objects.select_related(*related) if related else Run.objects.all()
     )  # (): no join at all
+    if fields:
+        runs = runs.only(*fields)
     if has_role(request.user, role):
         return get_object_or_404(runs, id=run_id)
     if not owner_may:
