@@ -307,3 +307,26 @@ def test_term_runs_and_one_word_terms():
     assert text.is_one_word("KeyError") and not text.is_one_word("key_error")
     assert not text.is_one_word("école") and not text.is_one_word("x" * 33)
     assert queries.VOCAB_CAP > 0
+
+
+@pytest.mark.parametrize("walk_hits", [0, 10**9])
+def test_hits_are_paged_alike_by_lookup_and_by_a_walk_of_the_sort_index(
+    mixed, monkeypatch, walk_hits
+):
+    """Past WALK_HITS x sqrt(run size) hits the page walks the sort index with the ids as a hashed
+    filter; below it looks each hit up. Both give the same pages, both orders, every sort."""
+    run, _ = mixed
+    monkeypatch.setattr(queries, "WALK_HITS", walk_hits)
+    for q in ("error", "quokka", '"tests pass"', "keyerror -quokka"):
+        want = _scanned(run, q)
+        for sort, order in (("correct", "desc"), ("reward", "asc"), ("length", "desc")):
+            got, cursor = [], None
+            while True:
+                page = explore(
+                    run, ExplorerQuery(text=q, cursor=cursor, sort=sort, order=order, limit=5)
+                )
+                got += [r.rollout.id for r in page.rows]
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            assert len(got) == len(set(got)) and set(got) == want, (q, sort, order)
