@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 from bench.pages import COMPONENTS, production_like_env, seed  # noqa: E402
+from bench.pages import _require_postgres as require_postgres  # noqa: E402
 
 
 def backend_cpu_seconds(pid: int) -> float:
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reads", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    require_postgres()  # and creates the database when missing
     production_like_env()
 
     import django

@@ -20,10 +20,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
-from training import diagnostics as dg
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/diagnostics.py` too
+from training import diagnostics as dg  # noqa: E402
 
 C = dg.ComponentInfo
 MAX_ROLLOUTS = 40_000  # per generated run: keeps the whole bench to about a minute on two cores
