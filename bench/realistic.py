@@ -282,18 +282,13 @@ def make_step(
     return out
 
 
-def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
-    """The run of `kind` with n rollouts (reused when already seeded); (run, ingest
-    rollouts/s or None)."""
-    from webapp.rollouts.ingest import ingest_groups
-    from webapp.rollouts.models import Group
+def _run_for(kind: str, n_rollouts: int) -> Any:
     from webapp.rollouts.services import create_run, ensure_environment
     from webapp.runs.models import Run
 
-    groups_per_step = max(1, n_rollouts // (G * STEPS))
     env = ensure_environment("bench-realistic", COMPONENTS)
     name = f"bench-{kind}-{n_rollouts}"
-    run = Run.objects.filter(name=name).first() or create_run(
+    return Run.objects.filter(name=name).first() or create_run(
         name=name,
         kind="grpo",
         environment=env,
@@ -301,32 +296,95 @@ def seed(kind: str, n_rollouts: int) -> tuple[Any, float | None]:
         status="running",
         base_model="bench/tiny",
     )
-    done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
-    todo = [s for s in range(STEPS) if s not in done]
-    if not todo:
-        print(f"reusing seeded run {run.id} ({name})")
-        return run, None
-    rng = np.random.default_rng(len(done) + (0 if kind == "realistic" else 10_000))
+
+
+def _seed_steps(kind: str, run_id: int, steps: list[int], groups_per_step: int, bar: Any) -> float:
+    """Ingest `steps` of the run through the service; seconds spent inside it. Each step's text
+    comes from its own generator (seeded by the step), whichever process seeds it."""
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.runs.models import Run
+
+    run = Run.objects.get(id=run_id)
     vocab = Vocabulary(np.random.default_rng(7))
     per_batch = max(1, BATCH_ROLLOUTS // (groups_per_step * G))
     ingest_s = 0.0
-    with progress(len(todo) * groups_per_step * G, f"seeding {kind}") as bar:
-        for i in range(0, len(todo), per_batch):
-            groups = [
-                g
-                for s in todo[i : i + per_batch]
-                for g in make_step(kind, s, groups_per_step, vocab, rng)
-            ]
+    for i in range(0, len(steps), per_batch):
+        groups = []
+        for s in steps[i : i + per_batch]:
+            rng = np.random.default_rng(s + (0 if kind == "realistic" else 10_000))
+            groups += make_step(kind, s, groups_per_step, vocab, rng)
+        for j in range(0, len(groups), max(1, BATCH_ROLLOUTS // G)):
             t0 = time.perf_counter()
-            ingest_groups(run, {"groups": groups})
+            ingest_groups(run, {"groups": groups[j : j + max(1, BATCH_ROLLOUTS // G)]})
             ingest_s += time.perf_counter() - t0
+        if bar is not None:
             bar.update(len(groups) * G)
+    return ingest_s
+
+
+def _seeder(kind: str, run_id: int, steps: list[int], groups_per_step: int) -> float:
+    """A seeding process (--seeders N): its own Django and database connection."""
+    import django
+
+    production_like_env()
+    django.setup()
+    return _seed_steps(kind, run_id, steps, groups_per_step, None)
+
+
+def seed(kind: str, n_rollouts: int, seeders: int = 1) -> tuple[Any, float | None]:
+    """The run of `kind` with n rollouts (reused when already seeded; an interrupted seed resumes at
+    the missing steps); (run, ingest rollouts/s or None). seeders > 1: the missing steps are split
+    over that many processes (seeding is Postgres-bound in one backend: a million realistic
+    rollouts took ~1 hour with two on this 2-core machine); rollouts/s is then the wall rate."""
+    from webapp.rollouts.models import Group
+
+    groups_per_step = max(1, n_rollouts // (G * STEPS))
+    run = _run_for(kind, n_rollouts)
+    done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
+    todo = [s for s in range(STEPS) if s not in done]
+    if not todo:
+        print(f"reusing seeded run {run.id} ({run.name})")
+        return run, None
     n = len(todo) * groups_per_step * G
+    t0 = time.perf_counter()
+    if seeders <= 1:
+        with progress(n, f"seeding {kind}") as bar:
+            ingest_s = _seed_steps(kind, run.id, todo, groups_per_step, bar)
+    else:
+        _seed_in_processes(kind, run, todo, groups_per_step, seeders, n)
+        ingest_s = time.perf_counter() - t0
     print(
         f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not "
-        "counted)"
+        f"counted{'' if seeders <= 1 else f'; wall rate of {seeders} processes'})"
     )
     return run, n / ingest_s
+
+
+def _seed_in_processes(
+    kind: str, run: Any, todo: list[int], groups_per_step: int, seeders: int, n: int
+) -> None:
+    """Split `todo` round-robin over `seeders` processes; progress from the parent, by counting."""
+    import multiprocessing as mp
+
+    from django.db import connection
+
+    from webapp.rollouts.models import Group
+
+    connection.close()  # the children open their own
+    parts = [todo[k::seeders] for k in range(seeders)]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(seeders) as pool, progress(n, f"seeding {kind} ({seeders} processes)") as bar:
+        result = pool.starmap_async(
+            _seeder, [(kind, run.id, part, groups_per_step) for part in parts]
+        )
+        shown = 0
+        while not result.ready():
+            result.wait(5)
+            stored = Group.objects.filter(run=run, step__in=todo).count() * G
+            bar.update(stored - shown)
+            shown = stored
+        result.get()  # a child's error, raised here
+        bar.update(n - shown)
 
 
 def vacuum() -> None:
@@ -509,6 +567,12 @@ def main(argv: list[str] | None = None) -> None:
         help="time the runs as they stand (a seed still running, or stopped part way: sizes "
         "printed)",
     )
+    parser.add_argument(
+        "--seeders",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes seeding the runs (default: up to 2; seeding is Postgres-bound per process)",
+    )
     args = parser.parse_args(argv)
     require_postgres()
     production_like_env()
@@ -529,7 +593,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{kind} run {runs[kind].id}: {_run_size(runs[kind]):,} rollouts as seeded so far"
             )
         else:
-            runs[kind], _ = seed(kind, args.rollouts)
+            runs[kind], _ = seed(kind, args.rollouts, args.seeders)
     vacuum()
     index_sizes()
     count_hits(runs["realistic"])
