@@ -446,10 +446,24 @@ def test_it_overlays_a_twin_with_a_legend_clear_of_the_axis(
     for chart in page.locator("[data-chart]").all():
         chart.locator(".main-svg").first.wait_for()
     shot(page, "ux-overlay")
-    for chart in page.locator("[data-chart]").all():
-        legend = chart.locator(".legend").bounding_box()
-        title = chart.locator(".g-xtitle").bounding_box()
-        ticks = [t.bounding_box() for t in chart.locator(".xtick").all()]
+    # Measured in one script once every chart has laid out its title and legend: Plotly redraws a
+    # chart in several ticks (the legend placement relayouts it), and an element read between them
+    # has no box (seen once in three runs).
+    boxes = page.wait_for_function(
+        """() => {
+            const box = e => e && e.getBoundingClientRect();
+            const out = [...document.querySelectorAll('[data-chart]')].map(c => ({
+                title: box(c.querySelector('.g-xtitle')),
+                legend: box(c.querySelector('.legend')),
+                ticks: [...c.querySelectorAll('.xtick')].map(box),
+            }));
+            const ready = out.every(o => o.title && o.title.height > 0 && o.legend
+                && o.legend.height > 0 && o.ticks.length);
+            return ready && JSON.stringify(out);
+        }"""
+    ).json_value()
+    for chart in json.loads(boxes):
+        title, legend, ticks = chart["title"], chart["legend"], chart["ticks"]
         # text boxes include a few px of line height: overlapping glyphs would be ~10 px
         assert title["y"] >= max(t["y"] + t["height"] for t in ticks) - 4, "title on the ticks"
         assert legend["y"] >= title["y"] + title["height"] - 4, "the legend overlaps the step title"
