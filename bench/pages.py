@@ -268,6 +268,18 @@ def main(argv: list[str] | None = None) -> None:
             f"{explorer}?sort=correct&order=desc&step_min=200&step_max=210",
             100,
         ),
+        # The worst case for a walk of the sort index: reward and the components climb over the
+        # run, so the best of the first steps sort after every later step's rows.
+        (
+            "explorer p1, reward + first steps",
+            f"{explorer}?sort=reward&order=desc&step_min=0&step_max=10",
+            100,
+        ),
+        (
+            "explorer p1, component + first steps",
+            f"{explorer}?sort=correct&order=desc&step_min=0&step_max=10",
+            100,
+        ),
         (
             f"explorer p{args.page} by keyset (page)",
             f"{explorer}?sort=coverage&order=desc&cursor={cursor}",

@@ -193,11 +193,27 @@ class Rollout(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["group", "index"], name="rollout_unique_index")
         ]
+        # INCLUDE step (Postgres; ignored elsewhere), as score_sort: a step-range filter on a sort
+        # is checked inside the index. Without it the walk fetched the heap row of every entry it
+        # skipped: the best rewards of steps 0-10 at 1M rollouts walked 222,560 later-step rows
+        # first, 625 ms; 25 ms index-only (migration 0011).
         indexes = [
-            models.Index(fields=["run", "reward", "id"], name="rollout_run_reward"),
-            models.Index(fields=["run", "advantage", "id"], name="rollout_run_adv"),
-            models.Index(fields=["run", "length", "id"], name="rollout_run_length"),
-            models.Index(fields=["run", "step", "id"], name="rollout_run_step"),
+            models.Index(
+                fields=["run", "reward", "id"], include=["step"], name="rollout_run_reward"
+            ),
+            models.Index(
+                fields=["run", "advantage", "id"], include=["step"], name="rollout_run_adv"
+            ),
+            models.Index(
+                fields=["run", "length", "id"], include=["step"], name="rollout_run_length"
+            ),
+            # The sort columns INCLUDEd: a narrow step range sorted by one of them is read from
+            # this index alone and its top taken (queries._range_first), not walked for.
+            models.Index(
+                fields=["run", "step", "id"],
+                include=["reward", "advantage", "length"],
+                name="rollout_run_step",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -236,6 +252,12 @@ class RewardScore(models.Model):
             # index instead of a heap fetch per entry (measured 760 ms -> 115 ms at 1M rollouts).
             models.Index(
                 fields=["run", "component", "value", "rollout"], include=["step"], name="score_sort"
+            ),
+            # A narrow step range sorted by a component: its rows read from here alone, then the
+            # top of them taken (queries._range_first). score_sort skips every other step's rows
+            # first, 78 ms for the best of steps 0-10 at 1M rollouts when scores climb; 10 ms here.
+            models.Index(
+                fields=["run", "component", "step"], include=["value", "rollout"], name="score_step"
             ),
         ]
 
