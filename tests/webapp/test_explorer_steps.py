@@ -5,8 +5,9 @@ skipped first.
 
 Two plans (queries._range_first, Postgres): a wide range walks the sort index, the skipped entries
 checked inside it (INCLUDE step, migration 0011), never by a heap fetch each; a narrow one is read
-from an index by step that carries the sort values, and its top sorted. Each test runs both plans
-(RANGE_SHARE 0: always walk; 1: always read the range) and checks the pages against Python's sort.
+from an index by step that carries the sort values, and its top sorted. The paging tests run both
+plans (RANGE_SHARE 0: always walk; 1: always read the range) against Python's sort; the plan tests
+check each plan's index on Postgres.
 """
 
 from __future__ import annotations
