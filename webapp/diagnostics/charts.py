@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from webapp.runs.charts import (
-    escaped,
-    line_trace,
-)  # component and run names are user- and model-controlled
+# escaped: component and run names are user- and model-controlled
+from webapp.runs.charts import escaped, line_trace
 
 Figure = dict[str, Any]
 

@@ -41,6 +41,7 @@ from django.utils.safestring import SafeString
 from webapp.errors import FieldError
 from webapp.rollouts import text
 from webapp.rollouts.models import (
+    Group,
     GroupComponentStat,
     RewardComponent,
     RewardScore,
@@ -366,23 +367,26 @@ def _fetch_hits(run: Run, search: SearchQuery, cap: int | None = None) -> list[i
         return list(ids if cap is None else ids[: cap + 1])
 
 
-def _probe(run: Run, search: SearchQuery, limit: int = 50) -> tuple[list[int] | None, int | None]:
+def _probe(
+    run: Run, search: SearchQuery, limit: int = 50, size: int | None = None
+) -> tuple[list[int] | None, int | None]:
     """(ids, None) when fetching every hit is the cheaper plan; else (None, budget): walk the sort
     order (_walk), checking at most `budget` rows (None: no bound) before fetching after all.
+    `size`: the run's rollouts when the caller has read them (_run_size).
 
     Both plans cost rechecks (a detoast and an UPPER of the document). Fetching every hit costs one
     per index candidate, C; walking the sort order costs about (limit + 1) / selectivity = (limit +
     1) x run size / hits. So: fetch when C <= sqrt((limit + 1) x run size) (7,100 at a million
-       rollouts,
-    where both cost ~7,100 rechecks: the worst case), walk otherwise, for at most C rows: a word
-    with few hits among many candidates (common trigrams) is then fetched, at no more than twice the
-    cheaper plan's cost. Off Postgres (no count), the old rule: fetch up to SEARCH_PROBE + 1, walk
-    past that. The index leads with run_id (btree_gin), so other runs cost nothing."""
+    rollouts, where both cost ~7,100 rechecks: the worst case), walk otherwise, for at most C rows:
+    a word with few hits among many candidates (common trigrams) is then fetched, at no more than
+    twice the cheaper plan's cost. Off Postgres (no count), the old rule: fetch up to SEARCH_PROBE +
+    1, walk past that. The index leads with run_id (btree_gin), so other runs cost nothing."""
     candidates = _candidates(run, search)
     if candidates is None:
         ids = _fetch_hits(run, search, SEARCH_PROBE)
         return (ids, None) if len(ids) <= SEARCH_PROBE else (None, None)
-    cap = max(SEARCH_PROBE, math.isqrt((limit + 1) * _run_size(run)))
+    size = _run_size(run) if size is None else size
+    cap = max(SEARCH_PROBE, math.isqrt((limit + 1) * size))
     return (_fetch_hits(run, search), None) if candidates <= cap else (None, candidates)
 
 
@@ -444,14 +448,15 @@ def _search_page(
         return hits[: q.limit + 1]
     if len(hits) * DENSE >= WALK_FIRST:
         return (hits + _walk(qs, value_field, id_field, q, start=resume)[0])[: q.limit + 1]
-    ids, budget = _probe(run, q.search, q.limit)
+    size = _run_size(run) if connection.vendor == "postgresql" else 0  # read once per search
+    ids, budget = _probe(run, q.search, q.limit, size)
     if ids is None:
         more, resume = _walk(qs, value_field, id_field, q, start=resume, budget=budget)
         hits += more
         if len(hits) > q.limit or resume is None or budget is None:
             return hits[: q.limit + 1]
         ids = _fetch_hits(run, q.search)  # the walk has cost what fetching does: fetch after all
-    return _hits_page(run, qs, value_field, id_field, q, ids)
+    return _hits_page(qs, value_field, id_field, q, ids, size)
 
 
 def _with_ids(qs: QuerySet, id_field: str, ids: list[int], lookup: bool = True) -> QuerySet:
@@ -472,15 +477,16 @@ WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for t
 
 
 def _hits_page(
-    run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, ids: list[int]
+    qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery, ids: list[int], size: int
 ) -> list[tuple[int, Any]]:
     """The page of `ids` (every hit of a search) in keyset order. Few hits: each is looked up and
     the lot sorted (~25 us a hit at a million realistic rollouts: a heap visit). Many: the sort
     index is walked with the ids as a hashed filter, ~51 x run size / hits entries (~1 us each),
     the cheaper past ~2 x sqrt(run size) hits (2,000 at a million rollouts). The id condition is
     written `id + 0 = ANY(...)` so it can only filter the walk, never drive a lookup by id (12,000
-    lookups and a sort took 0.3 s for a word in 1.6% of a million rollouts; the walk 3 ms)."""
-    walk = connection.vendor == "postgresql" and len(ids) > WALK_HITS * math.isqrt(_run_size(run))
+    lookups and a sort took 0.3 s for a word in 1.6% of a million rollouts; the walk 3 ms). `size`:
+    the run's rollouts (_run_size)."""
+    walk = connection.vendor == "postgresql" and len(ids) > WALK_HITS * math.isqrt(size)
     found = _with_ids(qs, id_field, ids, lookup=not walk)
     settings = {"enable_bitmapscan": "off"} if walk else {}
     with _plan(**settings):
@@ -587,12 +593,13 @@ def _word_search_page(
     rechecked as the trigram plans do (_probe)."""
     assert q.search is not None
     count = _word_count(plan) if plan.tsquery else 0
-    scale = (q.limit + 1) * max(_run_size(run), 1) * (RECHECK_PER_FETCH if plan.exact else 1)
+    size = _run_size(run)
+    scale = (q.limit + 1) * max(size, 1) * (RECHECK_PER_FETCH if plan.exact else 1)
     if count > max(SEARCH_PROBE, math.isqrt(scale)):
         hits, resume = _walk(qs, value_field, id_field, q, budget=None if plan.exact else count)
         if len(hits) > q.limit or resume is None or plan.exact:
             return hits[: q.limit + 1]
-    return _hits_page(run, qs, value_field, id_field, q, _word_hits(run, q.search, plan))
+    return _hits_page(qs, value_field, id_field, q, _word_hits(run, q.search, plan), size)
 
 
 RANGE_SHARE = 0.2  # a step range of at most this share of the run is read whole (_range_first)
@@ -611,15 +618,20 @@ def _range_first(run: Run, q: ExplorerQuery, value_field: str) -> bool:
         return False
     if q.step_min is None and q.step_max is None:
         return False
-    inside = Q()
-    if q.step_min is not None:
-        inside &= Q(step__gte=q.step_min)
-    if q.step_max is not None:
-        inside &= Q(step__lte=q.step_max)
     counts = StepStat.objects.filter(run=run, component_id=0).aggregate(
-        run=Sum("n_rollouts"), range=Sum("n_rollouts", filter=inside)
+        run=Sum("n_rollouts"), range=Sum("n_rollouts", filter=_step_range(q, "step"))
     )
     return (counts["range"] or 0) <= RANGE_SHARE * (counts["run"] or 0)
+
+
+def _step_range(q: ExplorerQuery, step_field: str) -> Q:
+    """q's step range on `step_field` (empty when it has none)."""
+    cond = Q()
+    if q.step_min is not None:
+        cond &= Q(**{f"{step_field}__gte": q.step_min})
+    if q.step_max is not None:
+        cond &= Q(**{f"{step_field}__lte": q.step_max})
+    return cond
 
 
 def _filters(
@@ -632,11 +644,7 @@ def _filters(
     """Filters on Rollout fields; `prefix` is "" for a Rollout queryset, "rollout__" for
     RewardScore. `step_field`: Rollout and RewardScore carry step; ReplayScore does not
     ("rollout__step")."""
-    cond = Q()
-    if q.step_min is not None:
-        cond &= Q(**{f"{step_field}__gte": q.step_min})
-    if q.step_max is not None:
-        cond &= Q(**{f"{step_field}__lte": q.step_max})
+    cond = _step_range(q, step_field)
     if q.split:
         cond &= Q(**{f"{prefix}split": q.split})
     if q.zero_std_only:
@@ -819,8 +827,6 @@ def _page_rows(
         std += "WHERE s.group_id = r.group_id AND s.component_id = %s"
         params.append(sorted_comp.id)
     else:
-        from webapp.rollouts.models import Group
-
         std = f"SELECT g.reward_std FROM {Group._meta.db_table} g WHERE g.id = r.group_id"
     marks = ", ".join(["%s"] * len(ids))
     sql = f"SELECT {cols}, ({std}) FROM {meta.db_table} r WHERE r.id IN ({marks})"
@@ -910,8 +916,6 @@ def _hydrate(
             ).values_list("group_id", "std")
         )
     else:
-        from webapp.rollouts.models import Group
-
         stds = dict(Group.objects.filter(id__in=group_ids).values_list("id", "reward_std"))
     return [
         ExplorerRow(

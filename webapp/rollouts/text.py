@@ -141,10 +141,7 @@ def words_lexeme(run_id: int, word: str) -> str:
 
 def words_tsvector(run_id: int, words: set[str] | None) -> str | None:
     """The tsvector literal of a rollout's words (Rollout.search_words)."""
-    if words is None:
-        return None
-    prefix = f"{run_id}x"
-    return " ".join([prefix + w for w in words])
+    return None if words is None else " ".join([words_lexeme(run_id, w) for w in words])
 
 
 def term_runs(term: str) -> list[str]:
