@@ -206,15 +206,16 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _after(run) -> None:
-    """Chains: a finished run starts (or cancels) the runs queued behind it."""
+    """Chains: a finished run starts (or fails) the runs queued behind it. A run failed here never
+    runs, so nothing would call this for it: the failure goes down the whole chain now."""
     from webapp.runs.launch import enqueue_run
 
     waiting = type(run).objects.filter(parent=run, status="queued", config__start_after_parent=True)
     for child in waiting:
         if run.status == "succeeded":
             enqueue_run(child.id)
-        else:
-            child.mark_failed(f"not started: parent run {run.id} {run.status}")
+        elif child.mark_failed(f"not started: parent run {run.id} {run.status}"):
+            _after(child)
 
 
 # ---- worker heartbeat ----------------------------------------------------------------------------

@@ -261,3 +261,28 @@ def test_webapp_never_imports_workers():
                 f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[0] == "workers"
             ]
     assert offenders == []
+
+
+def test_a_failed_stage_fails_every_run_chained_behind_it_not_only_its_children(
+    db, monkeypatch, make_user
+):
+    """Seen on the GPU machine: SFT failed, its children (eval, GRPO) were failed 'not started', and
+    the eval queued behind GRPO stayed queued forever (a cascade one level deep)."""
+    from webapp.runs import launch
+    from workers.tasks import _after
+
+    make_user("demo", "admin")
+    monkeypatch.setattr(launch, "enqueue_run", lambda run_id: "gpu")
+    launch.queue_demo_chain()
+    runs = {r.name: r for r in Run.objects.all()}
+    sft = runs["demo · sft"]
+    Run.objects.filter(id=sft.id).update(status=Run.Status.RUNNING)
+    sft.refresh_from_db()
+    sft.mark_failed("boom")
+    _after(sft)
+    behind = ["demo · eval after sft", "demo · grpo", "demo · eval after grpo"]
+    states = {name: Run.objects.get(id=runs[name].id) for name in behind}
+    assert {name: r.status for name, r in states.items()} == dict.fromkeys(behind, "failed")
+    assert states["demo · eval after grpo"].error.startswith(
+        f"not started: parent run {runs['demo · grpo'].id} failed"
+    )
