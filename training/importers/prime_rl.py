@@ -26,11 +26,12 @@ other episodes are in folders not given, were cancelled, or had not arrived.
 
 Rewards and advantages, as PRIME-RL's GRPO (`algo/grpo.py`, `algo/base.py`
 iter_trainable_traces): the scored traces are the clean ones (`ok`) of a trainable agent with
-sampled tokens; their reward is the trace's (sum of score x weight). A trace PRIME-RL did not score (an error, or an episode without
-a trace) is stored with no reward, advantage 0, its state saying why. The advantage of a trained
-trace is the one it shipped with (the mean of its non-zero token advantages, `scalar_advantage`);
-of an untrained scored trace, reward minus the group mean, which is what GRPO assigned it (checked
-against the trained members of the same group; without the config, an unchecked group is flagged).
+sampled tokens; their reward is the trace's (sum of score x weight). A trace PRIME-RL did not
+score (an error, or an episode without a trace) is stored with no reward and advantage 0, its
+state saying why. The advantage of a trained trace is the one it shipped with (the mean of its
+non-zero token advantages, `scalar_advantage`); of an untrained scored trace, reward minus the
+group mean, which is what GRPO assigned it (checked against the trained members of the same
+group; without the config, an unchecked group is flagged).
 Everything the files cannot tell is listed in `gaps` (stored on the run's import summary).
 
 Records without "traces" are read in the flat format of earlier versions of this reader
