@@ -394,6 +394,8 @@ class Command(BaseCommand):
                 f"{importer.stats.already_stored} groups were already stored (not imported twice)"
             )
         self.stdout.write(importer.stats.line())
+        for gap in reader.notes().get("gaps") or []:  # also in run.summary["import"]["gaps"]
+            self.stdout.write(f"not known from the files: {gap}")
         if stopped:
             raise CommandError(f"stopped at the first bad record (--on-error stop): {stopped}")
 
