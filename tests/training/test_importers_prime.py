@@ -4,6 +4,7 @@ sampled, with the steps, rewards and advantages it trained on."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -162,3 +163,20 @@ def test_it_flags_what_is_unknown_without_the_config(tmp_path):
     assert "group size not in the files" in gaps and "train/calc-env: 4" in gaps
     assert "no configs/orchestrator.json" in gaps
     assert "assumes PRIME-RL's default GRPO" in gaps  # Z: no trained member to check against
+
+
+def test_it_flags_untrained_advantages_it_cannot_know(tmp_path):
+    """A length penalty shapes the advantages: the shipped ones are read, the zero-advantage
+    members' cannot be derived from reward - mean (stored 0 and flagged)."""
+    run = default_run(tmp_path)
+    for f in (tmp_path / "rollouts").rglob("effective/traces.jsonl"):
+        eps = [json.loads(x) for x in f.read_text().splitlines()]
+        for ep in eps:
+            for n in ep["traces"][0]["nodes"]:
+                if "advantages" in n:
+                    n["advantages"] = [a * 0.5 for a in n["advantages"]]
+        f.write_text("".join(json.dumps(ep) + "\n" for ep in eps))
+    reader = open_reader("prime-rl", tmp_path)
+    a = by_name(run, items(reader)[0])["A"]["rollouts"]
+    assert [r["advantage"] for r in a] == pytest.approx([0.25, -0.25, 0.0, 0.0])
+    assert any("cannot be known from the files and is stored as 0" in t for t in reader.gaps)

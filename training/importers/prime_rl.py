@@ -237,6 +237,7 @@ class PrimeRLReader(GroupingJsonlReader):
             yield from super().read(progress)
             return
         files = self.files()
+        self.gaps, self.counts, self.duplicates = [], {}, []  # what this read found
         groups: dict[tuple[str, str], _Group] = {}
         yield from self._index(files, groups, progress)
         yield from self._emit(files, groups)
