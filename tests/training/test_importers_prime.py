@@ -180,3 +180,15 @@ def test_it_flags_untrained_advantages_it_cannot_know(tmp_path):
     a = by_name(run, items(reader)[0])["A"]["rollouts"]
     assert [r["advantage"] for r in a] == pytest.approx([0.25, -0.25, 0.0, 0.0])
     assert any("cannot be known from the files and is stored as 0" in t for t in reader.gaps)
+
+
+def test_it_skips_the_group_of_a_truncated_last_line_whole(tmp_path):
+    run = default_run(tmp_path)
+    f = tmp_path / "rollouts" / "step_4" / "train" / "all" / "traces.jsonl"
+    f.write_bytes(f.read_bytes()[:-200])  # the run was killed mid-write: H's last episode
+    reader = open_reader("prime-rl", tmp_path)
+    groups, bad, _ = items(reader)
+    assert [b.line for b in bad] == [8] and "malformed JSON" in bad[0].message
+    stored = by_name(run, groups)
+    assert "H" not in stored and all(len(g["rollouts"]) == 4 for g in stored.values())
+    assert reader.counts["incomplete_groups_not_stored"] == 1
