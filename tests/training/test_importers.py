@@ -662,9 +662,9 @@ def prime_episode(
 
 def write_prime_run(root: Path) -> Path:
     for step in (1, 2):
-        eps = [
-            prime_episode(step, g, j) for j in range(3) for g in ("a", "b")
-        ]  # written as they finish
+        eps = [  # written as they finish; PRIME-RL's group ids are uuids, unique in a run
+            prime_episode(step, f"{g}{step}", j) for j in range(3) for g in ("a", "b")
+        ]
         write_jsonl(
             root / "rollouts" / f"step_{step}" / "train" / "effective" / "traces.jsonl", eps
         )
@@ -689,22 +689,20 @@ def test_it_reads_prime_rl_traces_files_recursively_grouped_by_group_id(tmp_path
         )
         for g in groups
     ] == [
-        (1, "g-a", 3, "train"),
-        (1, "g-b", 3, "train"),
+        (1, "g-a1", 3, "train"),
+        (1, "g-b1", 3, "train"),
         (2, "g-e", 2, "holdout"),
-        (2, "g-a", 3, "train"),
-        (2, "g-b", 3, "train"),
+        (2, "g-a2", 3, "train"),
+        (2, "g-b2", 3, "train"),
     ]
-    assert len(reader.duplicates) == 2 and all(
-        "/all/" in d for d in reader.duplicates
-    )  # effective wins
+    assert reader.duplicates == []  # all and effective: one set of episodes, combined
     g = groups[0].record
     assert g["prompt"] == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Q a"},
+        {"role": "user", "content": "Q a1"},
     ]
     r = g["rollouts"][1]
-    assert r["transcript"] == [{"role": "assistant", "content": "answer a.1"}]
+    assert r["transcript"] == [{"role": "assistant", "content": "answer a1.1"}]
     assert r["rewards"] == {"correct": 1.0, "brevity": pytest.approx(0.1)}
     assert r["reward"] == pytest.approx(
         1.0 + 0.5 * 0.1
@@ -722,17 +720,19 @@ def test_it_reads_prime_rl_traces_files_recursively_grouped_by_group_id(tmp_path
     }
 
 
-def test_it_takes_prime_rl_token_advantages_and_names_an_episode_without_traces(tmp_path):
+def test_it_takes_prime_rl_token_advantages_and_keeps_an_episode_without_traces(tmp_path):
     eps = [prime_episode(3, "a", j, advantages=0.25 * j) for j in range(2)]
     failed = prime_episode(3, "b", 0, ok=False)
     failed["traces"], failed["errors"] = (
         [],
         [{"type": "TimeoutError", "message": "sandbox timed out"}],
     )
+    failed["group"] = {"id": "a"}
     path = write_jsonl(tmp_path / "traces.jsonl", [*eps, failed])
     groups, bad, _ = items(open_reader("prime-rl", path))
-    assert [r["advantage"] for r in groups[0].record["rollouts"]] == [0.0, 0.25]
-    assert bad[0].line == 3 and "TimeoutError: sandbox timed out" in bad[0].message
+    rollouts = groups[0].record["rollouts"]
+    assert bad == [] and [r["advantage"] for r in rollouts] == [0.0, 0.25, 0.0]
+    assert rollouts[2]["state"]["errors"] == "TimeoutError: sandbox timed out"
 
 
 def rft_record(sample_id: str, question: str, answer: str, accuracy: float) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from training.importers.art import ARTReader
 from training.importers.base import (
     BadRecord,
     GroupItem,
@@ -22,6 +23,7 @@ from training.importers.byoo import ByooReader
 from training.importers.jsonl import JsonlReader
 from training.importers.prime_rl import PrimeRLReader
 from training.importers.trl import TRLReader
+from training.importers.verifiers import VerifiersReader
 from training.importers.verl import VerlReader
 
 READERS: dict[str, type[Reader]] = {
@@ -30,6 +32,8 @@ READERS: dict[str, type[Reader]] = {
     "verl": VerlReader,
     "prime-rl": PrimeRLReader,
     "byoo": ByooReader,
+    "verifiers": VerifiersReader,
+    "art": ARTReader,
 }
 
 

@@ -1,4 +1,4 @@
-"""`manage.py import_rollouts FILE --run NAME --format jsonl|trl|verl|prime-rl|byoo`.
+"""`manage.py import_rollouts FILE --run NAME --format jsonl|trl|verl|prime-rl|byoo|verifiers|art`.
 
 Streams a rollout dump through a format reader (training/importers) into `ingest_groups`, in
 batches of complete groups (one transaction each). A record that cannot be read is reported with
@@ -298,7 +298,8 @@ def _weights(raw: str) -> dict[str, float]:
 
 class Command(BaseCommand):
     help = (
-        "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes) "
+        "Import a rollout dump (our JSONL, TRL completion logs, verl, PRIME-RL, BYOO episodes, "
+        "verifiers evaluations, ART trajectory groups) "
         "into a run."
     )
 
@@ -394,6 +395,8 @@ class Command(BaseCommand):
                 f"{importer.stats.already_stored} groups were already stored (not imported twice)"
             )
         self.stdout.write(importer.stats.line())
+        for gap in reader.notes().get("gaps") or []:  # also in run.summary["import"]["gaps"]
+            self.stdout.write(f"not known from the files: {gap}")
         if stopped:
             raise CommandError(f"stopped at the first bad record (--on-error stop): {stopped}")
 
