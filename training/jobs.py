@@ -1,8 +1,9 @@
-"""The one list of job kinds: kind -> title, config dataclass and `main`.
+"""The one table of run kinds: kind -> title, traits, config dataclass and `main`.
 
-The launch forms, the CLI, the worker and the queue router all read it; a new job kind is one entry
-here plus its module (`<kind>.py` with a config dataclass and `main(config, sink, progress)`).
-Modules are imported on first use: listing the kinds must not load torch.
+The run model's choices, the launch forms, the run pages, the CLI, the worker and the queue router
+all read it; a new job kind is one entry here plus its module (`<kind>.py` with a config dataclass
+and `main(config, sink, progress)`). `import` is the one kind that is not a job: its runs are fed by
+a trainer elsewhere. Modules are imported on first use: listing the kinds must not load torch.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from typing import Any
 class JobKind:
     kind: str
     title: str  # what the pages call it
-    module: str  # importable module holding the config class and main()
+    module: str  # importable module holding the config class and main(); "" for imports
     config_name: str
     cpu_when_scripted: bool = False  # a scripted teacher needs no GPU: it goes to the default queue
+    produces_model: bool = False  # its output is a model another job can start from ("run:<id>")
+    records_rollouts: bool = False  # stores rollouts, so the run page has a reward-health verdict
+    no_verdict: str = ""  # why a kind without rollouts has no verdict (shown in its place)
+    launchable: bool = True  # a job the workers run; False for runs fed from elsewhere
 
     def config_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.config_name)
@@ -28,23 +33,59 @@ class JobKind:
         return importlib.import_module(self.module).main
 
 
-JOBS: dict[str, JobKind] = {
+RUN_KINDS: dict[str, JobKind] = {
     job.kind: job
     for job in (
-        JobKind("sft", "SFT", "training.sft", "SFTJobConfig"),
-        JobKind("grpo", "GRPO", "training.grpo", "GRPOJobConfig"),
-        JobKind("dpo", "DPO", "training.dpo", "DPOJobConfig"),
-        JobKind("eval", "Eval", "training.eval", "EvalJobConfig"),
         JobKind(
             "teacher",
             "Teacher trajectories",
             "training.teacher",
             "TeacherJobConfig",
             cpu_when_scripted=True,
+            no_verdict="Teacher trajectories are filtered by reward, not trained on it: there is "
+            "no reward-health verdict.",
         ),
-        JobKind("probe", "Signal probe", "training.probe", "ProbeJobConfig"),
+        JobKind(
+            "sft",
+            "SFT",
+            "training.sft",
+            "SFTJobConfig",
+            produces_model=True,
+            no_verdict="SFT runs train on a dataset and store no rollouts by design: there is no "
+            "reward-health verdict.",
+        ),
+        JobKind(
+            "grpo",
+            "GRPO",
+            "training.grpo",
+            "GRPOJobConfig",
+            produces_model=True,
+            records_rollouts=True,
+        ),
+        JobKind(
+            "dpo",
+            "DPO",
+            "training.dpo",
+            "DPOJobConfig",
+            produces_model=True,
+            no_verdict="DPO runs train on preference pairs and store no rollouts by design: there "
+            "is no reward-health verdict.",
+        ),
+        JobKind("eval", "Eval", "training.eval", "EvalJobConfig", records_rollouts=True),
+        JobKind(
+            "probe",
+            "Signal probe",
+            "training.probe",
+            "ProbeJobConfig",
+            no_verdict="A probe samples once to judge the signal: its verdict is at the top of the "
+            "page.",
+        ),
+        JobKind("import", "Import", "", "", records_rollouts=True, launchable=False),
     )
 }
+# The kinds the workers run, in launch-menu order.
+JOBS: dict[str, JobKind] = {k: job for k, job in RUN_KINDS.items() if job.launchable}
+
 
 
 def get_job(kind: str) -> JobKind:

@@ -48,6 +48,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils.text import slugify
 
+from training.jobs import RUN_KINDS
 from webapp.annotations.models import (
     ActivityEvent,
     Annotation,
@@ -59,6 +60,7 @@ from webapp.annotations.models import (
 from webapp.annotations.services import select_rollouts
 from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
+from webapp.rollouts.text import normalize_newlines
 from webapp.runs import launch
 from webapp.runs.models import Run
 
@@ -78,11 +80,6 @@ class Built:
 
 
 # --- messages and text ----------------------------------------------------------------------------
-
-
-def normalize_newlines(text: str) -> str:
-    """\r\n and lone \r -> \n: one line ending in storage and in every exported record."""
-    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _message(m: Any) -> dict[str, str]:
@@ -504,15 +501,13 @@ def write_jsonl(dataset: Dataset) -> Path:
     return path
 
 
-TRAINED_KINDS = ("sft", "grpo", "dpo")  # runs whose output is a model the next round can start from
-
-
 def default_base_model(source_run: Run | None) -> str:
     """The policy that produced the bad cases: a trained run's own output ("run:<id>", resolved by
     training.jobs), else the source run's base model."""
     if source_run is None:
         return ""
-    if source_run.kind in TRAINED_KINDS and source_run.status == Run.Status.SUCCEEDED:
+    trained = RUN_KINDS[source_run.kind].produces_model
+    if trained and source_run.status == Run.Status.SUCCEEDED:
         return f"run:{source_run.id}"
     return source_run.base_model
 
@@ -551,8 +546,6 @@ def launch_training(
     at the job's default batch size. The JSONL is written under RUNS_DIR/datasets/; `data` is the
     job dataclass's field (workers.jobs keeps the config keys the job knows), `dataset_*` link the
     run back to the dataset."""
-    from webapp.rollouts.services import create_run
-
     if kind != dataset.kind:
         raise FieldError("kind", f"a {dataset.kind} dataset trains with {dataset.kind}, not {kind}")
     source_run = (
@@ -574,7 +567,7 @@ def launch_training(
         "max_steps": steps,
         "epochs": None if max_steps else epochs,
     }  # HF's max_steps overrides num_train_epochs
-    run = create_run(
+    run = launch.launch_run(
         name=f"{kind} on {dataset.name} v{dataset.version}",
         kind=kind,
         environment=source_run.environment if source_run else None,
@@ -583,7 +576,8 @@ def launch_training(
         base_model=base_model,
         parent=source_run,
     )
-    launch.enqueue_run(run.id)
+    if run.config.get("start_after_parent"):
+        return run, f"Run {run.id} is queued: it starts when run {source_run.id} finishes."
     return run, f"Run {run.id} is queued and sent to the workers."
 
 

@@ -9,9 +9,10 @@ from django.contrib.auth import get_user_model
 from django.http import QueryDict
 
 from webapp.accounts.roles import has_role
-from webapp.annotations.export import DEFAULT_EPOCHS, DEFAULT_MIN_MARGIN, normalize_newlines
+from webapp.annotations.export import DEFAULT_EPOCHS, DEFAULT_MIN_MARGIN
 from webapp.annotations.models import Dataset, Label, ReviewQueue
 from webapp.rollouts.models import Rollout
+from webapp.rollouts.text import normalize_newlines
 from webapp.runs.models import Run
 
 MAX_QUEUE_ITEMS = 5000  # a queue is read by people: thousands is already weeks of work

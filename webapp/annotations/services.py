@@ -26,6 +26,7 @@ from webapp.annotations.models import (
 from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
+from webapp.rollouts.text import normalize_newlines
 from webapp.runs.models import Run
 
 # --- annotations ----------------------------------------------------------------------------------
@@ -43,8 +44,6 @@ def save_annotation(
 ) -> tuple[Annotation, bool]:
     """Create or update `author`'s own annotation of `rollout` (never anyone else's).
     Returns (row, created)."""
-    from webapp.annotations.export import normalize_newlines
-
     note, corrected_completion = normalize_newlines(note), normalize_newlines(corrected_completion)
     fields = {
         "label": label,

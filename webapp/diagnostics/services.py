@@ -315,18 +315,9 @@ class Launch:
     message: str
 
 
-def twin_config(run: Run, **changes: Any) -> dict[str, Any]:
-    """A twin run's job config: the run's own config (its start point: base model, steps,
-    learning rate...) with the run's own weights by component name, then `changes`. Shared by
-    ablation and replay twins."""
-    return {**(run.config or {}), "reward_weights": run.reward_weights(), **changes}
-
-
 def launch_twin(ablation: Any, user: Any) -> Launch:
     """A twin GRPO run with the ablation's reward, from the same start as the run (same config and
-    base model), recorded as the run's child, and queued."""
-    from webapp.rollouts.services import create_run
-
+    base model), recorded as the run's child, queued (behind the run while it still trains)."""
     run: Run = ablation.run
     spec = abl.AblationSpec(
         drop=tuple(ablation.spec.get("drop", [])),
@@ -336,10 +327,12 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
     )
     weights = {
         name: 0.0 if name in spec.drop else float(spec.weights.get(name, w))
-        for name, w in twin_config(run)["reward_weights"].items()
+        for name, w in run.reward_weights().items()
     }
-    config = twin_config(
+    twin = launch.twin_of(
         run,
+        name=f"{run.name} / ablation: {ablation.name}",
+        owner=user,
         reward_weights=weights,
         ablation_of=run.id,
         ablation_id=ablation.id,
@@ -347,17 +340,9 @@ def launch_twin(ablation: Any, user: Any) -> Launch:
         scale_rewards=spec.scale_rewards,
         multi_objective_aggregation=spec.aggregation,
     )
-    twin = create_run(
-        name=f"{run.name} / ablation: {ablation.name}"[:200],
-        kind=Run.Kind.GRPO,
-        environment=run.environment,
-        config=config,
-        owner=user,
-        base_model=run.base_model,
-        parent=run,
-    )
     type(ablation).objects.filter(id=ablation.id).update(twin=twin)
-    launch.enqueue_run(twin.id)
+    if twin.config.get("start_after_parent"):
+        return Launch(twin, False, "The twin run starts when the original run finishes.")
     return Launch(twin, True, "The twin run is queued for a GPU worker.")
 
 

@@ -249,7 +249,6 @@ def launch_training(replay: Replay, user: Any) -> Run:
     it. Raises FieldError when the run cannot be retrained or a version no longer resolves to the
     code that was replayed."""
     from training.environments import get_environment
-    from webapp.diagnostics.services import twin_config
     from webapp.runs import launch
 
     locked = (
@@ -272,15 +271,13 @@ def launch_training(replay: Replay, user: Any) -> Run:
         )
     except (rv.VersionError, KeyError) as e:
         raise FieldError("versions", str(e)) from None
-    config = twin_config(run, reward_versions=versions, replay_of=run.id, replay_id=locked.id)
-    twin = launch.launch_run(
-        name=f"{run.name} / replay: {locked.name}"[:200],
-        kind=Run.Kind.GRPO,
-        environment=run.environment,
-        config=config,
+    twin = launch.twin_of(
+        run,
+        name=f"{run.name} / replay: {locked.name}",
         owner=user,
-        base_model=run.base_model,
-        parent=run,
+        reward_versions=versions,
+        replay_of=run.id,
+        replay_id=locked.id,
     )
     hashes = {
         **(twin.provenance.get("components") or {}),

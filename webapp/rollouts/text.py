@@ -50,6 +50,11 @@ class TextSummary:
     chars: int
 
 
+def normalize_newlines(text: str) -> str:
+    """\r\n and lone \r -> \n: one line ending in storage and in every exported record."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _arguments(call: Any) -> tuple[str, str]:
     fn = call.get("function", call) if isinstance(call, dict) else {}
     if not isinstance(fn, dict):

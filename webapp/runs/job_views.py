@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from training.environments import get_environment
-from training.jobs import JOBS
+from training.jobs import JOBS, RUN_KINDS
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
@@ -24,7 +24,7 @@ from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
 from webapp.runs.queries import component_series, reward_series
 from webapp.runs.services import weights_differ
 
-KIND_TITLES = {kind: job.title for kind, job in JOBS.items()}
+LAUNCH_TITLES = {kind: job.title for kind, job in JOBS.items()}
 
 
 def launch(request: HttpRequest, kind: str) -> HttpResponse:
@@ -47,7 +47,7 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     return render(
         request,
         "jobs/launch.html",
-        {"form": form, "kind": kind, "title": KIND_TITLES[kind], "kinds": KIND_TITLES},
+        {"form": form, "kind": kind, "title": JOBS[kind].title, "kinds": LAUNCH_TITLES},
     )
 
 
@@ -66,14 +66,11 @@ def start_job(kind: str, data: dict, owner) -> Run:
     )
 
 
-TRAINED_KINDS = ("sft", "grpo", "dpo")  # kinds whose output is a model another job can start from
-
-
 def checkpoint_state(run: Run) -> str | None:
     """ "ready" when the run saved a model, "pending" when it may still (a chain can queue behind
     it), None when it never will (failed, cancelled, being cancelled, or a kind that trains
     nothing)."""
-    if run.kind not in TRAINED_KINDS:
+    if not RUN_KINDS[run.kind].produces_model:
         return None
     if run.status == Run.Status.SUCCEEDED:
         return "ready"
@@ -107,6 +104,7 @@ def job_context(run: Run) -> dict:
         "run": run,
         "queue": queue_info(run),
         "checkpoint": checkpoint_state(run),
+        "produces_model": RUN_KINDS[run.kind].produces_model,
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str)
         if run.summary
         else "",

@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from training.jobs import get_job
+from training.jobs import JOBS, get_job
 from webapp.runs.models import Run
 
 RUN_JOB_TASK = "workers.tasks.run_job"
@@ -51,12 +51,18 @@ def launch_run(
     base_model: str = "",
     parent: Run | None = None,
 ) -> Run:
-    """Create a job run and queue it now, or behind its parent when the parent has not succeeded
-    (the worker queues it when the parent finishes; see workers.tasks._after)."""
+    """The one way a job run is created: create it and queue it now, or behind its parent.
+
+    A run waits while its parent is a job still queued or running (the worker queues it when the
+    parent finishes: workers.tasks._after); a parent that failed or was cancelled fails the run at
+    once when the run needs its output (its model or, for SFT, a teacher's dataset), and is only
+    provenance otherwise. An import run is never waited for: nothing would end the wait."""
     from webapp.rollouts.services import create_run
 
     get_job(kind)
-    waits = parent is not None and parent.status != Run.Status.SUCCEEDED
+    live = (Run.Status.QUEUED, Run.Status.RUNNING)
+    waits = parent is not None and parent.kind in JOBS
+    waits = waits and parent.status in live
     run = create_run(
         name=name,
         kind=kind,
@@ -66,9 +72,34 @@ def launch_run(
         parent=parent,
         config=dict(config, start_after_parent=waits),
     )
-    if not waits:
-        enqueue_run(run.id)
+    if waits:
+        return run
+    failed = (Run.Status.FAILED, Run.Status.CANCELLED)
+    if parent is not None and parent.status in failed and _needs_output(run, parent):
+        run.mark_failed(f"not started: parent run {parent.id} {parent.status}")
+        return run
+    enqueue_run(run.id)
     return run
+
+
+def _needs_output(run: Run, parent: Run) -> bool:
+    return run.base_model == f"{RUN_PREFIX}{parent.id}" or parent.kind == "teacher"
+
+
+def twin_of(run: Run, *, name: str, owner=None, **changes) -> Run:
+    """A GRPO twin of `run` (ablation, replay): the same start point (its config, base model and
+    its own weights by component name), `changes` on top, recorded as the run's child and launched
+    behind it while it still trains."""
+    config = {**(run.config or {}), "reward_weights": run.reward_weights(), **changes}
+    return launch_run(
+        name=name[:200],
+        kind=Run.Kind.GRPO,
+        environment=run.environment,
+        config=config,
+        owner=owner,
+        base_model=run.base_model,
+        parent=run,
+    )
 
 
 def output_dir(run: Run) -> Path:

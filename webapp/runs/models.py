@@ -8,18 +8,14 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from training.jobs import RUN_KINDS
+
 LOG_TAIL_CHARS = 20_000  # the run page shows the tail; full logs live in the run's output folder
 
 
 class Run(models.Model):
-    class Kind(models.TextChoices):
-        SFT = "sft"
-        GRPO = "grpo"
-        DPO = "dpo"
-        EVAL = "eval"
-        TEACHER = "teacher"
-        PROBE = "probe"
-        IMPORT = "import"
+    # training.jobs.RUN_KINDS is the one table of kinds: Run.Kind.GRPO == "grpo", labels its titles
+    Kind = models.TextChoices("Kind", [(k.upper(), (k, job.title)) for k, job in RUN_KINDS.items()])
 
     class Status(models.TextChoices):
         """queued -> running -> succeeded | failed | cancelled; queued -> cancelled.
@@ -81,6 +77,13 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    @property
+    def kind_title(self) -> str:
+        """What the pages call this run's kind (the table's title, read now: a kind registered
+        after start-up is titled too)."""
+        job = RUN_KINDS.get(self.kind)
+        return job.title if job else self.kind
 
     @property
     def is_finished(self) -> bool:

@@ -13,6 +13,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_safe
 
+from training.jobs import JOBS, RUN_KINDS
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import StepStat
 from webapp.runs import charts
@@ -23,35 +24,7 @@ from webapp.runs.queries import dashboard_data, run_summaries
 from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
-LAUNCH_KINDS = [
-    ("teacher", "Teacher"),
-    ("sft", "SFT"),
-    ("grpo", "GRPO"),
-    ("dpo", "DPO"),
-    ("eval", "Eval"),
-    ("probe", "Probe"),
-]
-# Kinds whose rollouts show reward health (training or evaluation): only they get the verdict slot.
-ROLLOUT_KINDS = (Run.Kind.GRPO, Run.Kind.EVAL, Run.Kind.IMPORT)
-DATA_KINDS = (Run.Kind.SFT, Run.Kind.DPO)  # train on a dataset: no rollouts at all, by design
-KIND_TITLES = {
-    "sft": "SFT",
-    "dpo": "DPO",
-    "grpo": "GRPO",
-    "eval": "Eval",
-    "probe": "Signal probe",
-    "teacher": "Teacher",
-    "import": "Import",
-}
-NO_VERDICT = {
-    "sft": "SFT runs train on a dataset and store no rollouts by design: there is no reward-health "
-    "verdict.",
-    "dpo": "DPO runs train on preference pairs and store no rollouts by design: there is no "
-    "reward-health verdict.",
-    "probe": "A probe samples once to judge the signal: its verdict is at the top of the page.",
-    "teacher": "Teacher trajectories are filtered by reward, not trained on it: there is no "
-    "reward-health verdict.",
-}
+LAUNCH_KINDS = [(kind, job.title) for kind, job in JOBS.items()]
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
@@ -118,6 +91,7 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
     # the environment's default.
     weights = run.reward_weights(components)
     provenance = [(c, logged_hashes.get(c.name, ""), weights.get(c.name)) for c in components]
+    kind = RUN_KINDS[run.kind]
     ctx = {
         "run": run,
         "data": data,
@@ -134,10 +108,9 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         if run.summary
         else "",
         "explanation": charts.BATCH_VS_GROUP,
-        "has_rollouts_kind": run.kind in ROLLOUT_KINDS,
-        "trains_on_data": run.kind in DATA_KINDS,
-        "kind_title": KIND_TITLES.get(run.kind, run.kind),
-        "no_verdict": NO_VERDICT.get(run.kind, ""),
+        "has_rollouts_kind": kind.records_rollouts,
+        "trains_on_data": kind.produces_model and not kind.records_rollouts,  # a dataset
+        "no_verdict": kind.no_verdict,
         "live_version": "" if run.is_finished else live_version(run),  # only a live page polls
         "queue": queue_info(run),
     }
