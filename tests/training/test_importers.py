@@ -245,7 +245,8 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
     q2 = groups[1]
     assert q2.rollout_lines == [2, 5, 8, 11]
     r = q2.record["rollouts"][3]
-    assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc"]
+    # score = acc - 0.1 x j is no weighted sum of acc: the rest of it is its own component
+    assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc", "unexplained"]
     assert r["state"] == {"gts": "gt1", "extra": {"pred": "p3"}}
     scores = np.array([x["reward"] for x in q2.record["rollouts"]])
     expected = (scores - scores.mean()) / (
@@ -254,8 +255,10 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
     assert [x["advantage"] for x in q2.record["rollouts"]] == pytest.approx(
         expected.tolist(), abs=1e-9
     )
-    assert reader.sample_components() == ["acc"]
-    assert reader.settings() == {"advantage_epsilon": 1e-6, "scale_rewards": "group"}
+    assert reader.sample_components() == ["acc", "unexplained"]
+    settings = reader.settings()
+    assert settings["weights"]["unexplained"] == 1.0 and settings["advantage_epsilon"] == 1e-6
+    assert reader.notes()["weights"].startswith("unknown: score is not a weighted sum")
 
 
 def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path):
@@ -263,7 +266,7 @@ def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path
     batch's uid too."""
     lines = verl_lines(3, ["Q1"], n=4)  # one prompt drawn twice in the step: two uids
     for j, line in enumerate(lines):
-        line.update(acc=bool(j % 2), uid=f"u{j // 2}")
+        line.update(acc=bool(j % 2), score=float(j % 2), uid=f"u{j // 2}")
     reader = open_reader(
         "verl", write_jsonl(tmp_path / "3.jsonl", lines), components=["acc"], scale_rewards="none"
     )  # norm_adv_by_std_in_grpo=False

@@ -114,7 +114,7 @@ class ByooReader(GroupingJsonlReader):
         rollout: dict[str, Any] = {"transcript": transcript, "rewards": rewards, "reward": reward}
         if state:
             rollout["state"] = state
-        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout)
+        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout, exact=gid is not None)
 
 
 def _metrics_list(raw: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -1,45 +1,61 @@
 """verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under
 `trainer.rollout_data_dir`.
 
-verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one
-line per sample:
+verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py, via `_log_rollout_data`)
+writes one line per sample:
 
-    {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward,
-     "step": global step,
+    {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward
+     (token_level_scores summed), "step": global step,
      <every key of the reward function's reward_extra_info with one value per sample>}
 
-The batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows of a group
-are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward
-function returns it in reward_extra_info: a group is every row with the same `uid` at the same
-step when the rows carry one, else every row with the same `input` at the same step (a prompt
-drawn twice in a step is then split into groups of `group_size` in file order, which cannot tell
-the two draws apart).
+A reward function returning a dict puts its own "score" among reward_extra_info, which then
+replaces the dumped score (the same number with verl's naive reward manager).
+
+Grouping: the batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows
+of a group are not consecutive, and verl's group id (`uid`) is not dumped unless the reward
+function returns it in reward_extra_info. A group is every row with the same `uid` at the same step
+when the rows carry one (exact), else every row with the same `input` at the same step. Without a
+uid, a prompt drawn k times in a step shows as k x G rows (G: `group_size`, or the most common
+size in the file) whose groups cannot be told apart: those rows are not imported, and the run's
+import summary counts them ("ungroupable_rows"); nothing is split by row order.
 
 Extra keys with numbers become reward components (or only those named in `components`); booleans
 too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the
-rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's
-GRPO outcome advantage of `score` within the group, (r - mean) / (std + 1e-6)
-(`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or r - mean when the run had
-`norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone sample keeps its score (verl's
-mean 0, std 1 for a group of one). The run records epsilon 1e-6 and that scaling.
+rollout's state. `score` is the aggregate reward; a null or NaN score stays missing (never
+re-derived from the components). verl does not say how `score` relates to the components: the
+weights are recovered from the rows (training/importers/weights.py) or the unexplained part of the
+score is its own component, and the run says which.
+
+verl does not dump advantages: they are verl's GRPO outcome advantage of `score` within the group,
+(r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or
+r - mean when the run had `norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone
+sample keeps its score (verl's mean 0, std 1 for a group of one). The run records epsilon 1e-6 and
+that scaling.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from training.importers.base import (
     GroupingJsonlReader,
+    Item,
+    Progress,
     RecordError,
     RolloutRow,
     fill_advantages,
     group_key,
     int_field,
+    jsonl_lines,
     number_field,
+    parse_json_object,
     split_numbers,
     stable_hash,
 )
+from training.importers.weights import SAMPLE_ROWS, UNEXPLAINED, WeightPlan, plan_weights
 
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
@@ -59,18 +75,54 @@ class VerlReader(GroupingJsonlReader):
             + (" without the std (norm_adv_by_std_in_grpo=False)" if self._no_std else "")
         )
 
+    def read(self, progress: Progress | None = None) -> Iterator[Item]:
+        self.weight_plan()  # before the first row: every row is completed the same way
+        yield from super().read(progress)
+
     @property
     def _no_std(self) -> bool:
         return self.scale_rewards == "none"
 
     def settings(self) -> dict[str, Any] | None:
-        return {
+        plan = self.weight_plan()
+        out = {
             "advantage_epsilon": VERL_EPS,
             "scale_rewards": "group",
             **(super().settings() or {}),
         }
+        if plan is not None:
+            out["weights"] = dict(plan.weights)
+        return out
+
+    def notes(self) -> dict[str, str]:
+        self.weight_plan()
+        return super().notes()
+
+    def weight_plan(self) -> WeightPlan | None:
+        """How `score` relates to the components, from the first SAMPLE_ROWS rows (read once)."""
+        if not hasattr(self, "_plan"):
+            self._plan: WeightPlan | None = None  # parse_row completes no row while sampling
+            rows = []
+            for path in self.files():
+                for _, _, raw in jsonl_lines(path):
+                    with contextlib.suppress(RecordError):  # reported when the import reads it
+                        r = self.parse_row(parse_json_object(raw)).rollout
+                        rows.append((r["rewards"], r["reward"]))
+                    if len(rows) >= SAMPLE_ROWS:
+                        break
+                if len(rows) >= SAMPLE_ROWS:
+                    break
+            self._plan = plan_weights(rows, self.weights, total="score")
+            self.weights_note = (
+                self._plan.note
+                if self._plan is not None
+                else "none: the dump has no numeric reward_extra_info next to the score"
+            )
+        return self._plan
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        if self._plan is not None and not self._plan.residual:
+            self.flag("rows_beyond_weight_fit", sum(UNEXPLAINED in r["rewards"] for r in rollouts))
         if len(rollouts) == 1 and rollouts[0].get("advantage") is None:
             # verl gives a lone sample mean 0 and std 1 (TRL's formula would give it 0)
             r = rollouts[0].get("reward")
@@ -105,7 +157,10 @@ class VerlReader(GroupingJsonlReader):
             state["uid"] = uid
         if rest:
             state["extra"] = rest
+        if getattr(self, "_plan", None) is not None:
+            self._plan.complete(rewards, reward)
+        # "reward": null is the trainer's own "not scored": it stays missing at ingestion
         rollout: dict[str, Any] = {"completion": output, "rewards": rewards, "reward": reward}
         if state:
             rollout["state"] = state
-        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout)
+        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout, exact=uid is not None)

@@ -28,6 +28,7 @@ from training.importers import (
     Reader,
     ReaderError,
     SettingsItem,
+    SkippedGroup,
     open_reader,
 )
 from webapp.errors import FieldError
@@ -60,11 +61,14 @@ class ImportStats:
     settings_changed: list[str] = field(
         default_factory=list
     )  # what the trainer's settings replaced
+    left_out: list[str] = field(default_factory=list)  # groups left out on purpose, with why
+    left_out_records: int = 0
 
     def line(self) -> str:
+        left = f", {self.left_out_records} left out (grouping unknown)" if self.left_out else ""
         return (
             f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} "
-            "skipped records)"
+            f"skipped records{left})"
         )
 
 
@@ -106,6 +110,11 @@ class Importer:
                 if self.on_error == "stop":
                     self._flush(groups, metrics)
                     raise ImportStopped(f"{item.where()}: {item.message}")
+            elif isinstance(item, SkippedGroup):  # not an error: --on-error stop goes on
+                self.stats.left_out_records += item.records
+                if len(self.stats.left_out) < MAX_REPORTED:
+                    self.stats.left_out.append(f"{item.where()}: {item.message}")
+                self.report(f"{item.where()}: {item.message}")
             elif isinstance(item, MetricsItem):
                 metrics.append(item)
             elif isinstance(item, SettingsItem):
@@ -393,6 +402,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{importer.stats.already_stored} groups were already stored (not imported twice)"
             )
+        for name, line in flag_lines(reader).items():
+            self.stdout.write(f"{name}: {line}")
         self.stdout.write(importer.stats.line())
         if stopped:
             raise CommandError(f"stopped at the first bad record (--on-error stop): {stopped}")
@@ -484,6 +495,9 @@ class Command(BaseCommand):
             "errors": stats.errors,
             "stopped": stopped,
             "duplicate_files": getattr(reader, "duplicates", []),
+            "left_out_records": stats.left_out_records,
+            "left_out": stats.left_out,
+            "flags": dict(reader.flags),  # e.g. nul_cleaned, ungroupable_rows
         }
         Run.objects.filter(id=run.id).update(summary=summary)
         if not _created_by_import(run):
@@ -492,6 +506,26 @@ class Command(BaseCommand):
             run.mark_failed(f"import stopped at a bad record: {stopped}\n{RESUMABLE}")
         else:
             run.mark_succeeded()
+
+
+FLAG_TEXT = {
+    "nul_cleaned": "{n} strings held a NUL or a lone surrogate, stored as U+FFFD (as the "
+    "recorder stores them)",
+    "ungroupable_rows": "{n} rows left out: a prompt drawn more than once in a step, whose groups "
+    "the file cannot tell apart",
+    "rows_beyond_weight_fit": "{n} rows are not explained by the weights: their rest is the "
+    "component 'unexplained'",
+    "assumed_weights_rows": "{n} aggregate rewards assume weight 1 for every reward function "
+    "(the file has no weights: give --weights)",
+}
+
+
+def flag_lines(reader: Reader) -> dict[str, str]:
+    """The reader's counts and weight note as the lines the command prints."""
+    out = {"weights": reader.weights_note} if reader.weights_note else {}
+    for name, n in reader.flags.items():
+        out[name] = FLAG_TEXT.get(name, "{n}").format(n=n)
+    return out
 
 
 RESUMABLE = (

@@ -1,0 +1,216 @@
+"""What the trainer trained on, and nothing invented: verl dumps and TRL completion logs imported
+without the recorder, checked against the numbers the trainer itself used (issue 25).
+
+The verl files are built the way `RayPPOTrainer._log_rollout_data` / `_dump_generations`
+(verl/trainer/ppo/ray_trainer.py, b178a3cd5) writes them: the batch is repeated `rollout.n` times
+(interleave=True), reordered by `_balance_batch`, scored by a reward manager that appends every key
+of a dict result (its "score" included) to reward_extra_info, and dumped one `json.dumps(entry,
+ensure_ascii=False)` per line with keys input, output, gts, score, step, then every
+reward_extra_info key whose list has one value per sample.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.webapp.test_import_command import run_import
+from training import stats
+from training.importers.base import RecordError, parse_json_object
+from webapp.rollouts.arrays import load_run_arrays
+from webapp.rollouts.models import Group, Rollout
+from webapp.runs.models import Run
+
+pytestmark = pytest.mark.django_db
+
+Score = Callable[[int, int, np.random.Generator], Any]  # (prompt, sample, rng) -> compute_score
+
+
+def verl_dump(
+    folder: Path, step: int, prompts: list[str], n: int, score: Score, *, seed: int = 0
+) -> Path:
+    """One `<step>.jsonl` as verl writes it; `prompts` may repeat (a prompt drawn twice)."""
+    rng = np.random.default_rng(seed + step)
+    samples = [(p, i, j) for i, p in enumerate(prompts) for j in range(n)]  # repeat, interleave
+    order = rng.permutation(len(samples))  # _balance_batch reorders the whole batch
+    samples = [samples[k] for k in order]
+    extra: dict[str, list[Any]] = {}
+    scores = []
+    for _, i, j in samples:
+        result = score(i, j, rng)
+        if isinstance(result, dict):  # naive reward manager: every key, "score" too
+            for key, value in result.items():
+                extra.setdefault(key, []).append(value)
+            scores.append(result["score"])
+        else:
+            scores.append(result)
+    base: dict[str, list[Any]] = {
+        "input": [p for p, _, _ in samples],
+        "output": [f"response {i}.{j}" for _, i, j in samples],
+        "gts": [f"answer {i}" for _, i, _ in samples],
+        "score": scores,
+        "step": [step] * len(samples),
+    }
+    for key, values in extra.items():
+        if len(values) == len(samples):
+            base[key] = values
+    lines = [
+        json.dumps({k: v[i] for k, v in base.items()}, ensure_ascii=False)
+        for i in range(len(samples))
+    ]
+    path = folder / f"{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def acc_and_format(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A reward function whose score is acc + 0.2 x format (not weight 1 for both)."""
+    acc = bool(rng.integers(0, 2))
+    fmt = float(rng.integers(0, 6)) / 5
+    return {"score": float(acc) + 0.2 * fmt, "acc": acc, "format": fmt, "pred": f"p{j}"}
+
+
+def stored(run: Run) -> list[Rollout]:
+    return list(Rollout.objects.filter(run=run).order_by("id"))
+
+
+def replayed_advantages(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(what an unchanged ablation recomputes, what is stored), row for row."""
+    data = load_run_arrays(run)
+    settings = run.advantage_settings()
+    result = stats.compute_advantages(
+        data.matrix,
+        [c.weight for c in data.components],
+        data.group_ids,
+        scale_rewards=settings["scale_rewards"],
+        aggregation=settings["aggregation"],
+        batch_ids=data.steps,
+        eps=settings["advantage_epsilon"],
+    )
+    by_id = dict(Rollout.objects.filter(run=run).values_list("id", "advantage"))
+    return result.advantages, np.array([by_id[i] for i in data.rollout_ids.tolist()])
+
+
+# --------------------------------------------------------------------------------------------- verl
+
+
+def test_it_keeps_a_null_or_nan_verl_score_missing(tmp_path):
+    def score(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+        missing = {(0, 1): None, (1, 2): float("nan")}  # json.dumps writes NaN for nan
+        s = missing.get((i, j), 0.7 * (j % 2))
+        return {"score": s, "acc": 0.7 * (j % 2)}
+
+    verl_dump(tmp_path, 1, ["Q0", "Q1"], 4, score)
+    run_import(tmp_path, "verl", run="verl-null")
+    run = Run.objects.get(name="verl-null")
+    missing = [r for r in stored(run) if r.completion in ("response 0.1", "response 1.2")]
+    assert [r.reward for r in missing] == [None, None]  # not 0.7 = acc x an assumed weight 1
+
+
+def test_it_recovers_verl_weights_so_an_unchanged_ablation_reproduces_the_trainer(tmp_path):
+    for step in (1, 2):
+        verl_dump(tmp_path, step, ["Q0", "Q1", "Q2"], 4, acc_and_format)
+    out, _ = run_import(tmp_path, "verl", run="verl-w")
+    run = Run.objects.get(name="verl-w")
+    assert run.reward_weights() == {"acc": 1.0, "format": 0.2}
+    assert run.summary["import"]["weights"].startswith("recovered: score = 1 x acc + 0.2 x format")
+    assert "weights: recovered" in out
+    recomputed, trained = replayed_advantages(run)
+    assert np.abs(recomputed - trained).max() < 1e-9
+
+
+def test_it_keeps_what_no_weighted_sum_explains_as_its_own_component(tmp_path):
+    def judged(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+        base = acc_and_format(i, j, rng)  # plus a judge's score the function did not log
+        return {**base, "score": base["score"] + float(rng.uniform(0, 0.5))}
+
+    def math_dapo(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+        acc = bool(rng.integers(0, 2))  # verl's math_dapo: score 1.0 or -1.0, acc a bool
+        return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": "x"}
+
+    verl_dump(tmp_path / "judged", 1, ["Q0", "Q1", "Q2"], 4, judged)
+    verl_dump(tmp_path / "dapo", 1, ["Q0", "Q1", "Q2"], 4, math_dapo)
+    run_import(tmp_path / "judged", "verl", run="verl-judged")
+    run_import(tmp_path / "dapo", "verl", run="verl-dapo")
+    for name, note in (("verl-judged", "unknown: score is not"), ("verl-dapo", "recovered")):
+        run = Run.objects.get(name=name)
+        assert run.summary["import"]["weights"].startswith(note)
+        assert run.reward_weights()["unexplained"] == 1.0
+        recomputed, trained = replayed_advantages(run)
+        assert np.abs(recomputed - trained).max() < 1e-9  # the sum is what verl trained on
+    dapo = Run.objects.get(name="verl-dapo")
+    assert dapo.reward_weights() == {"acc": 2.0, "unexplained": 1.0}
+    unexplained = {r.scores.get(component__name="unexplained").value for r in stored(dapo)}
+    assert unexplained == {-1.0}  # a constant: it moves no advantage
+
+
+def test_it_leaves_out_a_prompt_drawn_twice_in_a_step_without_a_uid(tmp_path):
+    path = verl_dump(tmp_path, 3, ["Q0", "Q1", "Q0"], 4, acc_and_format)
+    for args, name in (((), "twice"), (("--group-size", "4"), "twice-g4")):
+        out, err = run_import(path, "verl", *args, run=name)
+        run = Run.objects.get(name=name)
+        assert list(Group.objects.filter(run=run).values_list("prompt", "size")) == [("Q1", 4)]
+        summary = run.summary["import"]
+        assert summary["left_out_records"] == 8 and summary["flags"]["ungroupable_rows"] == 8
+        assert "Q0" not in err and "8 rows share this prompt, 2 groups of 4" in err
+        assert "8 left out (grouping unknown)" in out
+
+
+def test_it_splits_a_prompt_drawn_twice_by_the_uid_the_rows_carry(tmp_path):
+    def with_uid(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {**acc_and_format(i, j, rng), "uid": f"u{i}"}  # returned by the reward function
+
+    verl_dump(tmp_path, 3, ["Q0", "Q1", "Q0"], 4, with_uid)
+    run_import(tmp_path, "verl", run="uid")
+    sizes = Group.objects.filter(run__name="uid").values_list("prompt", "size")
+    assert sorted(sizes) == [("Q0", 4), ("Q0", 4), ("Q1", 4)]
+
+
+# ------------------------------------------------------------------------------------ every format
+
+
+def test_it_drops_the_group_of_a_truncated_last_line_whole(tmp_path):
+    path = verl_dump(tmp_path, 2, ["Q0", "Q1", "Q2"], 4, acc_and_format)
+    text = path.read_text(encoding="utf-8")
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    lost = json.loads(last)["input"]
+    path.write_text(text[: len(text) - len(last) // 2 - 1], encoding="utf-8")  # a killed writer
+    out, err = run_import(path, "verl", "--on-error", "skip", run="cut")
+    prompts = set(Group.objects.filter(run__name="cut").values_list("prompt", flat=True))
+    assert prompts == {"Q0", "Q1", "Q2"} - {lost}  # not 3 of its 4 rollouts, recomputed
+    assert "dropped whole: 3 of 4 rollouts" in err and "imported 2 groups" in out
+
+
+def test_it_cleans_a_nul_in_model_output_and_says_how_many(tmp_path):
+    def score(i: int, j: int, rng: np.random.Generator) -> dict[str, Any]:
+        return {"score": float(j % 2), "acc": float(j % 2)}
+
+    path = verl_dump(tmp_path, 1, ["Q0"], 4, score)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    row = json.loads(lines[0])
+    lines[0] = json.dumps({**row, "output": row["output"] + "\x00tail"}, ensure_ascii=False)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, _ = run_import(path, "verl", run="nul")
+    run = Run.objects.get(name="nul")
+    texts = [r.completion for r in stored(run)]
+    assert any(t.endswith("\ufffdtail") for t in texts)
+    assert run.summary["import"]["flags"]["nul_cleaned"] == 1
+    assert "nul_cleaned: 1 strings held a NUL" in out
+
+
+def test_it_names_a_json_error_without_a_doubled_word():
+    with pytest.raises(RecordError) as e:
+        parse_json_object(b'{"input": "unterminated')
+    assert "at at" not in str(e.value)
+    assert str(e.value) == "malformed JSON: Unterminated string starting at column 11"
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
