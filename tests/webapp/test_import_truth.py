@@ -214,3 +214,62 @@ def test_it_names_a_json_error_without_a_doubled_word():
 
 def _finite(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+
+
+def trl_completions(folder: Path, step: int, prompts: list[str], g: int, weights: list[float]):
+    """completions/completions_<step:05d>.parquet as TRL 1.16's GRPOTrainer.log writes it without
+    the recorder: step, prompt, completion, one column per reward function, advantage (TRL's,
+    from the weighted sum with `weights`). A prompt listed twice in a row was drawn twice by
+    RepeatSampler: 2 x G consecutive rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(step)
+    n = len(prompts) * g
+    funcs = {
+        "correct": rng.integers(0, 2, n).astype(float),
+        "format": rng.uniform(0, 1, n).round(2),
+        "length": rng.uniform(0, 1, n).round(2),
+    }
+    matrix = np.stack(list(funcs.values()), axis=1)
+    advantages = stats.compute_advantages(matrix, weights, group_size=g).advantages
+    table = {
+        "step": [step] * n,
+        "prompt": [p for p in prompts for _ in range(g)],
+        "completion": [f"completion {k}" for k in range(n)],
+        **{name: col.tolist() for name, col in funcs.items()},
+        "advantage": advantages.tolist(),
+    }
+    path = folder / "completions" / f"completions_{step:05d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(table), path)
+    return matrix @ np.array(weights), advantages
+
+
+def test_it_groups_trl_parquet_by_the_group_size_its_rows_show(tmp_path):
+    prompts = [f"P{k}" for k in range(17)]
+    prompts.insert(5, "P4")  # P4 drawn twice in a row: 8 consecutive rows
+    totals, _ = trl_completions(tmp_path, 3, prompts, 4, [0.5, 2.0, -1.5])
+    out, _ = run_import(tmp_path, "trl", run="trl-18")
+    run = Run.objects.get(name="trl-18")
+    assert Group.objects.filter(run=run).count() == 18  # TRL trained on 18 groups of 4, not 17
+    assert set(Group.objects.filter(run=run).values_list("size", flat=True)) == {4}
+    # No weights anywhere: the run says the aggregate is not TRL's
+    assert run.summary["import"]["weights"].startswith("unknown: TRL's completions parquet")
+    assert run.summary["import"]["flags"]["assumed_weights_rows"] == 72
+    assert "72 aggregate rewards assume weight 1" in out
+
+
+def test_it_stores_trls_aggregate_with_the_weights_the_user_gives(tmp_path):
+    prompts = [f"P{k}" for k in range(6)]
+    totals, advantages = trl_completions(tmp_path, 1, prompts, 4, [0.5, 2.0, -1.5])
+    run_import(tmp_path, "trl", "--weights", "correct=0.5,format=2,length=-1.5", run="trl-w")
+    run = Run.objects.get(name="trl-w")
+    rewards = [r.reward for r in stored(run)]
+    assert rewards == pytest.approx(totals.tolist(), abs=1e-12)
+    assert run.summary["import"]["weights"] == "TRL's reward_weights, from given (--weights)"
+    recomputed, trained = replayed_advantages(run)
+    assert np.abs(recomputed - trained).max() < 1e-6
