@@ -273,3 +273,70 @@ def test_it_stores_trls_aggregate_with_the_weights_the_user_gives(tmp_path):
     assert run.summary["import"]["weights"] == "TRL's reward_weights, from given (--weights)"
     recomputed, trained = replayed_advantages(run)
     assert np.abs(recomputed - trained).max() < 1e-6
+
+
+# -------------------------------------------------------------------------- one run, one answer
+
+
+def test_it_keeps_a_recorded_runs_weights_in_one_place(api, personas, client_as):
+    """A recorder's run: created through the API as HttpSink creates it (config and components,
+    weights not given), then the trainer's settings arrive (TRL's reward_weights). Every reader -
+    the run, its config, a launched twin's job config, the dashboard's resolved config - gives
+    the trainer's weights, and no 1.0 left anywhere."""
+    from webapp.diagnostics.services import twin_config
+
+    c = api(personas["trainer"])
+    body = {
+        "name": "recorded",
+        "kind": "grpo",
+        "config": {"source": "RolloutRecorder", "learning_rate": 1e-5},
+        "environment": {"name": "rec-env", "components": [{"name": "acc"}, {"name": "fmt"}]},
+    }
+    created = c.post("/api/v1/runs/", data=json.dumps(body), content_type="application/json")
+    run_id = created.json()["id"]
+    trained = {"weights": {"acc": 2.0, "fmt": -0.5}, "scale_rewards": "group", "source": "trainer"}
+    url = f"/api/v1/runs/{run_id}/settings/"
+    res = c.post(url, data=json.dumps(trained), content_type="application/json")
+    assert res.status_code in (200, 201), res.content
+    run = Run.objects.get(id=run_id)
+    assert "reward_weights" not in run.config
+    assert run.reward_weights() == {"acc": 2.0, "fmt": -0.5}
+    assert twin_config(run)["reward_weights"] == {"acc": 2.0, "fmt": -0.5}
+    page = client_as("trainer").get(f"/runs/{run_id}/")
+    resolved = page.context["config_json"]
+    assert '"acc": 2.0' in resolved and '"acc": 1.0' not in resolved
+
+
+def test_it_moves_a_launched_jobs_weights_into_the_reward_settings(env3, personas):
+    from webapp.rollouts.services import create_run
+
+    run = create_run(
+        name="launched",
+        kind="grpo",
+        environment=env3,
+        config={"reward_weights": {"format": 0.0}, "max_steps": 3},
+        owner=personas["trainer"],
+    )
+    run.refresh_from_db()
+    assert run.config == {"max_steps": 3}
+    assert run.reward_settings["weights"] == {"format": 0.0}
+    assert run.reward_weights() == {"correct": 1.0, "format": 0.0, "penalty": 0.2}
+
+
+def test_it_migrates_a_stored_configs_weights_into_the_reward_settings(run):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module(
+        "webapp.runs.migrations.0004_reward_weights_in_reward_settings"
+    )
+    Run.objects.filter(id=run.id).update(  # a row written before: weights in its config
+        config={"reward_weights": {"format": 0.3, "penalty": 0.1}, "max_steps": 2},
+        reward_settings={"weights": {"penalty": 0.9}, "source": "trainer"},
+    )
+    migration._settle(apps, None)
+    run.refresh_from_db()
+    assert run.config == {"max_steps": 2}
+    assert run.reward_settings["weights"] == {"format": 0.3, "penalty": 0.9}  # the trainer's win
+    assert run.reward_settings["source"] == "trainer"

@@ -172,9 +172,9 @@ def create_run(
     parent: Run | None = None,
     status: str = Run.Status.QUEUED,
 ) -> Run:
-    weights = {c.name: c.weight for c in environment.components.all()} if environment else {}
+    # The weights are the run's reward settings (Run.save moves a config's reward_weights there);
+    # without any, Run.reward_weights reads the environment's defaults.
     cfg = dict(config)
-    cfg.setdefault("reward_weights", weights)
     provenance = {
         "components": {c.name: c.source_hash for c in environment.components.all()}
         if environment
