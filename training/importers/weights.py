@@ -76,6 +76,13 @@ def plan_weights(
     if given is not None:
         return _given(names, x, y, given, total)
     design = np.hstack([x, np.ones((len(y), 1))])
+    if len(y) < design.shape[1] + 2:  # any weights fit so few rows: nothing can be told
+        return WeightPlan(
+            {**dict.fromkeys(names, 0.0), UNEXPLAINED: 1.0},
+            True,
+            f"unknown: {len(y)} rows are too few to tell how {total} relates to {len(names)} "
+            f"components; the whole {total} is the component {UNEXPLAINED!r}",
+        )
     beta, *_ = np.linalg.lstsq(design, y, rcond=None)
     beta = np.array([_tidy(b) for b in beta])
     w, offset = beta[:-1], float(beta[-1])
