@@ -340,3 +340,21 @@ def test_it_migrates_a_stored_configs_weights_into_the_reward_settings(run):
     assert run.config == {"max_steps": 2}
     assert run.reward_settings["weights"] == {"format": 0.3, "penalty": 0.9}  # the trainer's win
     assert run.reward_settings["source"] == "trainer"
+
+
+def test_it_cleans_a_nul_in_an_ingestion_jsonl_file_too(tmp_path):
+    record = {
+        "step": 0,
+        "key": "k",
+        "prompt": "p",
+        "rollouts": [
+            {"index": 0, "completion": "a\x00b", "rewards": {"acc": 1.0}},
+            {"index": 1, "completion": "c", "rewards": {"acc": 0.0}},
+        ],
+    }
+    path = tmp_path / "groups.jsonl"
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    out, _ = run_import(path, "jsonl", run="nul-jsonl")
+    run = Run.objects.get(name="nul-jsonl")
+    assert sorted(r.completion for r in stored(run)) == ["a\ufffdb", "c"]
+    assert run.summary["import"]["flags"] == {"nul_cleaned": 1}
