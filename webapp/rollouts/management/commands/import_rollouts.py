@@ -340,13 +340,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--group-size",
             type=_positive,
-            help="expected rollouts per group (num_generations); splits repeated prompts",
+            help="rollouts per group (num_generations, rollout.n); a prompt drawn k times in a "
+            "step is split only where the file's layout says how (TRL), else left out and counted",
         )
         parser.add_argument(
             "--weights",
             type=_weights,
-            help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
-            "reward_settings.json in the output_dir gives them)",
+            help="the trainer's reward weights, name=w comma-separated (TRL: GRPOConfig's "
+            "reward_weights; the recorder's reward_settings.json gives them; verl: checked "
+            "against score, the rest kept as 'unexplained')",
         )
         parser.add_argument(
             "--scale-rewards",
