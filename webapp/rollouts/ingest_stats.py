@@ -67,8 +67,8 @@ STEP_STAT_COLUMNS = StepStatRow._fields[2:]
 
 
 def run_weights(run: Run, components: list[RewardComponent]) -> np.ndarray:
-    """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job
-    config's, then the environment's defaults)."""
+    """The run's weights in `components` order (Run.reward_weights: its reward settings - the
+    trainer's, or what it was launched with - then the environment's defaults)."""
     weights = run.reward_weights(components)
     return np.array([weights[c.name] for c in components], dtype=np.float64)
 
