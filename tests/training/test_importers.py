@@ -352,12 +352,14 @@ def test_it_turns_byoo_episodes_into_transcript_groups(tmp_path):
     assert [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
     assert r["transcript"][0]["tool_calls"][0]["function"]["name"] == "search"
     assert r["reward"] == pytest.approx(1 / 3)
-    assert r["rewards"] == {
-        "task_success": 1.0,
-        "tool_use": 0.5,
-    }  # names made acceptable, deterministically
+    # names made acceptable, deterministically; k / g is no weighted sum of the sub-metrics
+    assert list(r["rewards"]) == ["task_success", "tool_use", "unexplained"]
+    assert (r["rewards"]["task_success"], r["rewards"]["tool_use"]) == (1.0, 0.5)
+    weights = reader.settings()["weights"]
+    assert sum(weights[k] * v for k, v in r["rewards"].items()) == pytest.approx(1 / 3)
+    assert reader.notes()["weights"].startswith("unknown: aggregate_reward_score is not")
     assert r["state"] == {"episode_id": "ep-2-0-1"}
-    assert reader.sample_components() == ["task_success", "tool_use"]
+    assert reader.sample_components() == ["task_success", "tool_use", "unexplained"]
 
 
 def test_it_groups_byoo_episodes_without_group_id_by_prompt(tmp_path):
@@ -766,9 +768,16 @@ def test_it_reads_byoo_metrics_list_as_components(tmp_path):
     ]
     reader = open_reader("byoo", write_jsonl(tmp_path / "rft.jsonl", recs))
     (g,), bad, _ = items(reader)
-    assert bad == [] and reader.sample_components() == ["accuracy", "policy_compliance", "exact"]
+    names = ["accuracy", "policy_compliance", "exact", "unexplained"]
+    assert bad == [] and reader.sample_components() == names
     r = g.record["rollouts"][1]
-    assert r["rewards"] == {"accuracy": 0.0, "policy_compliance": 1.0, "exact": 0.0}
+    # 3 episodes cannot tell the weights of 3 metrics: the whole aggregate is 'unexplained'
+    assert r["rewards"] == {
+        **dict.fromkeys(names[:3], 0.0),
+        "policy_compliance": 1.0,
+        "unexplained": pytest.approx(0.3),
+    }
+    assert reader.notes()["weights"].startswith("unknown: 3 rows are too few")
     assert r["reward"] == pytest.approx(0.3) and r["transcript"] == [
         {"role": "assistant", "content": "5"}
     ]

@@ -358,3 +358,30 @@ def test_it_cleans_a_nul_in_an_ingestion_jsonl_file_too(tmp_path):
     run = Run.objects.get(name="nul-jsonl")
     assert sorted(r.completion for r in stored(run)) == ["a\ufffdb", "c"]
     assert run.summary["import"]["flags"] == {"nul_cleaned": 1}
+
+
+def test_it_recovers_the_sub_metric_weights_of_byoo_episodes(tmp_path):
+    rng = np.random.default_rng(5)
+    episodes = []
+    for gi in range(6):
+        for k in range(4):
+            success, tools = float(rng.integers(0, 2)), float(rng.integers(0, 4)) / 4
+            episodes.append(
+                {
+                    "episode_id": f"e{gi}.{k}",
+                    "group_id": f"g{gi}",
+                    "turns": [
+                        {"role": "user", "content": f"task {gi}"},
+                        {"role": "assistant", "content": f"done {k}"},
+                    ],
+                    "aggregate_reward_score": 0.5 * success + 0.25 * tools,
+                    "sub_metrics": {"success": success, "tools": tools},
+                }
+            )
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes), encoding="utf-8")
+    run_import(path, "byoo", run="byoo-w")
+    run = Run.objects.get(name="byoo-w")
+    assert run.reward_weights() == {"success": 0.5, "tools": 0.25}
+    recomputed, trained = replayed_advantages(run)
+    assert np.abs(recomputed - trained).max() < 1e-9

@@ -35,34 +35,30 @@ that scaling.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from training.importers.base import (
-    GroupingJsonlReader,
-    Item,
-    Progress,
     RecordError,
     RolloutRow,
     fill_advantages,
     group_key,
     int_field,
-    jsonl_lines,
     number_field,
-    parse_json_object,
     split_numbers,
     stable_hash,
 )
-from training.importers.weights import SAMPLE_ROWS, UNEXPLAINED, WeightPlan, plan_weights
+from training.importers.weights import PlannedJsonlReader
 
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
 
 
 @dataclass
-class VerlReader(GroupingJsonlReader):
+class VerlReader(PlannedJsonlReader):
+    total = "score"
+    no_components = "none: the dump has no numeric reward_extra_info next to the score"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "verl"
@@ -75,54 +71,19 @@ class VerlReader(GroupingJsonlReader):
             + (" without the std (norm_adv_by_std_in_grpo=False)" if self._no_std else "")
         )
 
-    def read(self, progress: Progress | None = None) -> Iterator[Item]:
-        self.weight_plan()  # before the first row: every row is completed the same way
-        yield from super().read(progress)
-
     @property
     def _no_std(self) -> bool:
         return self.scale_rewards == "none"
 
     def settings(self) -> dict[str, Any] | None:
-        plan = self.weight_plan()
-        out = {
+        return {
             "advantage_epsilon": VERL_EPS,
             "scale_rewards": "group",
             **(super().settings() or {}),
         }
-        if plan is not None:
-            out["weights"] = dict(plan.weights)
-        return out
-
-    def notes(self) -> dict[str, str]:
-        self.weight_plan()
-        return super().notes()
-
-    def weight_plan(self) -> WeightPlan | None:
-        """How `score` relates to the components, from the first SAMPLE_ROWS rows (read once)."""
-        if not hasattr(self, "_plan"):
-            self._plan: WeightPlan | None = None  # parse_row completes no row while sampling
-            rows = []
-            for path in self.files():
-                for _, _, raw in jsonl_lines(path):
-                    with contextlib.suppress(RecordError):  # reported when the import reads it
-                        r = self.parse_row(parse_json_object(raw)).rollout
-                        rows.append((r["rewards"], r["reward"]))
-                    if len(rows) >= SAMPLE_ROWS:
-                        break
-                if len(rows) >= SAMPLE_ROWS:
-                    break
-            self._plan = plan_weights(rows, self.weights, total="score")
-            self.weights_note = (
-                self._plan.note
-                if self._plan is not None
-                else "none: the dump has no numeric reward_extra_info next to the score"
-            )
-        return self._plan
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
-        if self._plan is not None and not self._plan.residual:
-            self.flag("rows_beyond_weight_fit", sum(UNEXPLAINED in r["rewards"] for r in rollouts))
+        self.count_beyond(rollouts)
         if len(rollouts) == 1 and rollouts[0].get("advantage") is None:
             # verl gives a lone sample mean 0 and std 1 (TRL's formula would give it 0)
             r = rollouts[0].get("reward")
@@ -157,8 +118,7 @@ class VerlReader(GroupingJsonlReader):
             state["uid"] = uid
         if rest:
             state["extra"] = rest
-        if getattr(self, "_plan", None) is not None:
-            self._plan.complete(rewards, reward)
+        self.complete(rewards, reward)
         # "reward": null is the trainer's own "not scored": it stays missing at ingestion
         rollout: dict[str, Any] = {"completion": output, "rewards": rewards, "reward": reward}
         if state:

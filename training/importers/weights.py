@@ -20,12 +20,22 @@ was, in words stored on the run. Plain numpy, no Django.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from training.importers.base import (
+    GroupingJsonlReader,
+    Item,
+    Progress,
+    RecordError,
+    jsonl_lines,
+    parse_json_object,
+)
 
 UNEXPLAINED = "unexplained"
 TOLERANCE = 1e-6  # per row, relative to max(1, |total|): JSON round trips and float32 totals
@@ -138,3 +148,61 @@ def _tidy(v: float) -> float:
     rounding of the fit (checked again by the caller's residual test)."""
     r = round(float(v), 9)
     return 0.0 if r == 0 else r
+
+
+@dataclass
+class PlannedJsonlReader(GroupingJsonlReader):
+    """A one-rollout-per-line reader whose rows carry the trainer's total (`total`) beside its
+    components: the weights are planned from the first SAMPLE_ROWS rows before the import, become
+    the run's (settings), the plan's note goes on the run (notes), and `parse_row` calls
+    `complete` so that every row's components sum to its total."""
+
+    total: ClassVar[str] = "the total"
+    no_components: ClassVar[str] = "none: no numeric components beside the total"
+
+    def read(self, progress: Progress | None = None) -> Iterator[Item]:
+        self.weight_plan()  # before the first row: every row is completed the same way
+        yield from super().read(progress)
+
+    def settings(self) -> dict[str, Any] | None:
+        plan = self.weight_plan()
+        out = super().settings() or {}
+        if plan is not None:
+            out["weights"] = dict(plan.weights)
+        return out or None
+
+    def notes(self) -> dict[str, str]:
+        self.weight_plan()
+        return super().notes()
+
+    def weight_plan(self) -> WeightPlan | None:
+        """How the total relates to the components, from the first SAMPLE_ROWS rows (once)."""
+        if not hasattr(self, "_plan"):
+            self._plan: WeightPlan | None = None  # `complete` does nothing while sampling
+            rows: list[tuple[dict[str, float | None], float | None]] = []
+            for path in self.files():
+                for _, _, raw in jsonl_lines(path):
+                    with contextlib.suppress(RecordError):  # reported when the import reads it
+                        r = self.parse_row(parse_json_object(raw)).rollout
+                        rows.append((r["rewards"], r["reward"]))
+                    if len(rows) >= SAMPLE_ROWS:
+                        break
+                if len(rows) >= SAMPLE_ROWS:
+                    break
+            self._plan = plan_weights(rows, self.weights, total=self.total)
+            self.weights_note = self._plan.note if self._plan is not None else self.no_components
+        return self._plan
+
+    def complete(self, rewards: dict[str, float | None], total: float | None) -> None:
+        plan = getattr(self, "_plan", None)
+        if plan is not None:
+            plan.complete(rewards, total)
+
+    def count_beyond(self, rollouts: list[dict[str, Any]]) -> None:
+        """Rows the sampled plan did not explain (they carry UNEXPLAINED alone): counted."""
+        if self._plan is not None and not self._plan.residual:
+            self.flag("rows_beyond_weight_fit", sum(UNEXPLAINED in r["rewards"] for r in rollouts))
+
+    def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        self.count_beyond(rollouts)
+        super()._fill(rollouts)
