@@ -173,6 +173,57 @@ def test_it_splits_a_prompt_drawn_twice_by_the_uid_the_rows_carry(tmp_path):
     assert sorted(sizes) == [("Q0", 4), ("Q0", 4), ("Q1", 4)]
 
 
+def dapo_dump(folder: Path, step: int, *, dict_result: bool) -> list[float]:
+    """verl's DAPO reward manager (verl/workers/reward_manager/dapo.py) with overlong_buffer enabled
+    and logged: reward = score + overlong_reward, overlong_reward = min(-exceed / buffer_len x
+    factor, 0). A dict result (math_dapo: score +-1, acc a bool, pred) puts its keys in
+    reward_extra_info, whose "score" replaces the dumped one (token_level_scores summed); a number
+    goes to reward_extra_info["acc"]. Returns what verl trained on, in dump order."""
+    rng = np.random.default_rng(step)
+    max_len, buffer_len, factor = 64, 16, 1.0
+    rows, trained = [], []
+    for i in range(4):
+        for _ in range(4):
+            right = bool(rng.integers(0, 2))
+            length = int(rng.integers(20, max_len + 1))
+            overlong = min(-(length - (max_len - buffer_len)) / buffer_len * factor, 0)
+            score = (1.0 if right else -1.0) if dict_result else float(right)
+            extra = {"score": score, "acc": right, "pred": "x"} if dict_result else {"acc": score}
+            reward = score + overlong
+            trained.append(reward)
+            row = {
+                "input": f"Q{i}",
+                "output": "y" * length,
+                "gts": "4",
+                "score": reward,  # token_level_scores.sum(-1)
+                "step": step,
+                **extra,  # a dict result's "score" replaces the one above
+                "overlong_reward": overlong,
+                "overlong": overlong < 0,
+            }
+            rows.append(json.dumps(row, ensure_ascii=False))
+    path = folder / f"{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return trained
+
+
+def test_it_imports_what_verls_dapo_manager_trained_on_with_its_overlong_penalty(tmp_path):
+    for dict_result in (True, False):
+        name = f"dapo-{dict_result}"
+        trained = dapo_dump(tmp_path / name, 1, dict_result=dict_result)
+        run_import(tmp_path / name, "verl", run=name)
+        run = Run.objects.get(name=name)
+        rewards = [r.reward for r in stored(run)]
+        assert sorted(rewards) == pytest.approx(sorted(trained), abs=1e-12), name
+        recomputed, kept = replayed_advantages(run)
+        assert np.abs(recomputed - kept).max() < 1e-9
+    penalised = [
+        r for r in stored(Run.objects.get(name="dapo-True")) if r.state.get("score_before_overlong")
+    ]
+    assert penalised and all(r.reward < r.state["score_before_overlong"] for r in penalised)
+
+
 # ------------------------------------------------------------------------------------ every format
 
 

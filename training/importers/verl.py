@@ -24,7 +24,8 @@ too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gt
 rollout's state. `score` is the aggregate reward; a null or NaN score stays missing (never
 re-derived from the components). verl does not say how `score` relates to the components: the
 weights are recovered from the rows (training/importers/weights.py) or the unexplained part of the
-score is its own component, and the run says which.
+score is its own component, and the run says which. With the DAPO reward manager's logged overlong
+penalty the trained total may be score + overlong_reward (see `survey`).
 
 verl does not dump advantages: they are verl's GRPO outcome advantage of `score` within the group,
 (r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or
@@ -35,6 +36,7 @@ that scaling.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +53,29 @@ from training.importers.base import (
 from training.importers.weights import PlannedJsonlReader
 
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
+OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _penalised(obj: dict[str, Any]) -> bool:
+    return bool(_number(obj.get(OVERLONG))) and _number(obj.get("score")) is not None
+
+
+def _acc_plus_penalty(obj: dict[str, Any]) -> bool:
+    acc, pen, score = (_number(obj.get(k)) for k in ("acc", OVERLONG, "score"))
+    return acc is not None and abs(acc + pen - score) <= 1e-6 * max(1.0, abs(score))
 
 
 @dataclass
 class VerlReader(PlannedJsonlReader):
     total = "score"
+    overlong_added: bool = False  # set by survey: verl trained on score + overlong_reward
     no_components = "none: the dump has no numeric reward_extra_info next to the score"
 
     def __post_init__(self) -> None:
@@ -93,6 +112,22 @@ class VerlReader(PlannedJsonlReader):
             return
         fill_advantages(rollouts, eps=VERL_EPS, scale=not self._no_std)
 
+    def survey(self, objs: list[dict[str, Any]]) -> None:
+        """verl's DAPO reward manager adds `overlong_reward` to the reward it trains on AFTER the
+        reward function returned; a function returning a dict (math_dapo does) puts its own
+        "score" in reward_extra_info, which replaces the dumped score: the dump's score is then
+        the score BEFORE the penalty. A function returning a number puts it in "acc" and the
+        dumped score (token_level_scores) already holds the penalty: score = acc + overlong_reward
+        on every row. Any penalised row where that does not hold means the former."""
+        self.overlong_added = any(
+            _penalised(o) and not _acc_plus_penalty(o) for o in objs if OVERLONG in o
+        )
+        if self.overlong_added:
+            self.advantage += (
+                "; the total is score + overlong_reward (verl's DAPO manager added the penalty "
+                "after the reward function's dict, whose score the dump holds)"
+            )
+
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
         step = int_field(obj, "step")
         prompt = obj.get("input")
@@ -109,6 +144,10 @@ class VerlReader(PlannedJsonlReader):
         if "score" not in obj:
             raise RecordError("score: is required (the aggregate reward)")
         reward = number_field(obj, "score", required=False)
+        dumped = reward
+        if self.overlong_added and reward is not None:
+            # verl trained on score + overlong_reward (DAPO manager, a dict-returning function)
+            reward += number_field(obj, OVERLONG, required=False) or 0.0
         extra = {
             k: float(v) if isinstance(v, bool) else v for k, v in obj.items() if k not in KNOWN
         }
@@ -116,6 +155,8 @@ class VerlReader(PlannedJsonlReader):
         state: dict[str, Any] = {"gts": obj["gts"]} if obj.get("gts") is not None else {}
         if uid is not None:
             state["uid"] = uid
+        if dumped != reward:
+            state["score_before_overlong"] = dumped
         if rest:
             state["extra"] = rest
         self.complete(rewards, reward)

@@ -54,6 +54,10 @@ class WeightPlan:
     residual: bool  # every row carries UNEXPLAINED (total minus the weighted components)
     note: str  # stored on the run: recovered / exact up to a constant / not a weighted sum / given
 
+    def survey(self, objs: list[dict[str, Any]]) -> None:
+        """A look at the sampled records before any is parsed (a reader decides what its total
+        is from them)."""
+
     def complete(self, rewards: dict[str, float | None], total: float | None) -> None:
         """Add UNEXPLAINED to `rewards` (in place) where the plan needs it or the row is not
         explained by the weights: the weighted components then sum to `total`."""
@@ -179,19 +183,28 @@ class PlannedJsonlReader(GroupingJsonlReader):
         """How the total relates to the components, from the first SAMPLE_ROWS rows (once)."""
         if not hasattr(self, "_plan"):
             self._plan: WeightPlan | None = None  # `complete` does nothing while sampling
-            rows: list[tuple[dict[str, float | None], float | None]] = []
+            objs: list[dict[str, Any]] = []
             for path in self.files():
                 for _, _, raw in jsonl_lines(path):
                     with contextlib.suppress(RecordError):  # reported when the import reads it
-                        r = self.parse_row(parse_json_object(raw)).rollout
-                        rows.append((r["rewards"], r["reward"]))
-                    if len(rows) >= SAMPLE_ROWS:
+                        objs.append(parse_json_object(raw))
+                    if len(objs) >= SAMPLE_ROWS:
                         break
-                if len(rows) >= SAMPLE_ROWS:
+                if len(objs) >= SAMPLE_ROWS:
                     break
+            self.survey(objs)
+            rows: list[tuple[dict[str, float | None], float | None]] = []
+            for obj in objs:
+                with contextlib.suppress(RecordError):
+                    r = self.parse_row(obj).rollout
+                    rows.append((r["rewards"], r["reward"]))
             self._plan = plan_weights(rows, self.weights, total=self.total)
             self.weights_note = self._plan.note if self._plan is not None else self.no_components
         return self._plan
+
+    def survey(self, objs: list[dict[str, Any]]) -> None:
+        """A look at the sampled records before any is parsed (a reader decides what its total
+        is from them)."""
 
     def complete(self, rewards: dict[str, float | None], total: float | None) -> None:
         plan = getattr(self, "_plan", None)
