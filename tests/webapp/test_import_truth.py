@@ -436,3 +436,30 @@ def test_it_recovers_the_sub_metric_weights_of_byoo_episodes(tmp_path):
     assert run.reward_weights() == {"success": 0.5, "tools": 0.25}
     recomputed, trained = replayed_advantages(run)
     assert np.abs(recomputed - trained).max() < 1e-9
+
+
+def test_it_keeps_an_explicit_null_reward_missing_and_computes_an_absent_one(api, personas):
+    from webapp.rollouts.services import recompute_run_stats
+
+    c = api(personas["trainer"])
+    body = {"name": "nulls", "environment": {"name": "n-env", "components": [{"name": "acc"}]}}
+    run_id = c.post("/api/v1/runs/", data=json.dumps(body), content_type="application/json")
+    run_id = run_id.json()["id"]
+    rollouts = [
+        {"index": 0, "completion": "a", "rewards": {"acc": 0.7}, "reward": None},
+        {"index": 1, "completion": "b", "rewards": {"acc": 0.2}},
+        {"index": 2, "completion": "c", "rewards": {"acc": 0.9}},
+    ]
+    group = {"step": 0, "key": "k", "prompt": "p", "rollouts": rollouts}
+    res = c.post(
+        f"/api/v1/runs/{run_id}/groups/",
+        data=json.dumps({"groups": [group]}),
+        content_type="application/json",
+    )
+    assert res.status_code == 201, res.content
+    run = Run.objects.get(id=run_id)
+    assert [r.reward for r in stored(run)] == [None, 0.2, 0.9]
+    advantages = [r.advantage for r in stored(run)]
+    assert advantages[0] == 0.0 and advantages[1] == pytest.approx(-advantages[2])
+    recompute_run_stats(run)  # the repair path keeps it missing too
+    assert Group.objects.get(run=run).reward_mean == pytest.approx(0.55)
