@@ -1,10 +1,10 @@
 """Record OpenRLHF rollouts from its custom reward-function file.
 
-OpenRLHF writes no rollout dump, but a run with `--remote_rm_url reward_func.py` loads `reward_func`
-from that file and calls it with `(queries, prompts, labels)`, where `queries` are prompt + response
-texts. Wrap that function in the same file:
+OpenRLHF writes no rollout dump, but a run with `--reward.remote_url reward_func.py` (the flag since
+0.10.2; `--remote_rm_url` before) loads `reward_func` from that file and calls it with `(queries,
+prompts, labels)`, where `queries` are prompt + response texts. Wrap that function in the same file:
 
-    # reward_func.py, passed to OpenRLHF as --remote_rm_url reward_func.py
+    # reward_func.py, passed to OpenRLHF as --reward.remote_url reward_func.py
     from training.openrlhf_reward import wrap_reward_func
 
     def my_reward(queries, prompts, labels):
@@ -13,7 +13,7 @@ texts. Wrap that function in the same file:
 
     reward_func = wrap_reward_func(
         my_reward, url="http://host:8000", token="...", run="openrlhf-math",
-        n_samples_per_prompt=8,  # the run's --n_samples_per_prompt
+        n_samples_per_prompt=8,  # the run's --rollout.n_samples_per_prompt
     )
 
 The two ways OpenRLHF calls it (read from its published code):
@@ -21,7 +21,9 @@ The two ways OpenRLHF calls it (read from its published code):
 - since 0.9.1 (`openrlhf/utils/agent.py`, SingleTurnAgentExecutor): once per sample,
   `reward_func([query], [prompt], [label])`, from `asyncio.to_thread`, concurrently, in each vLLM
   engine's process. Every sample of a prompt goes to the same engine (`generate_responses(prompt,
-  num_samples=n_samples_per_prompt)`), so each process sees whole groups, sample by sample;
+  num_samples=n_samples_per_prompt)`), so each process sees whole groups, sample by sample. The
+  result may hold plain numbers or 0-d tensors: OpenRLHF wraps each with `torch.tensor([value])`
+  (samples_generator), so in a one-sample call they are that sample's values;
 - up to 0.9.0 (`openrlhf/utils/remote_rm_utils.py`, RemoteRewardModel): `ray.remote(reward_func)` on
   chunks of `micro_rollout_batch_size` samples, where a prompt's samples are consecutive. Ray
   pickles the function into its worker processes.
@@ -36,19 +38,29 @@ spool JSONL file in the HttpSink spool format (`python -m training.sinks upload 
 --token KEY --run ID`).
 
 How samples become groups:
-- samples are buffered by prompt; `n_samples_per_prompt` of them make a group, posted when complete
-  (a prompt drawn twice makes two groups); what is still incomplete after `straggler_timeout`
-  seconds (a filtered or failed sample) is posted as a smaller group. Without
-  `n_samples_per_prompt`, a batch call's samples of a prompt are one group and per-sample calls are
-  grouped by the timeout alone;
+- samples are buffered by (step, prompt) until the step is over (a call of a later step comes),
+  `straggler_timeout` seconds after the prompt's last sample, or the end of training (`close`,
+  `flush(partial=True)`); then a prompt's samples are one group. OpenRLHF groups by each sample's
+  index in the batch (`experience_maker`: `rewards[indices]`, `reshape(-1, n)`), which the reward
+  function never sees: a prompt drawn twice in a step whose draws land on one engine shows as more
+  than `n_samples_per_prompt` samples, interleaved, and cannot be split. Those samples are not
+  posted (no advantage from a guessed split): the run gets the per-step count as the metric
+  `recorder/ungroupable_samples` and the log a warning. Fewer than n (a filtered or failed sample)
+  is posted as a smaller group. Without `n_samples_per_prompt`, a batch call's samples of a prompt
+  are one group;
 - completion = query minus its prompt prefix (the whole query when it does not start with it);
-- the aggregate reward is "rewards"; per-sample entries of "extra_logs" are reward components,
-  scalar ones are ignored; "scores" and the label go into the rollout's state;
+- the aggregate reward is "rewards"; per-sample entries of "extra_logs" are reward components
+  (batch-level numbers of a batch call are ignored); "scores" and the label go into the rollout's
+  state. How "rewards" relates to the extra_logs is not said anywhere: the weights are recovered
+  from the first step's samples, or the unexplained part of "rewards" is the component
+  `unexplained` (training/importers/weights.py); the run's reward settings get the weights and
+  the note saying which;
 - the step: OpenRLHF passes none (only queries, prompts, labels). It is `step_fn()` when given (e.g.
   read from a file your launcher updates); otherwise the generation phase: OpenRLHF generates a
   whole rollout batch, then trains while the reward function sits idle, so a call that comes
   `step_gap` seconds after the previous one starts the next step (1, 2, ...). With asynchronous
-  training (`--async_train`) generation overlaps training: give `step_fn`;
+  training (`--train.async_enable`, `--async_train` before 0.10.2) generation overlaps training:
+  give `step_fn`;
 - the recorded advantage is OpenRLHF's `group_norm` estimate, (r - mean) / (std + 1e-9) within the
   group (its other estimators differ; the rewards and components are exact whatever the estimator);
 - every process naming one run lands in one run: the run is got-or-created by name on the server,
@@ -73,6 +85,7 @@ from typing import Any
 
 from training.client import ApiError, Client
 from training.importers.base import component_name, fill_advantages, finite_or_none, stable_hash
+from training.importers.weights import WeightPlan, plan_weights
 from training.sinks import storable  # NUL and lone surrogates would be refused by Postgres
 
 logger = logging.getLogger(__name__)
@@ -80,6 +93,7 @@ logger = logging.getLogger(__name__)
 OPENRLHF_EPS = (
     1e-9  # group_norm: (r - mean) / (std + 1e-9), openrlhf/trainer/ppo_utils/experience_maker.py
 )
+PLAN_ROWS = 32  # samples before the weights of "rewards" are fitted (more with many components)
 _STOP = object()
 _CREATE = threading.Lock()  # module-level: made on import in each process, never pickled
 
@@ -91,6 +105,22 @@ def _as_list(x: Any) -> list[Any] | None:
     if hasattr(x, "tolist"):
         x = x.tolist()
     return list(x) if isinstance(x, (list, tuple)) else None
+
+
+def _per_sample(x: Any, n: int) -> list[Any] | None:
+    """The per-sample values of a result field. In a one-sample call (OpenRLHF >= 0.9.1 calls the
+    function once per sample) a plain number or a 0-d tensor IS the sample's value: OpenRLHF wraps
+    it with torch.tensor([value]) itself (samples_generator). In a batch call it is a batch-level
+    number, not per-sample: None."""
+    values = _as_list(x)
+    if values is None and n == 1:
+        if hasattr(x, "detach"):
+            x = x.detach().float().cpu()
+        if hasattr(x, "item") and getattr(x, "ndim", 0) == 0:
+            x = x.item()
+        if isinstance(x, (int, float)):  # bool too: OpenRLHF logs it as 0/1
+            values = [float(x)]
+    return values
 
 
 def _json_safe(v: Any) -> Any:
@@ -107,11 +137,11 @@ def batch_to_samples(
     """One reward call's samples as (prompt, rollout without index) pairs."""
     n = len(queries)
     if isinstance(result, dict):
-        rewards = _as_list(result.get("rewards"))
-        scores = _as_list(result.get("scores")) if result.get("scores") is not None else None
+        rewards = _per_sample(result.get("rewards"), n)
+        scores = _per_sample(result.get("scores"), n) if result.get("scores") is not None else None
         extra = result.get("extra_logs") or {}
     else:
-        rewards, scores, extra = _as_list(result), None, {}
+        rewards, scores, extra = _per_sample(result, n), None, {}
     if rewards is None or len(rewards) != n:
         raise ValueError(
             f"rewards: expected {n} per-sample values, got "
@@ -119,7 +149,7 @@ def batch_to_samples(
         )
     per_sample: dict[str, list[Any]] = {}
     for k, v in extra.items():
-        values = _as_list(v)
+        values = _per_sample(v, n)
         if values is not None and len(values) == n:
             per_sample[component_name(k)] = values
     out = []
@@ -173,12 +203,13 @@ def batch_to_groups(
 
 
 class _Pending:
-    """A group being assembled: the step of its first sample, when that arrived, the
-    rollouts so far."""
+    """The samples of one prompt at one step so far: the step, when the first and the last
+    arrived, the rollouts."""
 
-    def __init__(self, step: int, since: float) -> None:
+    def __init__(self, step: int, now: float) -> None:
         self.step = step
-        self.since = since
+        self.since = now
+        self.last = now
         self.rollouts: list[dict[str, Any]] = []
 
 
@@ -217,7 +248,16 @@ class RewardRecorder:
         self.step = 0  # the generation phase (step_gap rule); 0 before the first call
         self._last_call: float | None = None
         self._components: set[str] = set()  # components the run's environment is known to have
-        self._pending: dict[str, list[_Pending]] = {}
+        # (step, prompt) -> its samples so far; held until the step is over (or straggler_timeout
+        # after its last sample), so that a prompt drawn twice in a step shows as > n samples
+        self._pending: dict[tuple[int, str], _Pending] = {}
+        self.plan: WeightPlan | None = None  # how "rewards" relates to extra_logs (weights.py)
+        self._planned = False
+        self._unplanned: list[tuple[str, _Pending]] = []  # groups waiting for the plan
+        self._settings_due = False  # the plan's weights are still to be posted to the run
+        self._closed = False  # after close(): a group of n goes at once (nobody waits for more)
+        self.left_out: dict[int, int] = {}  # step -> samples of prompts drawn twice: not posted
+        self._metrics_due: dict[int, int] = {}
         self._lock = threading.Lock()  # calls arrive concurrently (OpenRLHF's asyncio.to_thread)
         self._spool_lock = threading.Lock()
         self._queue: queue.Queue | None = queue.Queue(maxsize=1000) if background else None
@@ -239,12 +279,15 @@ class RewardRecorder:
             now = time.monotonic()
             with self._lock:
                 step = self._current_step(now)
-                if (
-                    self.n is None and len(samples) > 1
-                ):  # a batch call, group size unknown: the call's share
-                    ready = self._call_groups(samples, step)
+                if self.n is None and len(samples) > 1:  # a batch call, G unknown: its share
+                    ready = self._planned_groups(self._call_groups(samples, step), force=False)
                 else:
-                    ready = self._assemble(samples, step, now) + self._stale(now)
+                    for prompt, rollout in samples:
+                        key = (step, prompt)
+                        pending = self._pending.setdefault(key, _Pending(step, now))
+                        pending.rollouts.append(rollout)
+                        pending.last = now
+                    ready = self._release(now, step)
         except Exception:  # noqa: BLE001 - a recording bug must never stop training
             logger.exception("openrlhf recorder: could not read this batch; not recorded")
             return
@@ -261,47 +304,87 @@ class RewardRecorder:
         self._last_call = now
         return self.step
 
-    def _assemble(
-        self, samples: list[tuple[str, dict[str, Any]]], step: int, now: float
+    def _release(
+        self, now: float, step: int | None = None, everything: bool = False
     ) -> list[dict[str, Any]]:
-        ready = []
-        for prompt, rollout in samples:
-            open_groups = self._pending.setdefault(prompt, [])
-            if not open_groups or (self.n is not None and len(open_groups[-1].rollouts) >= self.n):
-                open_groups.append(_Pending(step, now))
-            pending = open_groups[-1]
-            pending.rollouts.append(rollout)
-            if self.n is not None and len(pending.rollouts) == self.n:
-                open_groups.remove(pending)
-                ready.append(self._group(prompt, pending))
-            if not open_groups:
-                del self._pending[prompt]
-        return ready
-
-    def _stale(self, now: float, everything: bool = False) -> list[dict[str, Any]]:
-        """Groups still incomplete after straggler_timeout (all of them when `everything`): posted
-        as they are."""
-        ready = []
-        for prompt in list(self._pending):
-            keep = []
-            for pending in self._pending[prompt]:
-                if everything or now - pending.since >= self.straggler_timeout:
-                    ready.append(self._group(prompt, pending))
-                else:
-                    keep.append(pending)
-            if keep:
-                self._pending[prompt] = keep
+        """The groups whose step is over (a call of a later step came), whose last sample is
+        straggler_timeout old, or all of them (`everything`: end of training)."""
+        done = [
+            (key, p)
+            for key, p in self._pending.items()
+            if everything
+            or key[0] != step
+            or now - p.last >= self.straggler_timeout
+            or (self._queue is None and self._closed and len(p.rollouts) == self.n)
+        ]
+        out = []
+        for key, pending in done:
+            del self._pending[key]
+            if self.n is not None and len(pending.rollouts) > self.n:
+                self._leave_out(key[1], pending)
             else:
-                del self._pending[prompt]
-        return ready
+                out.append((key[1], pending))
+        return self._planned_groups(out)
+
+    def _leave_out(self, prompt: str, pending: _Pending) -> None:
+        """More than n samples of one prompt in one step: OpenRLHF drew it more than once and
+        groups by the sample's index, which its reward function never sees, so the samples of
+        the draws cannot be told apart. They are not posted (no advantage from a guessed
+        split); the run gets a per-step count, metric recorder/ungroupable_samples."""
+        c = len(pending.rollouts)
+        self.left_out[pending.step] = self.left_out.get(pending.step, 0) + c
+        self._metrics_due[pending.step] = self.left_out[pending.step]
+        logger.warning(
+            "openrlhf recorder: step %d: %d samples of one prompt (n_samples_per_prompt %d): "
+            "drawn %s times, its groups cannot be told apart; not recorded (prompt %s)",
+            pending.step,
+            c,
+            self.n,
+            f"{c / self.n:g}",
+            stable_hash(prompt, 12),
+        )
 
     def _call_groups(
         self, samples: list[tuple[str, dict[str, Any]]], step: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[tuple[str, _Pending]]:
         by_prompt: dict[str, _Pending] = {}
         for prompt, rollout in samples:
             by_prompt.setdefault(prompt, _Pending(step, 0.0)).rollouts.append(rollout)
-        return [self._group(p, pending) for p, pending in by_prompt.items()]
+        return list(by_prompt.items())
+
+    def _planned_groups(
+        self, pending: list[tuple[str, _Pending]], force: bool = True
+    ) -> list[dict[str, Any]]:
+        """Groups completed by the weight plan: the first groups wait until there are enough rows
+        to relate "rewards" to the extra_logs components (or `force`), then all go out."""
+        if not self._planned:
+            if not pending and not self._unplanned:
+                return []  # nothing to fit on yet
+            self._unplanned.extend(pending)
+            rows = [(r["rewards"], r["reward"]) for _, p in self._unplanned for r in p.rollouts]
+            width = len({k for r, _ in rows for k in r})
+            if not force and len(rows) < max(PLAN_ROWS, 2 * (width + 1)):
+                return []
+            self.plan = plan_weights(rows, total="rewards") if width else None
+            self._planned, self._settings_due = True, True
+            pending, self._unplanned = self._unplanned, []
+        out = []
+        for prompt, p in pending:
+            if self.plan is not None:
+                for r in p.rollouts:
+                    self.plan.complete(r["rewards"], r["reward"])
+            out.append(self._group(prompt, p))
+        return out
+
+    def _stale(self, now: float, everything: bool = False) -> list[dict[str, Any]]:
+        """Groups still incomplete after straggler_timeout (all of them when `everything`)."""
+        return self._release(now, None if everything else self._open_step(), everything)
+
+    def _open_step(self) -> int | None:
+        """The step calls are in now (None: every buffered step is over)."""
+        if self.step_fn is not None:
+            return max((k[0] for k in self._pending), default=None)
+        return self.step
 
     def _group(self, prompt: str, pending: _Pending) -> dict[str, Any]:
         key = f"p-{stable_hash(prompt, 12)}-{self.instance}.{next(self._groups)}"
@@ -341,6 +424,7 @@ class RewardRecorder:
             self._queue.put(_STOP)
             self._thread.join(timeout=60)
         self._queue = None
+        self._closed = True
         atexit.unregister(self.close)
 
     def _worker(self) -> None:
@@ -366,12 +450,39 @@ class RewardRecorder:
             run_id = self._resolve_run(groups)
             self.client.post_groups(run_id, storable(groups))
             self.sent += len(groups)
+            self._post_run_facts(run_id)
         except ApiError as e:
             logger.error("openrlhf recorder: upload failed (%s); spooled to %s", e, self.spool_path)
             self._spool(groups)
         except Exception:  # noqa: BLE001
             logger.exception("openrlhf recorder: upload failed; spooled to %s", self.spool_path)
             self._spool(groups)
+
+    def _post_run_facts(self, run_id: int) -> None:
+        """What the run must say besides its groups: the weights the plan found (with its note)
+        and the per-step count of samples left out. Clients without these calls skip them."""
+        with self._lock:
+            settings_due, self._settings_due = self._settings_due, False
+            metrics, self._metrics_due = self._metrics_due, {}
+        post_settings = getattr(self.client, "post_settings", None)
+        if settings_due and self.plan is not None and post_settings is not None:
+            post_settings(
+                run_id,
+                {
+                    "weights": self.plan.weights,
+                    "trainer": {"weights_note": self.plan.note[:500]},
+                    "source": "openrlhf wrapper",
+                },
+            )
+        post_metrics = getattr(self.client, "post_metrics", None)
+        if metrics and post_metrics is not None:
+            post_metrics(
+                run_id,
+                [
+                    {"step": step, "values": {"recorder/ungroupable_samples": float(n)}}
+                    for step, n in sorted(metrics.items())
+                ],
+            )
 
     def _resolve_run(self, groups: list[dict[str, Any]]) -> int:
         """The run id: given, or got-or-created by name on the server (atomic there: every

@@ -24,9 +24,9 @@ def job_config(run: Run) -> Any:
     data["output_dir"] = str(output_dir(run))
     if "base_model" in names:
         data["base_model"] = resolve_model(run.base_model or data.get("base_model", ""))
-    # The run's own weights (Run.reward_weights: its recorded settings, its config's by name, the
-    # environment's defaults), as the list in component order the trainer takes. A list written in a
-    # hand-made config is already in that form and is kept.
+    # The run's own weights (Run.reward_weights: its reward settings, where a launch's weights are
+    # stored, else the environment's defaults), as the list in component order the trainer takes.
+    # A list left in a config that Run.save could not map (no environment) is kept as written.
     if (
         "reward_weights" in names
         and run.environment_id

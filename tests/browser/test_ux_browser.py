@@ -152,7 +152,7 @@ def test_it_launches_grpo_with_reward_weights_that_the_run_stores(
     page.click('button[type="submit"].primary')
     page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
     run = Run.objects.get(name="weighted grpo")
-    assert run.config["reward_weights"] == weights and run.config["max_steps"] == 7
+    assert run.reward_weights() == weights and run.config["max_steps"] == 7
     assert "Queued on" in page.inner_text("#queue-note") and "gpu" in page.inner_text("#queue-note")
     shot(page, "ux-job-queued")
     assert page.console_errors == [] and page.page_errors == []

@@ -245,7 +245,8 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
     q2 = groups[1]
     assert q2.rollout_lines == [2, 5, 8, 11]
     r = q2.record["rollouts"][3]
-    assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc"]
+    # score = acc - 0.1 x j is no weighted sum of acc: the rest of it is its own component
+    assert r["completion"] == "out 1.3" and list(r["rewards"]) == ["acc", "unexplained"]
     assert r["state"] == {"gts": "gt1", "extra": {"pred": "p3"}}
     scores = np.array([x["reward"] for x in q2.record["rollouts"]])
     expected = (scores - scores.mean()) / (
@@ -254,8 +255,10 @@ def test_it_groups_verl_rows_by_input_within_step_even_when_interleaved(tmp_path
     assert [x["advantage"] for x in q2.record["rollouts"]] == pytest.approx(
         expected.tolist(), abs=1e-9
     )
-    assert reader.sample_components() == ["acc"]
-    assert reader.settings() == {"advantage_epsilon": 1e-6, "scale_rewards": "group"}
+    assert reader.sample_components() == ["acc", "unexplained"]
+    settings = reader.settings()
+    assert settings["weights"]["unexplained"] == 1.0 and settings["advantage_epsilon"] == 1e-6
+    assert reader.notes()["weights"].startswith("unknown: score is not a weighted sum")
 
 
 def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path):
@@ -263,7 +266,7 @@ def test_it_groups_verl_rows_by_uid_and_stores_boolean_extras_as_0_or_1(tmp_path
     batch's uid too."""
     lines = verl_lines(3, ["Q1"], n=4)  # one prompt drawn twice in the step: two uids
     for j, line in enumerate(lines):
-        line.update(acc=bool(j % 2), uid=f"u{j // 2}")
+        line.update(acc=bool(j % 2), score=float(j % 2), uid=f"u{j // 2}")
     reader = open_reader(
         "verl", write_jsonl(tmp_path / "3.jsonl", lines), components=["acc"], scale_rewards="none"
     )  # norm_adv_by_std_in_grpo=False
@@ -349,12 +352,14 @@ def test_it_turns_byoo_episodes_into_transcript_groups(tmp_path):
     assert [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
     assert r["transcript"][0]["tool_calls"][0]["function"]["name"] == "search"
     assert r["reward"] == pytest.approx(1 / 3)
-    assert r["rewards"] == {
-        "task_success": 1.0,
-        "tool_use": 0.5,
-    }  # names made acceptable, deterministically
+    # names made acceptable, deterministically; k / g is no weighted sum of the sub-metrics
+    assert list(r["rewards"]) == ["task_success", "tool_use", "unexplained"]
+    assert (r["rewards"]["task_success"], r["rewards"]["tool_use"]) == (1.0, 0.5)
+    weights = reader.settings()["weights"]
+    assert sum(weights[k] * v for k, v in r["rewards"].items()) == pytest.approx(1 / 3)
+    assert reader.notes()["weights"].startswith("unknown: aggregate_reward_score is not")
     assert r["state"] == {"episode_id": "ep-2-0-1"}
-    assert reader.sample_components() == ["task_success", "tool_use"]
+    assert reader.sample_components() == ["task_success", "tool_use", "unexplained"]
 
 
 def test_it_groups_byoo_episodes_without_group_id_by_prompt(tmp_path):
@@ -763,9 +768,16 @@ def test_it_reads_byoo_metrics_list_as_components(tmp_path):
     ]
     reader = open_reader("byoo", write_jsonl(tmp_path / "rft.jsonl", recs))
     (g,), bad, _ = items(reader)
-    assert bad == [] and reader.sample_components() == ["accuracy", "policy_compliance", "exact"]
+    names = ["accuracy", "policy_compliance", "exact", "unexplained"]
+    assert bad == [] and reader.sample_components() == names
     r = g.record["rollouts"][1]
-    assert r["rewards"] == {"accuracy": 0.0, "policy_compliance": 1.0, "exact": 0.0}
+    # 3 episodes cannot tell the weights of 3 metrics: the whole aggregate is 'unexplained'
+    assert r["rewards"] == {
+        **dict.fromkeys(names[:3], 0.0),
+        "policy_compliance": 1.0,
+        "unexplained": pytest.approx(0.3),
+    }
+    assert reader.notes()["weights"].startswith("unknown: 3 rows are too few")
     assert r["reward"] == pytest.approx(0.3) and r["transcript"] == [
         {"role": "assistant", "content": "5"}
     ]

@@ -40,6 +40,8 @@ class FakeClient:
         self.fail = fail
         self.posted: list[tuple[int, list[dict[str, Any]]]] = []
         self.created: list[dict[str, Any]] = []
+        self.settings: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
 
     def get_or_create_run(
         self, name: str, environment: str, components: list[str], **kw: Any
@@ -59,6 +61,14 @@ class FakeClient:
             raise ApiError(None, [{"field": "", "error": "cannot reach the server"}], "POST", "/x")
         self.posted.append((run_id, groups))
         return {"groups": len(groups)}
+
+    def post_settings(self, run_id: int, settings: dict[str, Any]) -> dict[str, Any]:
+        self.settings.append(settings)
+        return settings
+
+    def post_metrics(self, run_id: int, metrics: list[dict[str, Any]]) -> dict[str, int]:
+        self.metrics.extend(metrics)
+        return {"metrics": len(metrics)}
 
     @property
     def groups(self) -> list[dict[str, Any]]:
@@ -121,6 +131,8 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
         set(r) == {"rewards", "scores", "extra_logs"} for r in results
     )  # unchanged for OpenRLHF
     wrapped.recorded.recorder.flush(timeout=10)
+    assert client.groups == []  # held until the step is over: a prompt may still be drawn again
+    wrapped.recorded.recorder.flush(timeout=10, partial=True)
     groups = sorted(client.groups, key=lambda g: g["prompt"])
     assert [(g["prompt"], g["step"], len(g["rollouts"])) for g in groups] == [
         (TEMPLATE.format(q="1+1?"), 1, 4),
@@ -134,6 +146,8 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
         assert r["rewards"] == {
             "correct": float(right),
             "length": float(len(r["completion"]) - len(EOS)),
+            "batch_mean": float(right),  # a 0-d tensor of a one-sample call is that sample's
+            "unexplained": pytest.approx(0.1),  # rewards = correct + 0.1: the constant
         }
         assert r["state"] == {"label": "2", "score": float(right)}
     # OpenRLHF's group_norm advantage: (r - mean) / (std + 1e-9), std Bessel-corrected as torch's.
@@ -145,7 +159,7 @@ def test_it_assembles_concurrent_per_sample_calls_into_groups_of_n_samples_per_p
 
     time.sleep(2.5)  # OpenRLHF trains: the reward function sits idle longer than step_gap
     asyncio.run(engine(wrapped, ROUND))
-    wrapped.recorded.recorder.flush(timeout=10)
+    wrapped.recorded.recorder.flush(timeout=10, partial=True)
     assert sorted(g["step"] for g in client.groups) == [1, 1, 2, 2]
     wrapped.recorded.recorder.close()
 
@@ -204,15 +218,22 @@ def test_it_posts_a_straggling_group_after_the_timeout():
     wrapped.recorded.recorder.close()
 
 
-def test_it_splits_a_prompt_drawn_twice_into_two_groups():
+def test_it_never_groups_a_prompt_drawn_twice_in_a_step_by_arrival_order():
+    """OpenRLHF groups by each sample's index (experience_maker: rewards[indices], reshape(-1, n)),
+    which the reward function never sees: two draws of one prompt on one engine interleave."""
     client = FakeClient()
     wrapped = wrap_reward_func(
         reward_func, client=client, run=7, n_samples_per_prompt=2, background=False
     )
-    for answer in ("2", "3", "2", "4"):
-        wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
-    assert [len(g["rollouts"]) for g in client.groups] == [2, 2]
+    twice = [("1+1?", "2", ["2", "3"]), ("1+1?", "2", ["11", "2"]), ("2+2?", "4", ["4", "5"])]
+    asyncio.run(engine(wrapped, twice))
+    wrapped.recorded.recorder.flush(partial=True)
+    assert [(g["prompt"], len(g["rollouts"])) for g in client.groups] == [
+        (TEMPLATE.format(q="2+2?"), 2)
+    ]
     assert client.posted[0][0] == 7 and client.created == []  # a run id: nothing to create
+    assert wrapped.recorded.recorder.left_out == {1: 4}
+    assert client.metrics == [{"step": 1, "values": {"recorder/ungroupable_samples": 4.0}}]
 
 
 def test_it_spools_groups_it_cannot_deliver_and_never_raises(tmp_path):
@@ -227,11 +248,43 @@ def test_it_spools_groups_it_cannot_deliver_and_never_raises(tmp_path):
     )
     for answer in ("2", "3"):
         assert "rewards" in wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
+    wrapped.recorded.recorder.flush(partial=True)  # the step is over
     entry = json.loads(spool.read_text().splitlines()[0])
     assert (
         entry["kind"] == "groups" and len(entry["payload"]["groups"][0]["rollouts"]) == 2
     )  # HttpSink's format
     assert wrapped.recorded.recorder.spooled == 1
+
+
+def test_it_records_plain_per_sample_numbers_and_the_weights_of_extra_logs():
+    """OpenRLHF >= 0.9.1 wraps each call's result itself (samples_generator: torch.tensor([value])),
+    so plain numbers are valid: {"rewards": 1.0, "extra_logs": {"correct": 1.0}}. The weights of
+    the extra_logs are whatever the function summed them with, not 1."""
+    import torch
+
+    def plain(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
+        answer = queries[0][len(prompts[0]) :].removesuffix(EOS)
+        correct = float(answer == labels[0])
+        fmt = 1.0 if answer.isdigit() else 0.0
+        return {
+            "rewards": 2.0 * correct + 0.5 * fmt,
+            "extra_logs": {"correct": correct, "format": torch.tensor(fmt)},  # a float, a 0-d
+        }
+
+    client = FakeClient()
+    wrapped = wrap_reward_func(plain, client=client, run=9, n_samples_per_prompt=4)
+    rounds = [
+        (f"{k}+{k}?", str(2 * k), [str(2 * k), "x", str(2 * k + 1), "y"]) for k in range(1, 9)
+    ]
+    asyncio.run(engine(wrapped, rounds))
+    wrapped.recorded.recorder.close()
+    assert len(client.groups) == 8 and all(len(g["rollouts"]) == 4 for g in client.groups)
+    rollouts = [r for g in client.groups for r in g["rollouts"]]
+    assert {tuple(sorted(r["rewards"])) for r in rollouts} == {("correct", "format")}
+    assert sorted({r["reward"] for r in rollouts}) == [0.0, 0.5, 2.5]
+    (settings,) = client.settings
+    assert settings["weights"] == {"correct": 2.0, "format": 0.5}
+    assert settings["trainer"]["weights_note"].startswith("recovered: rewards = 2 x correct")
 
 
 def test_it_survives_a_reward_result_it_cannot_read(caplog):
@@ -259,6 +312,7 @@ def test_it_takes_the_step_from_step_fn_when_given():
     )
     for answer in ("2", "3"):
         wrapped(*[[x] for x in sample("1+1?", answer)], ["2"])
+    wrapped.recorded.recorder.flush(partial=True)
     assert client.groups[0]["step"] == 5
 
 
@@ -310,7 +364,7 @@ def test_it_is_a_function_ray_can_pickle_without_its_threads():
     assert copy(*expanded(4))["rewards"].tolist() == pytest.approx(
         wrapped(*expanded(4))["rewards"].tolist()
     )
-    copy.recorded.recorder.flush(timeout=10)
+    copy.recorded.recorder.flush(timeout=10, partial=True)
     assert (
         copy.recorded.recorder.sent == 2
     )  # the copy's own recorder and thread delivered its groups
@@ -362,9 +416,14 @@ def test_it_lands_many_processes_naming_one_run_in_one_run(live_server, transact
     assert sent == [2, 2]
     run = Run.objects.get(name="orl-engines")  # one run, though two processes asked for it at once
     assert sorted(run.environment.components.values_list("name", flat=True)) == [
+        "batch_mean",  # correct.mean() of a one-sample call: per sample
         "correct",
         "length",
+        "unexplained",  # rewards = correct + 0.1: the constant 0.1
     ]
+    weights = run.reward_weights()
+    assert weights["correct"] + weights["batch_mean"] == pytest.approx(1.0)
+    assert weights["unexplained"] == 1.0 and weights["length"] == 0.0
     assert list(Group.objects.filter(run=run).values_list("size", flat=True)) == [4, 4, 4, 4]
     assert set(Group.objects.filter(run=run).values_list("step", flat=True)) == {1}
     assert (

@@ -306,7 +306,8 @@ def test_it_launches_a_twin_grpo_run_with_the_modified_reward(client_as, run, mo
         r.status_code == 302 and r["Location"] == f"/diagnostics/runs/{run.id}/overlay/{twin.id}/"
     )
     assert (twin.kind, twin.status, twin.parent_id) == ("grpo", "queued", run.id)
-    assert twin.config["reward_weights"] == {"correct": 2.0, "format": 0.0, "penalty": 0.2}
+    assert twin.reward_weights() == {"correct": 2.0, "format": 0.0, "penalty": 0.2}
+    assert "reward_weights" not in twin.config  # one source: the run's reward settings
     assert twin.config["ablation_of"] == run.id and twin.config["learning_rate"] == 1e-5
     assert launched == [twin.id]
     a.refresh_from_db()

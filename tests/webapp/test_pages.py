@@ -898,7 +898,7 @@ def test_it_lays_the_grpo_form_out_in_sections_and_stores_the_weights_on_the_run
     resp = client_as("trainer").post(reverse("jobs-launch", args=["grpo"]), data)
     assert resp.status_code == 302, resp.context["form"].errors if resp.context else resp
     run = Run.objects.get(name="weighted")
-    assert run.config["reward_weights"] == weights
+    assert run.reward_settings["weights"] == weights and "reward_weights" not in run.config
     from workers.jobs import job_config
 
     assert job_config(run).reward_weights == [weights[c.name] for c in comps]

@@ -47,8 +47,8 @@ def _replay(personas, status: str = "succeeded", kind: str = "grpo", base_model:
             **run.config,
             "learning_rate": 2e-5,
             "max_steps": 50,
-            "reward_weights": {"semantic_coverage": 3.0},
         },
+        reward_settings={"weights": {"semantic_coverage": 3.0}},  # the run's one weight source
     )
     run.refresh_from_db()
     fx.ingest(
@@ -102,8 +102,9 @@ def test_it_launches_a_queued_grpo_twin_trained_with_the_replayed_versions(
         twin.config["learning_rate"] == 2e-5 and twin.config["max_steps"] == 50
     )  # the run's start point
     assert (
-        twin.config["reward_weights"]["semantic_coverage"] == 3.0
-    )  # the run's own weights, not the env's
+        twin.reward_weights()["semantic_coverage"] == 3.0
+    )  # the run's own weights, not the env's, in its reward settings alone
+    assert "reward_weights" not in twin.config
     assert twin.provenance["reward_versions"] == expected and twin.provenance["replay"] == replay.id
     assert twin.provenance["components"]["semantic_coverage"] == version.source_hash
     replay.refresh_from_db()

@@ -18,6 +18,7 @@ from training.importers.base import (
     ReaderError,
     RecordError,
     SettingsItem,
+    SkippedGroup,
 )
 from training.importers.byoo import ByooReader
 from training.importers.jsonl import JsonlReader
@@ -67,5 +68,6 @@ __all__ = [
     "ReaderError",
     "RecordError",
     "SettingsItem",
+    "SkippedGroup",
     "open_reader",
 ]

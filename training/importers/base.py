@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from training import stats
+from training.sinks import storable
 
 # Same set as webapp/rollouts/ingest.py ROLES (training/ cannot import it): checked here too so the
 # error names the source line instead of a position in a batch.
@@ -107,7 +108,24 @@ class BadRecord:
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
-Item = GroupItem | MetricsItem | SettingsItem | BadRecord
+@dataclass
+class SkippedGroup:
+    """Rows left out on purpose, not an error (the import goes on under --on-error stop too): the
+    grouping the trainer used cannot be known from the file (a prompt drawn twice in a step, with
+    no group id, its rows reordered), so no advantage may be computed from them. Counted in the
+    import summary by `reason`."""
+
+    file: str
+    line: int | None
+    message: str
+    records: int
+    reason: str = "ungroupable"
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+
+Item = GroupItem | MetricsItem | SettingsItem | BadRecord | SkippedGroup
 
 
 @dataclass
@@ -129,6 +147,10 @@ class Reader(ABC):
         default="", init=False
     )  # how the grouping was inferred, stored on the run
     advantage: str = field(default="", init=False)  # where the advantages come from
+    # What the import could not take as it is, counted for the run's summary ("nul_cleaned": strings
+    # whose NUL became U+FFFD, ...), and how the weights were found (stored on the run).
+    flags: dict[str, int] = field(default_factory=dict, init=False)
+    weights_note: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -176,10 +198,34 @@ class Reader(ABC):
         return self.read()
 
     def notes(self) -> dict[str, str]:
-        return {"format": self.format, "grouping": self.grouping, "advantage": self.advantage}
+        out = {"format": self.format, "grouping": self.grouping, "advantage": self.advantage}
+        if self.weights_note:
+            out["weights"] = self.weights_note
+        return out
+
+    def flag(self, name: str, n: int = 1) -> None:
+        if n:
+            self.flags[name] = self.flags.get(name, 0) + n
+
+    def clean(self, record: dict[str, Any]) -> dict[str, Any]:
+        """`record` as the recorder's sinks store text (sinks.storable: a NUL or a lone surrogate
+        becomes U+FFFD, which Postgres can hold), counting the strings that changed."""
+        self.flag("nul_cleaned", count_unstorable(record))
+        return storable(record)
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def count_unstorable(obj: Any) -> int:
+    """Strings (and keys) in `obj` that sinks.storable changes: a NUL or a lone surrogate."""
+    if isinstance(obj, str):
+        return int("\x00" in obj or (not obj.isascii() and storable(obj) != obj))
+    if isinstance(obj, dict):
+        return sum(count_unstorable(k) + count_unstorable(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return sum(count_unstorable(v) for v in obj)
+    return 0
 
 
 def component_name(raw: Any) -> str:
@@ -366,6 +412,15 @@ def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
     return [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
 
 
+def modal_size(sizes: Any) -> int | None:
+    """The most common group size (the smallest on a tie): the trainer's G as the file shows it,
+    when nobody gave it. A prompt drawn k times in a step shows as k x G."""
+    counts: dict[int, int] = {}
+    for n in sizes:
+        counts[n] = counts.get(n, 0) + 1
+    return max(counts, key=lambda n: (counts[n], -n)) if counts else None
+
+
 def jsonl_lines(path: Path, progress: Progress | None = None) -> Iterator[tuple[int, int, bytes]]:
     """(line number, byte offset, raw line) for each non-blank line, read in binary so offsets are
     exact and a bad UTF-8 sequence is one bad record, not a crash."""
@@ -385,7 +440,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise RecordError(f"not UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise RecordError(f"malformed JSON: {e.msg} at column {e.colno}") from None
+        # json's messages may end in "at" ("Unterminated string starting at"): one "at" only.
+        msg = e.msg.removesuffix(" at")
+        raise RecordError(f"malformed JSON: {msg} at column {e.colno}") from None
     except RecursionError:
         raise RecordError("malformed JSON: nested too deeply") from None
     except ValueError as e:  # an integer literal past Python's 4300-digit conversion limit
@@ -427,6 +484,7 @@ class RolloutRow:
     prompt: str | list[dict[str, Any]]
     rollout: dict[str, Any]  # ingestion rollout fields except "index"
     split: str = "train"
+    exact: bool = False  # the key is the trainer's own group id (uid, group_id), not a prompt
 
 
 @dataclass
@@ -474,7 +532,9 @@ class GroupingJsonlReader(Reader):
     def _read_file(self, path: Path, progress: Progress | None) -> Iterator[Item]:
         name = str(path)
         index: dict[tuple[int, str], list[tuple[int, int]]] = {}  # (step, key) -> [(offset, line)]
+        exact: set[tuple[int, str]] = set()  # groups named by the rows themselves (uid, group_id)
         poisoned: dict[tuple[int, str], int] = {}  # group -> first bad line
+        unreadable: list[int] = []  # bad lines whose group is unknown (a truncated last line)
         for lineno, offset, raw in jsonl_lines(path, progress):
             self._known_group: tuple[int, str] | None = None
             try:
@@ -483,18 +543,20 @@ class GroupingJsonlReader(Reader):
                 yield BadRecord(name, lineno, str(e))
                 if self._known_group is not None:
                     poisoned.setdefault(self._known_group, lineno)
+                else:
+                    unreadable.append(lineno)
                 continue
             index.setdefault((row.step, row.key), []).append((offset, lineno))
+            if row.exact:
+                exact.add((row.step, row.key))
+        size = self.group_size or modal_size(
+            len(e) for gk, e in index.items() if gk not in poisoned
+        )
         with open(path, "rb") as f:
             for gk, entries in index.items():
-                if gk in poisoned:
-                    yield BadRecord(
-                        name,
-                        entries[0][1],
-                        f"dropped with the bad record at line {poisoned[gk]} "
-                        f"(same group: step {gk[0]}, key {gk[1]!r})",
-                        records=len(entries),
-                    )
+                held = self._held_back(name, gk, entries, size, gk in exact, poisoned, unreadable)
+                if held is not None:
+                    yield held
                     continue
                 rows: list[tuple[int, RolloutRow]] = []
                 for offset, lineno in entries:
@@ -502,30 +564,70 @@ class GroupingJsonlReader(Reader):
                     rows.append((lineno, self.parse_row(parse_json_object(f.readline()))))
                 yield from self._groups(name, gk, rows)
 
+    def _held_back(
+        self,
+        name: str,
+        gk: tuple[int, str],
+        entries: list[tuple[int, int]],
+        size: int | None,
+        exact: bool,
+        poisoned: dict[tuple[int, str], int],
+        unreadable: list[int],
+    ) -> BadRecord | SkippedGroup | None:
+        """Why a group must not be stored as read, or None. A group is never split by row order
+        and never stored short of rows an unreadable line may have held."""
+        n, where = len(entries), f"step {gk[0]}, key {gk[1]!r}"
+        if gk in poisoned:
+            return BadRecord(
+                name,
+                entries[0][1],
+                f"dropped with the bad record at line {poisoned[gk]} (same group: {where})",
+                records=n,
+            )
+        if unreadable and size and n < size:
+            return BadRecord(
+                name,
+                entries[0][1],
+                f"{where}: dropped whole: {n} of {size} rollouts, and line {unreadable[0]} could "
+                "not be read (it may have held the rest of this group)",
+                records=n,
+            )
+        if not exact and size and n > size and n % size == 0:
+            self.flag("ungroupable_rows", n)
+            return SkippedGroup(
+                name,
+                entries[0][1],
+                f"{where}: {n} rows share this prompt, {n // size} groups of {size} drawn in the "
+                "same step whose rows cannot be told apart (the file has no group id and the "
+                "trainer reorders rows): not imported, rather than advantages from a guessed split",
+                records=n,
+            )
+        return None
+
     def _groups(
         self, name: str, gk: tuple[int, str], rows: list[tuple[int, RolloutRow]]
     ) -> Iterator[Item]:
+        if self.group_size is not None and len(rows) != self.group_size:
+            yield BadRecord(
+                name,
+                rows[0][0],
+                f"step {gk[0]}, key {gk[1]!r}: group has {len(rows)} rollouts, not the group "
+                f"size {self.group_size}",
+                records=len(rows),
+            )
+            return
+        rollouts = [{"index": i, **row.rollout} for i, (_, row) in enumerate(rows)]
         try:
-            chunks = chunk_group(rows, self.group_size)
+            self._fill(rollouts)
         except RecordError as e:
             yield BadRecord(
                 name, rows[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(rows)
             )
             return
-        for ci, chunk in enumerate(chunks):
-            rollouts = [{"index": i, **row.rollout} for i, (_, row) in enumerate(chunk)]
-            try:
-                self._fill(rollouts)
-            except RecordError as e:
-                yield BadRecord(
-                    name, chunk[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(chunk)
-                )
-                continue
-            key = gk[1] if len(chunks) == 1 else f"{gk[1]}#{ci}"
-            record = {"step": gk[0], "key": key, "prompt": chunk[0][1].prompt, "rollouts": rollouts}
-            if chunk[0][1].split != "train":
-                record["split"] = chunk[0][1].split
-            yield GroupItem(record, name, chunk[0][0], [lineno for lineno, _ in chunk])
+        record = {"step": gk[0], "key": gk[1], "prompt": rows[0][1].prompt, "rollouts": rollouts}
+        if rows[0][1].split != "train":
+            record["split"] = rows[0][1].split
+        yield GroupItem(self.clean(record), name, rows[0][0], [lineno for lineno, _ in rows])
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
         """Advantages for a group without them (the trainer's formula; TRL's unless a

@@ -18,9 +18,12 @@ are its turns, `id` its episode id, and every `metrics_list` entry with a number
 component (its type goes into the state). The output alone holds no transcript: such a record is
 refused, naming `messages`.
 
-Each episode becomes a transcript rollout whose "reward" is the aggregate (the sub-metrics need not
-sum to it). A group is every episode with the same group_id at the same step, or, for episodes
-without a group_id, every episode with the same prompt at the same step. Advantages are the GRPO
+Each episode becomes a transcript rollout whose "reward" is the aggregate (null stays missing). The
+sub-metrics need not sum to it: their weights are recovered from the episodes where the aggregate is
+a weighted sum of them, else the rest of each aggregate is the component `unexplained`
+(training/importers/weights.py), and the run says which. A group is every episode with the same
+group_id at the same step, or, for episodes without a group_id, every episode with the same prompt
+at the same step. Advantages are the GRPO
 advantage of the aggregate within the group.
 """
 
@@ -30,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.importers.base import (
-    GroupingJsonlReader,
     RecordError,
     RolloutRow,
     group_key,
@@ -41,6 +43,7 @@ from training.importers.base import (
     split_numbers,
     stable_hash,
 )
+from training.importers.weights import PlannedJsonlReader
 
 KNOWN = (
     "episode_id",
@@ -57,7 +60,10 @@ KNOWN = (
 
 
 @dataclass
-class ByooReader(GroupingJsonlReader):
+class ByooReader(PlannedJsonlReader):
+    total = "aggregate_reward_score"
+    no_components = "none: the episodes carry no numeric sub-metrics beside the aggregate"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "byoo"
@@ -103,6 +109,7 @@ class ByooReader(GroupingJsonlReader):
             raise RecordError("sub_metrics: must be an object of name -> number")
         listed, types = _metrics_list(obj.get("metrics_list"))
         rewards, rest = split_numbers({**subs, **listed}, self.components)
+        self.complete(rewards, reward)  # the sub-metrics' weights, or the rest as 'unexplained'
         state: dict[str, Any] = {k: v for k, v in obj.items() if k not in KNOWN}
         episode = obj.get("episode_id", obj.get("id"))
         if episode is not None:
@@ -114,7 +121,7 @@ class ByooReader(GroupingJsonlReader):
         rollout: dict[str, Any] = {"transcript": transcript, "rewards": rewards, "reward": reward}
         if state:
             rollout["state"] = state
-        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout)
+        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout, exact=gid is not None)
 
 
 def _metrics_list(raw: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -5,8 +5,9 @@
 The offline file of `training.sinks.JsonlSink` is read too: its lines carry a "type" field; "group"
 lines are groups, "metrics" lines are per-step metrics ({"step", "values"}), the "settings" header
 is the reward settings the trainer trained with (they become the run's), "log" and "progress" lines
-are ignored. Records are passed through as they are; the ingestion service validates them and
-the import command maps its errors back to the line.
+are ignored. Records are passed through as they are, except text that Postgres cannot hold (a NUL,
+a lone surrogate: U+FFFD, counted, as the recorder's sinks store it) and NaN (null: not scored);
+the ingestion service validates them and the import command maps its errors back to the line.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class JsonlReader(Reader):
         return jsonl_files(self.path)
 
     def read(self, progress: Progress | None = None) -> Iterator[Item]:
+        self.flags = {}  # counts of this pass (sample_components reads the start once before)
         for path in self.files():
             name = str(path)
             for lineno, _, raw in jsonl_lines(path, progress):
@@ -63,7 +65,7 @@ class JsonlReader(Reader):
     ) -> GroupItem | MetricsItem | SettingsItem | None:
         kind = obj.pop("type", "group")
         if kind == "group":
-            return GroupItem(obj, name, lineno)
+            return GroupItem(self.clean(obj), name, lineno)  # a NUL as the recorder stores it
         if kind == "metrics":
             return MetricsItem({"step": obj.get("step"), "values": obj.get("values")}, name, lineno)
         if kind == "settings":

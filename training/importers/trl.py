@@ -11,10 +11,13 @@ Columns, from TRL 1.16's `GRPOTrainer.log` (trl/trainer/grpo_trainer.py):
     <extra>     one column per key logged with `log_extra` (any type)
     advantage   the advantage TRL computed for the row
 
-No group id is written. TRL lays out the G = num_generations completions of a prompt consecutively,
-so a group is a run of consecutive rows with the same prompt at the same step, split into runs of
-G rows when a prompt was drawn twice in a row. A group is complete when the prompt changes or the
-file ends. Advantages are TRL's own.
+No group id is written. TRL lays out the G = num_generations completions of a prompt consecutively
+(`RepeatSampler`; the advantage code groups with `rewards.view(-1, G)`), so every G consecutive
+rows are one group: a run of consecutive rows with the same prompt at the same step is k x G rows,
+k > 1 when the sampler drew the prompt twice in a row, and is split into groups of G - TRL's own
+grouping, not a guess. G is `group_size` (the recorder's settings file or --group-size), else the
+greatest common divisor of the file's run lengths (every run is a multiple of G). A group is
+complete when the prompt changes or the file ends. Advantages are TRL's own.
 
 The trainer's settings: the RolloutRecorder writes `reward_settings.json` (sinks.SETTINGS_FILE) into
 the output_dir at train start when `log_completions` is on; this reader looks for it beside and
@@ -22,7 +25,10 @@ above the parquet files. From it come the reward functions (only they are compon
 column, e.g. a `log_extra` column, goes into the rollout's state), their weights (each rollout's
 aggregate is TRL's weighted sum) and G. Without the file: `components`, `weights` and `group_size`
 given by the user, else the numeric columns that are not the recorder's own log_extra columns
-(prefixes `recorder/` and `reason/`), weights from the run, and no splitting of a repeated prompt.
+(prefixes `recorder/` and `reason/`). The parquet has neither TRL's `reward_weights` nor its
+aggregate: without weights the run says so (`weights_note`, and the "assumed_weights_rows" count
+in the import summary) - the aggregate is then the run's weights' sum (1 each unless set), not
+necessarily TRL's; the components and TRL's advantages are exact either way.
 
 Text is cleaned exactly as the recorder's sinks clean it (`sinks.storable`: NUL and lone surrogates
 become U+FFFD), so a completion the recorder would have stored is stored by the import too.
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,7 +70,7 @@ from training.importers.base import (
     stable_hash,
     weighted_reward,
 )
-from training.sinks import SETTINGS_FILE, storable
+from training.sinks import SETTINGS_FILE
 
 KNOWN = ("step", "prompt", "completion", "advantage")
 RECORDER_EXTRA = (
@@ -99,6 +106,16 @@ class TRLReader(Reader):
             and found["group_size"] > 0
         ):
             self.group_size = found["group_size"]
+
+        if self.weights:
+            source = "given (--weights)" if self.settings_file is None else str(self.settings_file)
+            self.weights_note = f"TRL's reward_weights, from {source}"
+        else:
+            self.weights_note = (
+                "unknown: TRL's completions parquet has neither its reward_weights nor its "
+                "aggregate reward; the stored aggregate assumes the run's weights (1 each), TRL's "
+                "advantages are its own. Give --weights name=w,... (GRPOConfig.reward_weights)"
+            )
 
     def settings(self) -> dict[str, Any] | None:
         """The recorder's settings file, with what the user gave winning over it."""
@@ -166,6 +183,7 @@ class TRLReader(Reader):
                 records=pf.metadata.num_rows,
             )
             return
+        group_size = self.group_size or _runs_gcd(pf)
         comps = self.component_columns(pf.schema_arrow)
         extras = [c for c in pf.schema_arrow.names if c not in KNOWN and c not in comps]
         size, total = path.stat().st_size, max(pf.metadata.num_rows, 1)
@@ -189,7 +207,7 @@ class TRLReader(Reader):
                     run, run_key, poisoned = [], None, False
                     continue
                 if key != run_key:
-                    yield from self._flush(name, run, run_key, poisoned)
+                    yield from self._flush(name, run, run_key, poisoned, group_size)
                     run, run_key, poisoned = [], key, False
                 try:
                     rollout = self._rollout(rec, comps, extras)
@@ -200,7 +218,7 @@ class TRLReader(Reader):
                 run.append((row_no, {"prompt": prompt, "rollout": rollout}))
             if progress is not None:
                 progress(int(size * batch.num_rows / total))
-        yield from self._flush(name, run, run_key, poisoned)
+        yield from self._flush(name, run, run_key, poisoned, group_size)
 
     def _drop(
         self, name: str, run: list[tuple[int, dict[str, Any]]], bad_row: int
@@ -219,6 +237,7 @@ class TRLReader(Reader):
         run: list[tuple[int, dict[str, Any]]],
         run_key: tuple[int, str] | None,
         poisoned: bool,
+        size: int | None,
     ) -> Iterator[Item]:
         if not run or run_key is None:
             return
@@ -228,7 +247,7 @@ class TRLReader(Reader):
             )
             return
         try:
-            chunks = chunk_group(run, self.group_size)
+            chunks = chunk_group(run, size)
         except RecordError as e:
             yield BadRecord(name, run[0][0], f"step {run_key[0]}: {e}", records=len(run))
             return
@@ -240,7 +259,9 @@ class TRLReader(Reader):
             self._seen[run_key] = n + 1
             key = f"p-{phash}" if n == 0 else f"p-{phash}#{n}"
             rollouts = [{"index": i, **row["rollout"]} for i, (_, row) in enumerate(chunk)]
-            record = storable(
+            if not self.weights:
+                self.flag("assumed_weights_rows", len(rollouts))
+            record = self.clean(
                 {"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts}
             )
             yield GroupItem(record, name, chunk[0][0], [r for r, _ in chunk])
@@ -287,6 +308,21 @@ def _find_settings(path: Path) -> tuple[Path | None, dict[str, Any] | None]:
                 raise ReaderError(f"{candidate}: must be a JSON object of reward settings")
             return candidate, data
     return None, None
+
+
+def _runs_gcd(pf: pq.ParquetFile) -> int | None:
+    """G as the file shows it: the greatest common divisor of the lengths of its runs of
+    consecutive rows with the same step and prompt (each is k x G in TRL's layout)."""
+    cols = [c for c in ("step", "prompt") if c in pf.schema_arrow.names]
+    size, last, n = 0, None, 0
+    for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH, columns=cols):
+        for rec in batch.to_pylist():
+            key = json.dumps(rec, sort_keys=True, default=str)
+            if key != last and n:
+                size, n = math.gcd(size, n), 0
+            last, n = key, n + 1
+    size = math.gcd(size, n)
+    return size or None
 
 
 def _is_numeric(t: pa.DataType) -> bool:

@@ -1,36 +1,46 @@
 """verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under
 `trainer.rollout_data_dir`.
 
-verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py) writes one
-line per sample:
+verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py, via `_log_rollout_data`)
+writes one line per sample:
 
-    {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward,
-     "step": global step,
+    {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward
+     (token_level_scores summed), "step": global step,
      <every key of the reward function's reward_extra_info with one value per sample>}
 
-The batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows of a group
-are not consecutive. verl's group id (`uid`) is not among the dumped keys unless the reward
-function returns it in reward_extra_info: a group is every row with the same `uid` at the same
-step when the rows carry one, else every row with the same `input` at the same step (a prompt
-drawn twice in a step is then split into groups of `group_size` in file order, which cannot tell
-the two draws apart).
+A reward function returning a dict puts its own "score" among reward_extra_info, which then
+replaces the dumped score (the same number with verl's naive reward manager).
+
+Grouping: the batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows
+of a group are not consecutive, and verl's group id (`uid`) is not dumped unless the reward
+function returns it in reward_extra_info. A group is every row with the same `uid` at the same step
+when the rows carry one (exact), else every row with the same `input` at the same step. Without a
+uid, a prompt drawn k times in a step shows as k x G rows (G: `group_size`, or the most common
+size in the file) whose groups cannot be told apart: those rows are not imported, and the run's
+import summary counts them ("ungroupable_rows"); nothing is split by row order.
 
 Extra keys with numbers become reward components (or only those named in `components`); booleans
 too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the
-rollout's state. `score` is the aggregate reward. verl does not dump advantages: they are verl's
-GRPO outcome advantage of `score` within the group, (r - mean) / (std + 1e-6)
-(`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or r - mean when the run had
-`norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone sample keeps its score (verl's
-mean 0, std 1 for a group of one). The run records epsilon 1e-6 and that scaling.
+rollout's state. `score` is the aggregate reward; a null or NaN score stays missing (never
+re-derived from the components). verl does not say how `score` relates to the components: the
+weights are recovered from the rows (training/importers/weights.py) or the unexplained part of the
+score is its own component, and the run says which. With the DAPO reward manager's logged overlong
+penalty the trained total may be score + overlong_reward (see `survey`).
+
+verl does not dump advantages: they are verl's GRPO outcome advantage of `score` within the group,
+(r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or
+r - mean when the run had `norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone
+sample keeps its score (verl's mean 0, std 1 for a group of one). The run records epsilon 1e-6 and
+that scaling.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from training.importers.base import (
-    GroupingJsonlReader,
     RecordError,
     RolloutRow,
     fill_advantages,
@@ -40,13 +50,34 @@ from training.importers.base import (
     split_numbers,
     stable_hash,
 )
+from training.importers.weights import PlannedJsonlReader
 
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
+OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
 
 
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _penalised(obj: dict[str, Any]) -> bool:
+    return bool(_number(obj.get(OVERLONG))) and _number(obj.get("score")) is not None
+
+
+def _acc_plus_penalty(obj: dict[str, Any]) -> bool:
+    acc, pen, score = (_number(obj.get(k)) for k in ("acc", OVERLONG, "score"))
+    return acc is not None and abs(acc + pen - score) <= 1e-6 * max(1.0, abs(score))
+
+
 @dataclass
-class VerlReader(GroupingJsonlReader):
+class VerlReader(PlannedJsonlReader):
+    total = "score"
+    overlong_added: bool = False  # set by survey: verl trained on score + overlong_reward
+    no_components = "none: the dump has no numeric reward_extra_info next to the score"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.format = "verl"
@@ -71,6 +102,7 @@ class VerlReader(GroupingJsonlReader):
         }
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
+        self.count_beyond(rollouts)
         if len(rollouts) == 1 and rollouts[0].get("advantage") is None:
             # verl gives a lone sample mean 0 and std 1 (TRL's formula would give it 0)
             r = rollouts[0].get("reward")
@@ -79,6 +111,22 @@ class VerlReader(GroupingJsonlReader):
             )
             return
         fill_advantages(rollouts, eps=VERL_EPS, scale=not self._no_std)
+
+    def survey(self, objs: list[dict[str, Any]]) -> None:
+        """verl's DAPO reward manager adds `overlong_reward` to the reward it trains on AFTER the
+        reward function returned; a function returning a dict (math_dapo does) puts its own
+        "score" in reward_extra_info, which replaces the dumped score: the dump's score is then
+        the score BEFORE the penalty. A function returning a number puts it in "acc" and the
+        dumped score (token_level_scores) already holds the penalty: score = acc + overlong_reward
+        on every row. Any penalised row where that does not hold means the former."""
+        self.overlong_added = any(
+            _penalised(o) and not _acc_plus_penalty(o) for o in objs if OVERLONG in o
+        )
+        if self.overlong_added:
+            self.advantage += (
+                "; the total is score + overlong_reward (verl's DAPO manager added the penalty "
+                "after the reward function's dict, whose score the dump holds)"
+            )
 
     def parse_row(self, obj: dict[str, Any]) -> RolloutRow:
         step = int_field(obj, "step")
@@ -96,6 +144,10 @@ class VerlReader(GroupingJsonlReader):
         if "score" not in obj:
             raise RecordError("score: is required (the aggregate reward)")
         reward = number_field(obj, "score", required=False)
+        dumped = reward
+        if self.overlong_added and reward is not None:
+            # verl trained on score + overlong_reward (DAPO manager, a dict-returning function)
+            reward += number_field(obj, OVERLONG, required=False) or 0.0
         extra = {
             k: float(v) if isinstance(v, bool) else v for k, v in obj.items() if k not in KNOWN
         }
@@ -103,9 +155,13 @@ class VerlReader(GroupingJsonlReader):
         state: dict[str, Any] = {"gts": obj["gts"]} if obj.get("gts") is not None else {}
         if uid is not None:
             state["uid"] = uid
+        if dumped != reward:
+            state["score_before_overlong"] = dumped
         if rest:
             state["extra"] = rest
+        self.complete(rewards, reward)
+        # "reward": null is the trainer's own "not scored": it stays missing at ingestion
         rollout: dict[str, Any] = {"completion": output, "rewards": rewards, "reward": reward}
         if state:
             rollout["state"] = state
-        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout)
+        return RolloutRow(step=step, key=key, prompt=prompt, rollout=rollout, exact=uid is not None)

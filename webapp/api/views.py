@@ -97,8 +97,10 @@ def runs(request: Request) -> Response:
         run, created = _get_or_create(request, fields)
     else:
         run, created = create_run(**fields, status=Run.Status.RUNNING), True
-    if settings and created:
-        run.reward_settings = settings
+    if settings and created:  # over what the config's reward_weights said, if anything
+        own = run.reward_settings or {}
+        weights = {**(own.get("weights") or {}), **(settings.get("weights") or {})}
+        run.reward_settings = {**own, **settings, **({"weights": weights} if weights else {})}
         run.save(update_fields=["reward_settings"])
     return Response(
         {"id": run.id, "created": created},

@@ -67,8 +67,8 @@ STEP_STAT_COLUMNS = StepStatRow._fields[2:]
 
 
 def run_weights(run: Run, components: list[RewardComponent]) -> np.ndarray:
-    """The run's weights in `components` order (Run.reward_weights: the trainer's, then the job
-    config's, then the environment's defaults)."""
+    """The run's weights in `components` order (Run.reward_weights: its reward settings - the
+    trainer's, or what it was launched with - then the environment's defaults)."""
     weights = run.reward_weights(components)
     return np.array([weights[c.name] for c in components], dtype=np.float64)
 
@@ -81,21 +81,30 @@ def compute(
     group_steps: np.ndarray,
     sent_reward: np.ndarray,
     sent_advantage: np.ndarray,
+    reward_missing: np.ndarray | None = None,
 ) -> BatchStats:
     """Rewards and advantages with the run's settings (TRL's formula; "batch" means one step), where
-    the trainer did not send them (`sent_*`: NaN), and the group statistics."""
+    the trainer did not send them (`sent_*`: NaN), and the group statistics. `reward_missing` (N,)
+    marks rewards the trainer sent as null: they stay unknown, and advantages computed here treat
+    them as TRL treats an unscorable completion."""
     settings = run.advantage_settings()
+    kwargs = {
+        "scale_rewards": settings["scale_rewards"],
+        "batch_ids": group_steps[group_of],
+        "eps": settings["advantage_epsilon"],
+    }
     result = stats.compute_advantages(
-        matrix,
-        run_weights(run, comps),
-        group_of,
-        scale_rewards=settings["scale_rewards"],
-        aggregation=settings["aggregation"],
-        batch_ids=group_steps[group_of],
-        eps=settings["advantage_epsilon"],
+        matrix, run_weights(run, comps), group_of, aggregation=settings["aggregation"], **kwargs
     )
     reward = np.where(np.isnan(sent_reward), result.rewards, sent_reward)
-    advantage = np.where(np.isnan(sent_advantage), result.advantages, sent_advantage)
+    computed_advantage = result.advantages
+    if reward_missing is not None and reward_missing.any():
+        reward = np.where(reward_missing, np.nan, reward)
+        if settings["aggregation"] == "sum_then_normalize":  # the advantage of the reward kept
+            computed_advantage = stats.compute_advantages(
+                reward[:, None], [1.0], group_of, **kwargs
+            ).advantages
+    advantage = np.where(np.isnan(sent_advantage), computed_advantage, sent_advantage)
     # Sums of huge finite values can overflow float64: store "unknown" (NULL), never an infinity
     # that no JSON response can carry.
     reward = np.where(np.isfinite(reward), reward, np.nan)
@@ -130,6 +139,7 @@ def of_batch(run: Run, groups: list[GroupIn], comps: list[RewardComponent]) -> B
         group_steps=np.array([g.step for g in groups], dtype=np.int64),
         sent_reward=np.array([nan if r.reward is None else r.reward for r in rollouts]),
         sent_advantage=np.array([nan if r.advantage is None else r.advantage for r in rollouts]),
+        reward_missing=np.array([r.reward_missing for r in rollouts], dtype=bool),
     )
 
 

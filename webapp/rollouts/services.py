@@ -172,9 +172,9 @@ def create_run(
     parent: Run | None = None,
     status: str = Run.Status.QUEUED,
 ) -> Run:
-    weights = {c.name: c.weight for c in environment.components.all()} if environment else {}
+    # The weights are the run's reward settings (Run.save moves a config's reward_weights there);
+    # without any, Run.reward_weights reads the environment's defaults.
     cfg = dict(config)
-    cfg.setdefault("reward_weights", weights)
     provenance = {
         "components": {c.name: c.source_hash for c in environment.components.all()}
         if environment
@@ -269,7 +269,7 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
 
     The repair path for a run whose statistics are missing or stale (StepStat came after the first
     runs were stored and no migration backfills it). Stored rewards and advantages are kept: they
-    are what the trainer used; a missing reward is recomputed with the run's current weights.
+    are what the trainer used; a missing reward stays missing.
     """
     from webapp.rollouts import arrays, ingest_stats, rows
     from webapp.rollouts.ingest_write import insert, upsert_step_stats
@@ -291,6 +291,8 @@ def recompute_run_stats(run: Run) -> dict[str, int]:
         data["steps"][first],
         sent_reward=np.array([nan if sent[i] is None else sent[i] for i in data["ids"].tolist()]),
         sent_advantage=np.full(len(data["ids"]), 0.0),  # kept as stored: not rewritten here
+        # a stored null is the trainer's "not scored" (or nothing scored): never re-derived
+        reward_missing=np.array([sent[i] is None for i in data["ids"].tolist()], dtype=bool),
     )
     with connection.cursor() as cur:
         cur.executemany(

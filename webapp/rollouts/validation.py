@@ -44,6 +44,9 @@ class RolloutIn:
     summary: text.TextSummary | None = None  # preview columns, set once the batch is valid
     search_text: str = ""
     search_words: set[str] | None = None  # its distinct words (text.search_words); Postgres
+    # "reward": null sent explicitly: the trainer did not score it, so it is never re-derived
+    # from the components (an absent "reward" is computed with the run's weights)
+    reward_missing: bool = False
 
 
 @dataclass
@@ -268,6 +271,7 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> Ro
         finish_reason=finish_reason[:50],
         parse_error=parse_error,
         state=state,
+        reward_missing="reward" in r and r["reward"] is None,
     )
 
 

@@ -102,17 +102,35 @@ class Run(models.Model):
             )
         )
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        fields = kwargs.get("update_fields")
+        if fields is None or "config" in fields:
+            self._settle_weights()
+            if fields is not None:
+                kwargs["update_fields"] = {*fields, "reward_settings"}
+        super().save(*args, **kwargs)
+
+    def _settle_weights(self) -> None:
+        """A job config's reward_weights (a launch form, an ablation twin, a client's config) are
+        the run's reward settings: stored there alone, so the run has one answer."""
+        from webapp.runs.reward_settings import settle_config_weights
+
+        if "reward_weights" not in (self.config or {}):
+            return
+        names = [c.name for c in self.components()] if self.environment_id else None
+        self.config, self.reward_settings = settle_config_weights(
+            self.config, self.reward_settings or {}, names
+        )
+
     def reward_weights(self, components: list | None = None) -> dict[str, float]:
-        """{component: weight} this run's rewards were summed with: the trainer's (or
-        creation-time) settings, then the job config's reward_weights (ablation twins, launched
-        jobs), then the environment's defaults. `components` (RewardComponent rows) saves a query
-        when the caller has them."""
+        """{component: weight} this run's rewards were summed with: its reward settings (the
+        trainer's, or what it was created or launched with), else the environment's defaults.
+        The one source: a job config's reward_weights move into the settings when it is saved.
+        `components` (RewardComponent rows) saves a query when the caller has them."""
         if components is None:
             components = self.components()
-        config = (self.config or {}).get("reward_weights")
-        legacy = config if isinstance(config, dict) else {}
         own = (self.reward_settings or {}).get("weights") or {}
-        return {c.name: float(own.get(c.name, legacy.get(c.name, c.weight))) for c in components}
+        return {c.name: float(own.get(c.name, c.weight)) for c in components}
 
     def advantage_settings(self) -> dict[str, Any]:
         """How this run's advantages were computed: {"scale_rewards", "aggregation",

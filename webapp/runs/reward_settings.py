@@ -122,6 +122,23 @@ def _trainer(raw: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def settle_config_weights(
+    config: dict[str, Any], own: dict[str, Any], components: list[str] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One source of truth for a run's weights: a job config's `reward_weights` (by name, or a
+    list in component order) moves into the reward settings, under any weight they already hold
+    (the trainer's win), and leaves the config. Returns (config, reward settings), new dicts."""
+    given = config.get("reward_weights")
+    if isinstance(given, list) and components is not None and len(given) == len(components):
+        given = dict(zip(components, given, strict=True))
+    if not isinstance(given, dict):
+        return config, own
+    config = {k: v for k, v in config.items() if k != "reward_weights"}
+    weights = {str(k): float(v) for k, v in given.items() if _finite(v)}
+    merged = {**weights, **(own.get("weights") or {})}
+    return config, {**own, "weights": merged, "source": own.get("source") or "created"}
+
+
 def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The run's own settings over the job config's (scale_rewards, multi_objective_aggregation,
     num_generations: what a launched job was configured with) over TRL's defaults."""

@@ -5,7 +5,10 @@ batches of complete groups (one transaction each). A record that cannot be read 
 its file and line; `--on-error skip` goes on without it (and without the rest of its group),
 `--on-error stop` stores the complete groups read before it, marks a run it created failed with the
 record's file, line and what to do, and exits non-zero; the same import run again resumes it (the
-run goes back to running, stored groups are skipped). Re-running the same import is harmless:
+run goes back to running, stored groups are skipped). Rows a reader leaves out on purpose (their
+grouping cannot be known: `SkippedGroup`) never stop an import; the run's summary counts them,
+with the reader's flags (NULs cleaned, rows beyond the weight fit...) and its weights note.
+Re-running the same import is harmless:
 ingestion is idempotent on (step, key) and every reader derives its keys from the content, and two
 imports naming one new run at once end in one run (rollouts.services.get_or_create_run).
 """
@@ -28,6 +31,7 @@ from training.importers import (
     Reader,
     ReaderError,
     SettingsItem,
+    SkippedGroup,
     open_reader,
 )
 from webapp.errors import FieldError
@@ -60,11 +64,14 @@ class ImportStats:
     settings_changed: list[str] = field(
         default_factory=list
     )  # what the trainer's settings replaced
+    left_out: list[str] = field(default_factory=list)  # groups left out on purpose, with why
+    left_out_records: int = 0
 
     def line(self) -> str:
+        left = f", {self.left_out_records} left out (grouping unknown)" if self.left_out else ""
         return (
             f"imported {self.groups} groups, {self.rollouts} rollouts ({self.skipped_records} "
-            "skipped records)"
+            f"skipped records{left})"
         )
 
 
@@ -106,6 +113,11 @@ class Importer:
                 if self.on_error == "stop":
                     self._flush(groups, metrics)
                     raise ImportStopped(f"{item.where()}: {item.message}")
+            elif isinstance(item, SkippedGroup):  # not an error: --on-error stop goes on
+                self.stats.left_out_records += item.records
+                if len(self.stats.left_out) < MAX_REPORTED:
+                    self.stats.left_out.append(f"{item.where()}: {item.message}")
+                self.report(f"{item.where()}: {item.message}")
             elif isinstance(item, MetricsItem):
                 metrics.append(item)
             elif isinstance(item, SettingsItem):
@@ -332,13 +344,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--group-size",
             type=_positive,
-            help="expected rollouts per group (num_generations); splits repeated prompts",
+            help="rollouts per group (num_generations, rollout.n); a prompt drawn k times in a "
+            "step is split only where the file's layout says how (TRL), else left out and counted",
         )
         parser.add_argument(
             "--weights",
             type=_weights,
-            help="the trainer's reward weights, name=w comma-separated (TRL: the recorder's "
-            "reward_settings.json in the output_dir gives them)",
+            help="the trainer's reward weights, name=w comma-separated (TRL: GRPOConfig's "
+            "reward_weights; the recorder's reward_settings.json gives them; verl: checked "
+            "against score, the rest kept as 'unexplained')",
         )
         parser.add_argument(
             "--scale-rewards",
@@ -394,6 +408,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{importer.stats.already_stored} groups were already stored (not imported twice)"
             )
+        for name, line in flag_lines(reader).items():
+            self.stdout.write(f"{name}: {line}")
         self.stdout.write(importer.stats.line())
         for gap in reader.notes().get("gaps") or []:  # also in run.summary["import"]["gaps"]
             self.stdout.write(f"not known from the files: {gap}")
@@ -487,6 +503,9 @@ class Command(BaseCommand):
             "errors": stats.errors,
             "stopped": stopped,
             "duplicate_files": getattr(reader, "duplicates", []),
+            "left_out_records": stats.left_out_records,
+            "left_out": stats.left_out,
+            "flags": dict(reader.flags),  # e.g. nul_cleaned, ungroupable_rows
         }
         Run.objects.filter(id=run.id).update(summary=summary)
         if not _created_by_import(run):
@@ -495,6 +514,26 @@ class Command(BaseCommand):
             run.mark_failed(f"import stopped at a bad record: {stopped}\n{RESUMABLE}")
         else:
             run.mark_succeeded()
+
+
+FLAG_TEXT = {
+    "nul_cleaned": "{n} strings held a NUL or a lone surrogate, stored as U+FFFD (as the "
+    "recorder stores them)",
+    "ungroupable_rows": "{n} rows left out: a prompt drawn more than once in a step, whose groups "
+    "the file cannot tell apart",
+    "rows_beyond_weight_fit": "{n} rows are not explained by the weights: their rest is the "
+    "component 'unexplained'",
+    "assumed_weights_rows": "{n} aggregate rewards assume weight 1 for every reward function "
+    "(the file has no weights: give --weights)",
+}
+
+
+def flag_lines(reader: Reader) -> dict[str, str]:
+    """The reader's counts and weight note as the lines the command prints."""
+    out = {"weights": reader.weights_note} if reader.weights_note else {}
+    for name, n in reader.flags.items():
+        out[name] = FLAG_TEXT.get(name, "{n}").format(n=n)
+    return out
 
 
 RESUMABLE = (
