@@ -334,7 +334,7 @@ def test_it_keeps_a_recorded_runs_weights_in_one_place(api, personas, client_as)
     weights not given), then the trainer's settings arrive (TRL's reward_weights). Every reader -
     the run, its config, a launched twin's job config, the dashboard's resolved config - gives
     the trainer's weights, and no 1.0 left anywhere."""
-    from webapp.diagnostics.services import twin_config
+    from webapp.runs import launch
 
     c = api(personas["trainer"])
     body = {
@@ -352,7 +352,10 @@ def test_it_keeps_a_recorded_runs_weights_in_one_place(api, personas, client_as)
     run = Run.objects.get(id=run_id)
     assert "reward_weights" not in run.config
     assert run.reward_weights() == {"acc": 2.0, "fmt": -0.5}
-    assert twin_config(run)["reward_weights"] == {"acc": 2.0, "fmt": -0.5}
+    Run.objects.filter(id=run.id).update(status=Run.Status.SUCCEEDED)
+    run.refresh_from_db()
+    twin = launch.twin_of(run, name="twin")  # what ablation and replay twins train with
+    assert twin.reward_weights() == {"acc": 2.0, "fmt": -0.5}
     page = client_as("trainer").get(f"/runs/{run_id}/")
     resolved = page.context["config_json"]
     assert '"acc": 2.0' in resolved and '"acc": 1.0' not in resolved

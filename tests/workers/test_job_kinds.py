@@ -78,7 +78,7 @@ def test_an_ablation_twin_waits_behind_a_run_still_training(db, env3, sent, make
     )
     out = launch_twin(ablation, make_user("t", "trainer"))
     assert out.twin.config["start_after_parent"] is True and sent == []
-    assert out.twin.config["reward_weights"]["format"] == 0.0
+    assert out.twin.reward_weights()["format"] == 0.0
     assert "starts when the original run finishes" in out.message
     Run.objects.filter(id=parent.id).update(status=Run.Status.SUCCEEDED)
     parent.refresh_from_db()
