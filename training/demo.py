@@ -87,7 +87,6 @@ def linear_schedule(start: float, end: float, steps: int) -> Callable[[int], flo
 
 def main(argv: list[str] | None = None) -> None:
     from training.environments import get_environment
-    from training.environments.diagram import ScriptedDiagramPolicy
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="diagram")
@@ -98,11 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="demo.jsonl")
     args = parser.parse_args(argv)
-    if args.env != "diagram":
+    env = get_environment(args.env)
+    policy = env.scripted_policy(seed=args.seed, skill=0.2)
+    if policy is None:
         raise SystemExit(f"no scripted policy for environment {args.env!r}")
     records = generate_groups(
-        get_environment(args.env),
-        ScriptedDiagramPolicy(args.seed, 0.2),
+        env,
+        policy,
         args.steps,
         args.groups_per_step,
         args.G,

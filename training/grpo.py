@@ -234,7 +234,7 @@ def main(
             raise ValueError(
                 f"multi_turn: environment {config.env!r} has no episodes (no reset method)"
             )
-        if hasattr(env, "max_turns"):
+        if env.multi_turn:
             env.max_turns = config.max_turns
         rollout_func = make_rollout_func(env, prompts, max_turn_tokens=config.max_turn_tokens)
         reward_funcs, weights = transcript_reward_funcs(env, prompts)

@@ -87,7 +87,6 @@ RUN_KINDS: dict[str, JobKind] = {
 JOBS: dict[str, JobKind] = {k: job for k, job in RUN_KINDS.items() if job.launchable}
 
 
-
 def get_job(kind: str) -> JobKind:
     """The registry entry; a ValueError naming the kind (and the known ones) otherwise."""
     if kind not in JOBS:

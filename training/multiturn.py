@@ -67,7 +67,7 @@ POLICY_TOKENS_FIELD = (
 
 def is_multi_turn(env: Any) -> bool:
     """Environments with the episode protocol (`reset(prompt)` returning something with `step`)."""
-    return callable(getattr(env, "reset", None))
+    return env.multi_turn
 
 
 @dataclass

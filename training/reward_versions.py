@@ -12,7 +12,7 @@ produced its numbers:
 
 Where versions come from:
 - every component of a built-in environment is registered as-is (its `Component.fn`, no parameters);
-- an environment module may list named variants in `REWARD_VARIANTS` ({name: (component, params)}),
+- an environment may name variants in `reward_variants()` ({name: (component, params)}),
   e.g. a stricter coverage threshold, so a variant needs no new code at all;
 - a user's own module calls `register(...)` at import and is named in the RD_REWARD_MODULES
   environment variable (comma separated) of the web and worker processes (docs/replay.md).
@@ -218,8 +218,7 @@ def _register_environment(env_name: str) -> None:
     env = get_environment(env_name)
     for comp in env.components:
         register(env_name, comp.name, target_of(comp.fn))
-    module = importlib.import_module(type(env).__module__)
-    for name, (comp_name, params) in getattr(module, "REWARD_VARIANTS", {}).items():
+    for name, (comp_name, params) in env.reward_variants().items():
         fn = next(c.fn for c in env.components if c.name == comp_name)
         register(env_name, comp_name, target_of(fn), params, name=name)
 
@@ -384,12 +383,12 @@ def _rebuilder(environment: str) -> Callable[[str, Any], Prompt | None] | None:
         env = get_environment(environment)
     except KeyError:
         return None
-    return getattr(importlib.import_module(type(env).__module__), "stored_prompt", None)
+    return env.stored_prompt
 
 
 def prompt_for(environment: str, key: str, prompt: Any) -> Prompt | None:
-    """The environment's Prompt (with its hidden spec) for a stored group, through the environment
-    module's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
+    """The environment's Prompt (with its hidden spec) for a stored group, through the
+    environment's `stored_prompt(key, prompt)`; None when the environment cannot rebuild it."""
     rebuild = _rebuilder(environment)
     return None if rebuild is None else rebuild(key, prompt)
 

@@ -8,7 +8,7 @@ can be read in the app.
 
 Teachers:
     "scripted"               the environment's reference solver, optionally noised by
-                             `scripted_skill` < 1 (ScriptedDiagramPolicy) to exercise rejection
+                             `scripted_skill` < 1 (the env's scripted_policy) to exercise rejection
     a model folder / hub id  sampled locally with model.generate
     http(s)://host/v1        an OpenAI-compatible chat completions endpoint (urllib, no SDK);
                              the key is read from the env var named by `api_key_env`
@@ -80,13 +80,7 @@ class TeacherJobConfig(JobConfig):
         if not 0.0 <= self.scripted_skill <= 1.0:
             raise ValueError("scripted_skill: must be in [0, 1]")
         if self.scripted_faults:
-            if self.teacher != "scripted":
-                raise ValueError("scripted_faults: only for teacher 'scripted'")
-            from training.environments.diagram import ScriptedDiagramPolicy
-
-            self.scripted_faults = ScriptedDiagramPolicy.check_faults(
-                self.scripted_faults, "scripted_faults"
-            )
+            self.scripted_faults = self._checked_faults()
         if self.split not in ("train", "holdout"):
             raise ValueError("split: must be 'train' or 'holdout'")
         if self.num_prompts < 1:
@@ -100,6 +94,21 @@ class TeacherJobConfig(JobConfig):
         if self.temperature < 0:
             raise ValueError("temperature: must be >= 0")
 
+    def _checked_faults(self) -> dict[str, float]:
+        """The faults as the environment's scripted policy reads them; a ValueError names this
+        field."""
+        from training.environments import get_environment
+
+        if self.teacher != "scripted":
+            raise ValueError("scripted_faults: only for teacher 'scripted'")
+        try:
+            policy = get_environment(self.env).scripted_policy(faults=self.scripted_faults)
+        except ValueError as e:
+            raise ValueError(f"scripted_{e}") from None  # the policy's "faults: ..." is our field
+        if policy is None:
+            raise ValueError(f"scripted_faults: environment {self.env!r} has no scripted policy")
+        return policy.faults
+
 
 Answerer = Callable[[list[Any]], list[list[Sample]]]  # prompts -> samples per prompt
 
@@ -107,24 +116,20 @@ Answerer = Callable[[list[Any]], list[list[Sample]]]  # prompts -> samples per p
 def scripted_teacher(env, config: TeacherJobConfig) -> Answerer:
     rng = random.Random(config.seed)
     policy = None
-    if not hasattr(env, "solve"):
-        raise ValueError(
-            f"teacher: environment {env.name!r} has no scripted solver; use a model or endpoint"
-        )
     if config.scripted_skill < 1.0 or config.scripted_faults:
-        if env.name != "diagram":
-            field = "scripted_skill" if config.scripted_skill < 1.0 else "scripted_faults"
-            raise ValueError(
-                f"{field}: a noisy scripted teacher exists only for the diagram environment"
-            )
-        from training.environments.diagram import ScriptedDiagramPolicy
-
-        policy = ScriptedDiagramPolicy(
+        policy = env.scripted_policy(
             seed=config.seed, skill=config.scripted_skill, faults=config.scripted_faults
         )
+        if policy is None:
+            field = "scripted_skill" if config.scripted_skill < 1.0 else "scripted_faults"
+            raise ValueError(f"{field}: environment {env.name!r} has no noisy scripted policy")
 
     def answer(prompts):
         out = []
+        if prompts and policy is None and env.solve(prompts[0]) is None:
+            raise ValueError(
+                f"teacher: environment {env.name!r} has no scripted solver; use a model or endpoint"
+            )
         for p in prompts:
             texts = [
                 policy.sample(p, rng) if policy else env.solve(p)

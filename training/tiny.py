@@ -156,8 +156,9 @@ def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
     texts: list[str] = []
     for p in prompts:
         texts.append(p.text)
-        if hasattr(env, "solve"):
-            texts.append(env.solve(p))
+        solution = env.solve(p)
+        if solution is not None:
+            texts.append(solution)
     return texts
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.integration.conftest import ROOT
-from training.environments.base import Component, Prompt, Score
+from training.environments.base import Component, Environment, Prompt, Score
 from training.environments.diagram import completion_text
 from training.sinks import HttpSink, MemorySink, Sink
 
@@ -54,7 +54,7 @@ def has_digit(prompt: Prompt, completion: Any) -> Score:
     )
 
 
-class VaryingEnv:
+class VaryingEnv(Environment):
     name = TOY_ENV
     description = "test-only: rewards that vary inside a group of a random model's completions"
     components = [
@@ -67,12 +67,6 @@ class VaryingEnv:
             Prompt(key=f"toy-{split}-{i}", text=f"Draw diagram number {i}:", split=split)
             for i in range(n)
         ]
-
-    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
-        return {c.name: c.fn(prompt, completion) for c in self.components}
-
-    def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
-        return {}
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from training.environments.ask_to_code_tasks import (
     TASKS_BY_KEY,
     Task,
 )
-from training.environments.base import Component, Prompt, Score, Split
+from training.environments.base import Component, Environment, Prompt, Score, Split
 from training.sandbox import SandboxResult, run_tests
 
 MAX_TURNS = 4  # agent turns per episode; a question on the last turn ends it without code
@@ -364,12 +364,14 @@ def stored_prompt(key: str, prompt: Any) -> Prompt | None:
     return None if task is None else task_prompt(task, key)
 
 
-class AskToCodeEnv:
+class AskToCodeEnv(Environment):
     name = "ask_to_code"
     description = (
         "Multi-turn coding with a simulated user: the task omits one detail; ask about it, "
         "then submit a ```python block that hidden unit tests grade in a sandbox."
     )
+
+    multi_turn = True
 
     def __init__(self, max_turns: int = MAX_TURNS) -> None:
         self.components: list[Component] = list(COMPONENTS)
@@ -389,8 +391,8 @@ class AskToCodeEnv:
     def reset(self, prompt: Prompt) -> Episode:
         return Episode(prompt, self.max_turns)
 
-    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
-        return {c.name: c.fn(prompt, completion) for c in self.components}
+    def stored_prompt(self, key: str, prompt: Any) -> Prompt | None:
+        return stored_prompt(key, prompt)
 
     def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
         task = _task(prompt)

@@ -12,7 +12,7 @@ import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 ComponentKind = Literal["outcome", "process", "behavioural", "penalty"]
 Split = Literal["train", "holdout"]
@@ -63,13 +63,59 @@ class Component:
         return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
-class Environment(Protocol):
-    name: str
-    description: str
+class Environment:
+    """The base class every environment fills in.
+
+    Required: `name`, `description`, `components`, `prompts()` and `score()`. Optional
+    capabilities are methods with a default that says "this environment has none": callers ask
+    them, they never probe an environment with hasattr or import its module by name.
+    """
+
+    name: str = ""
+    description: str = ""
     components: list[Component]
+    multi_turn: ClassVar[bool] = False  # True: reset() starts an episode (training.multiturn)
+    max_turns: int = 1  # multi-turn: agent turns per episode (GRPO's max_turns sets it)
 
-    def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]: ...
+    def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]:
+        raise NotImplementedError
 
-    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]: ...
+    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
+        return {c.name: c.fn(prompt, completion) for c in self.components}
 
-    def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]: ...
+    def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
+        """What the rollout page shows beside the transcript (a rendered canvas, test results)."""
+        return {}
+
+    # ---- optional capabilities
+
+    def solve(self, prompt: Prompt) -> Any:
+        """A reference solution (the scripted teacher's answer, the tiny model's training text);
+        None when the environment has none."""
+        return None
+
+    def scripted_policy(
+        self, seed: int = 0, skill: float = 1.0, faults: dict[str, float] | None = None
+    ) -> ScriptedPolicy | None:
+        """A noisy scripted policy (teacher with skill < 1, demo data); None when there is none."""
+        return None
+
+    def reset(self, prompt: Prompt) -> Any:
+        """Start a multi-turn episode (an object with `step`); only when `multi_turn` is True."""
+        raise NotImplementedError(f"{self.name} is single-turn")
+
+    def reward_variants(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Named, replayable variants of components: {name: (component, params)}."""
+        return {}
+
+    def stored_prompt(self, key: str, prompt: Any) -> Prompt | None:
+        """The Prompt (with its hidden spec) of a stored group, rebuilt from its key and the prompt
+        the policy saw; None when the environment cannot rebuild it (a replay then fails those
+        rollouts)."""
+        return None
+
+
+class ScriptedPolicy(Protocol):
+    faults: dict[str, float]
+
+    def sample(self, prompt: Prompt, rng: Any) -> Any: ...

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from training.environments.base import Component, Prompt, Score, Split
+from training.environments.base import Component, Environment, Prompt, Score, Split
 
 CANVAS_W = 800
 CANVAS_H = 600
@@ -821,7 +821,7 @@ def render_actions(actions: list[Any]) -> str:
 # Environment
 
 
-class DiagramEnvironment:
+class DiagramEnvironment(Environment):
     name = "diagram"
     description = "Turn a diagram request into a JSON list of create_shape / connect actions."
 
@@ -861,9 +861,6 @@ class DiagramEnvironment:
                 out.append(p)
         return out[:n]
 
-    def score(self, prompt: Prompt, completion: Any) -> dict[str, Score]:
-        return {c.name: c.fn(prompt, completion) for c in self.components}
-
     def state(self, prompt: Prompt, completion: Any) -> dict[str, Any]:
         canvas = analyse(completion_text(completion)).canvas or Canvas()
         return {
@@ -874,6 +871,17 @@ class DiagramEnvironment:
 
     def solve(self, prompt: Prompt) -> str:
         return render_actions(solve_actions(prompt))
+
+    def scripted_policy(
+        self, seed: int = 0, skill: float = 1.0, faults: dict[str, float] | None = None
+    ) -> ScriptedDiagramPolicy:
+        return ScriptedDiagramPolicy(seed=seed, skill=skill, faults=faults)
+
+    def reward_variants(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        return REWARD_VARIANTS
+
+    def stored_prompt(self, key: str, prompt: Any) -> Prompt | None:
+        return stored_prompt(key, prompt)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ def environment_from_training(env: Any) -> Environment:
             }
             for c in env.components
         ],
-        getattr(env, "description", ""),
+        env.description,
     )
 
 

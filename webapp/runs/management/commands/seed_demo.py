@@ -16,7 +16,6 @@ from tqdm import tqdm
 from training.demo import generate_groups, linear_schedule
 from training.demo_stories import story_groups
 from training.environments import get_environment
-from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.accounts.roles import set_role
 from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
@@ -121,7 +120,7 @@ class Command(BaseCommand):
         else:
             groups = generate_groups(
                 env,
-                ScriptedDiagramPolicy(seed=0, skill=0.2),
+                env.scripted_policy(seed=0, skill=0.2),
                 steps,
                 groups_per_step,
                 G=G,
