@@ -152,7 +152,7 @@ def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
     changes = []
     for name, w in (settings.get("weights") or {}).items():
         if weights_before.get(name) != w:
-            changes.append(f"weight of {name}: {w:g} replaces {weights_before.get(name):g}")
+            changes.append(f"weight of {name}: {w} replaces {weights_before.get(name)}")
     for key in DEFAULTS:
         if key in settings and settings[key] != before[key]:
             changes.append(f"{key}: {settings[key]!r} replaces {before[key]!r}")
