@@ -435,7 +435,7 @@ def export_dataset(
     opts = Options(fmt=fmt, render=render, include_good=include_good, min_margin=min_margin)
     built, skipped = build_records(ids, kind, opts)
     if not built:
-        why = "; ".join(f"{n} {reason}" for reason, n in skipped.items()) or "no rollouts selected"
+        why = "; ".join(counted(n, why) for why, n in skipped.items()) or "no rollouts selected"
         raise FieldError("source", f"nothing to export ({why})")
     description = {
         "type": source,
@@ -460,6 +460,31 @@ def export_dataset(
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+# The first noun of each skip reason, for a count in front of it ("5 bad cases without ...").
+_PLURALS = {
+    "bad case": "bad cases",
+    "good completion": "good completions",
+    "correction": "corrections",
+    "pair": "pairs",
+}
+
+
+def counted(n: int, reason: str) -> str:
+    """A skip count in words.
+
+    >>> counted(5, "bad case without a correction"), counted(1, "not annotated")
+    ('5 bad cases without a correction', '1 rollout not annotated')
+    >>> counted(2, "not marked bad")
+    '2 rollouts not marked bad'
+    """
+    if reason.startswith("not "):
+        return f"{n} {'rollout' if n == 1 else 'rollouts'} {reason}"
+    for one, many in _PLURALS.items():
+        if reason.startswith(one + " ") and n != 1:
+            return f"{n} {many}{reason[len(one) :]}"
+    return f"{n} {reason}"
 
 
 def chosen_rule(kind: str, min_margin: float | None) -> str | None:
