@@ -298,7 +298,17 @@ def test_it_says_why_an_import_has_no_train_button_and_keeps_the_launch_link(
 
 
 def test_it_fits_the_replay_page_in_a_1400_pixel_window(page, live_server, personas, shot):
-    _, replay = _replay_with_later_hacks(personas)
+    from webapp.rollouts.models import Rollout
+
+    run, replay = _replay_with_later_hacks(personas)
+    # Completions as the demo's scripted policy writes them: one compact JSON action a line, no
+    # space to break a line at inside one.
+    shape = {"action": "create_shape", "shape": "rect", "x": 300, "y": 20, "w": 200, "h": 50}
+    compact = "[\n" + "\n".join(
+        json.dumps({**shape, "id": name, "label": name}, separators=(",", ":"))
+        for name in ("Checkout", "Build", "Test", "Deploy")
+    )
+    Rollout.objects.filter(run=run).update(completion=compact)
     page.set_viewport_size({"width": 1400, "height": 900})
     login(page, live_server, "viewer", PASSWORD)
     page.goto(f"{live_server.url}/replays/{replay.id}/")
