@@ -338,9 +338,9 @@ def ablation_verdict(r: dict[str, Any], spec: AblationSpec) -> dict[str, str]:
         f"{_pct(r['zero_std_before'])} → {_pct(r['zero_std_after'])}"
     )
     strong = (
-        r["sign_flip_frac"] >= 0.1
-        or r.get("best_different_frac", r["best_changed_frac"]) >= 0.2
-        or r["mean_abs_delta"] >= 0.5
+        # A tie counts here: the best completion lost its edge, which changes the group's signal
+        # as much as a new winner does; the text says which of the two it was.
+        r["sign_flip_frac"] >= 0.1 or r["best_changed_frac"] >= 0.2 or r["mean_abs_delta"] >= 0.5
     )
     subject = f"{what} shaped" if what else "This change reshapes"
     text = f"{subject} the training signal: {parts}."
