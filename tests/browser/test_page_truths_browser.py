@@ -272,6 +272,12 @@ def test_it_says_the_same_hack_count_in_the_summary_and_the_box_with_their_times
     box = page.inner_text("#replay-headline .verdict")
     assert HACKS.search(line).groups() == HACKS.search(box).groups(), (line, box)
     assert "annotations as of" in line
+    # Best-completion changes: a new winner and a tie apart, over the groups with a unique best.
+    different = page.inner_text("#replay-best-different td")
+    tied = page.inner_text("#replay-best-tied td")
+    n = re.search(r"of (\d+) groups with a unique best", different).group(1)
+    assert f"a different best in {different.split()[0]} of {n} groups with a unique best" in line
+    assert f"{tied.split()[0]} of {n} now tied" in line
     assert "From the annotations as of" in page.inner_text("#replay-headline")
     then = page.inner_text("#replay-summary-then")  # the line as it stood, with its time
     assert "When it finished" in then and HACKS.search(then).group(2) != HACKS.search(box).group(2)
