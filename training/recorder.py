@@ -52,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transformers import Trainer, TrainerCallback
 
 from training.common import numeric_metrics
@@ -326,7 +327,7 @@ class RolloutRecorder(TrainerCallback):
         # record without reasons.
         extra = {col: list(vals) for col, vals in logs.get("extra", {}).items() if len(vals) == n}
         g = t.num_generations if t.model.training else t.num_generations_eval
-        weights = [float(w) for w in t.reward_weights.tolist()]
+        weights = reward_weights(t)
         if n == 0 or n % g or len(prompts) != n or len(weights) != len(names):
             return []  # not a batch this recorder can read: record nothing rather than guess
         keys = extra.get(KEY_COLUMN) or [prompt_key(p) for p in prompts]
@@ -405,6 +406,25 @@ class RolloutRecorder(TrainerCallback):
             self.sink.close()
 
 
+def reward_weights(trainer: Any) -> list[float]:
+    """The weights the user gave (GRPOConfig.reward_weights), not TRL's float32 copy of them:
+    torch.tensor(..., dtype=float32) turns 0.2 into 0.20000000298023224, which a page would show
+    as a weight nobody typed. Without a usable config list (TRL filled in ones, or added a weight),
+    each float32 weight as the shortest decimal that is the same float32 (0.2, not 0.2000000029).
+
+    >>> import torch
+    >>> class T: pass
+    >>> t = T(); t.reward_weights = torch.tensor([0.2, 1.0, 0.35], dtype=torch.float32)
+    >>> reward_weights(t)
+    [0.2, 1.0, 0.35]
+    """
+    tensor = [float(w) for w in trainer.reward_weights.tolist()]
+    given = getattr(getattr(trainer, "args", None), "reward_weights", None)
+    if isinstance(given, (list, tuple)) and len(given) == len(tensor):
+        return [float(w) for w in given]
+    return [float(str(np.float32(w))) for w in tensor]
+
+
 def trainer_settings(trainer: Any) -> dict[str, Any]:
     """What a TRL trainer computes its rewards and advantages with, in the shape of a run's
     `reward_settings` (webapp/runs/reward_settings.py). Read from the trainer's attributes (TRL 1.16
@@ -422,7 +442,7 @@ def trainer_settings(trainer: Any) -> dict[str, Any]:
             return None
 
     names = read("reward_func_names", lambda: list(trainer.reward_func_names))
-    weights = read("reward_weights", lambda: [float(w) for w in trainer.reward_weights.tolist()])
+    weights = read("reward_weights", lambda: reward_weights(trainer))
     if names is not None and weights is not None and len(names) == len(weights):
         out["weights"] = dict(zip(names, weights, strict=True))
     scale = read("scale_rewards", lambda: trainer.scale_rewards)

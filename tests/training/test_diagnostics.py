@@ -337,6 +337,21 @@ def test_it_counts_sign_flips_best_changes_and_spearman() -> None:
     assert r["spearman_mean"] == pytest.approx(-1.0)
 
 
+def test_it_tells_a_different_best_from_a_tie_each_over_the_groups_with_a_unique_best() -> None:
+    # Group 0: a separates; dropping it leaves b, whose best is another rollout (different best).
+    # Group 1: only a separates; dropping it ties every rollout (now tied, not a new winner).
+    # Group 2: a tie for the best before: not counted in either denominator.
+    x = np.array(
+        [[1, 0], [0, 1], [0, 0], [1, 0], [0, 0], [0, 0], [1, 1], [1, 1], [0, 0]], dtype=float
+    )
+    data = dg.RunArrays([C("a", 1.0), C("b", 0.5)], x, np.repeat([0, 1, 2], 3), np.zeros(9, int))
+    r = abl.ablate(data, abl.AblationSpec(drop=("a",)))
+    assert (r["unique_best_groups"], r["best_different"], r["best_tied"]) == (2, 1, 1)
+    assert (r["best_different_frac"], r["best_tied_frac"]) == (0.5, 0.5)
+    assert "a different best in 1 of 2 groups with a unique best" in r["verdict"]["text"]
+    assert "1 of 2 now tied" in r["verdict"]["text"]
+
+
 def test_it_recomputes_with_the_ingestion_function_for_every_aggregation() -> None:
     data = healthy()
     for scale in ("group", "batch", "none"):

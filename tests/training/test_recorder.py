@@ -197,6 +197,7 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
         {"prompt": f"Draw diagram number {i}:", **({"key": f"k{i}"} if with_key else {})}
         for i in range(8)
     ]
+    overrides.setdefault("reward_weights", [1.0, 0.5])
     overrides.setdefault("max_steps", 3)  # 3 steps: several generations and logs, seconds on CPU
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -205,7 +206,6 @@ def _grpo_trainer(tiny_model, tmp_path, callbacks=None, with_key=True, **overrid
         max_completion_length=16,  # short rollouts: generation dominates CPU time
         learning_rate=1e-3,  # large, so a 3-step run visibly moves the policy
         logging_steps=1,
-        reward_weights=[1.0, 0.5],
         use_cpu=True,
         bf16=False,  # CPU: fp32 (TRL's default is bf16)
         # Tiny model: recomputation only costs time (TRL defaults it on)
@@ -408,6 +408,20 @@ def test_it_writes_the_trainers_settings_as_the_jsonl_header(tiny_model, tmp_pat
     assert (
         np.abs(group_only.advantages - np.array(trl_advantages[0])).max() > 1e-3
     )  # the setting matters
+
+
+@pytest.mark.slow  # builds a GRPOTrainer on the tiny model
+def test_it_records_the_weights_as_given_not_trls_float32_copy(tiny_model, tmp_path):
+    import torch
+
+    from training.recorder import trainer_settings
+
+    trainer = _grpo_trainer(tiny_model, tmp_path, reward_weights=[0.2, 0.35])
+    assert trainer.reward_weights.tolist()[0] != 0.2  # TRL holds float32: 0.20000000298023224
+    assert trainer_settings(trainer)["weights"] == {"distinct_chars": 0.2, "has_digit": 0.35}
+    trainer.args.reward_weights = None  # ones filled in by TRL, or a list we cannot trust
+    trainer.reward_weights = torch.tensor([0.2, 0.35], dtype=torch.float32)
+    assert trainer_settings(trainer)["weights"] == {"distinct_chars": 0.2, "has_digit": 0.35}
 
 
 def test_it_records_the_settings_it_can_read_and_names_the_others(caplog):

@@ -161,7 +161,8 @@ def test_it_offers_no_training_for_a_run_without_a_start_point(
 ):
     replay = _replay(personas, kind=kind, base_model=base_model)
     page = client_as("trainer").get(reverse("replays-detail", args=[replay.id])).content.decode()
-    assert "Train with this reward" not in page
+    assert reverse("replays-train", args=[replay.id]) not in page  # no button: the reason instead
+    assert 'id="replay-no-train"' in page and "start point" in page
     r = _train(client_as("trainer"), replay)
     assert r.status_code == 302 and r["Location"] == reverse("replays-detail", args=[replay.id])
     assert "start point" in [str(m) for m in get_messages(r.wsgi_request)][0]

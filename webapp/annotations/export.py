@@ -5,7 +5,8 @@ Record shapes (one JSON object per line):
 - SFT standard:        {"prompt": str, "completion": str}
 - SFT conversational:  {"messages": [..., {"role": "assistant", "content": <the correction>}]}
 - DPO standard:        {"prompt": str, "chosen": str, "rejected": str}
-- DPO conversational:  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}
+- DPO conversational:  {"prompt": [messages], "chosen": [assistant messages],
+                        "rejected": [assistant messages]}
 Every line also carries `source_rollout_id`, `chosen_rollout_id`, `annotation_label`, `note`,
 `annotator`. The label key is `annotation_label`, not `label`: TRL reads a `label` key as an
 unpaired-preference (KTO) dataset and rejects the record; trainers drop the other extra columns
@@ -21,6 +22,14 @@ Rules:
   beats the rejected one's by at least `min_margin` (None: any such sibling). A pair whose chosen
   text equals the rejected text (after newline normalisation) is never written: it teaches nothing
   and makes DPO's loss constant;
+- the prompt is what the policy saw: a transcript that starts with the environment's own messages
+  (system + user, as ask_to_code records it) gives them as the prompt, never twice;
+- DPO (TRL 1.16's DPOTrainer): every token of `chosen`/`rejected` is trained on, there is no
+  assistant-only mask. So both hold only the assistant turns from the first message where the two
+  trajectories differ up to the next tool / environment / user message; everything before that
+  point (shared turns, tool replies) joins the prompt as context; later turns, which follow
+  replies of the environment, are left out. A pair whose first difference is not an assistant turn
+  teaches the policy nothing and is skipped (said in the skip counts);
 - text is stored and exported with `\n` line endings (a browser's textarea submits `\r\n`);
 - prompts: "conversational" keeps the chat messages, which TRL renders with the trainer's own chat
   template (what GRPO does with our environment prompts). "standard" strings are rendered with the
@@ -68,6 +77,7 @@ EXPORT_MAX_ROLLOUTS = 20_000  # an explorer-filter export pages through at most 
 DEFAULT_MIN_MARGIN = (
     0.1  # a fallback "chosen" sibling must out-reward the rejected case by this much
 )
+NO_ASSISTANT_DIFFERENCE = "pair whose first difference is not an assistant turn"
 
 
 @dataclass
@@ -123,19 +133,21 @@ class PromptRenderer:
         self.model = model.strip()
         self.tokenizer = _load_tokenizer(self.model) if self.model else None
 
-    def __call__(self, rollout: Rollout, prefix: list[dict[str, str]]) -> str:
-        messages = _prompt_messages(rollout)
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        """`messages` (the prompt, then any turns that join it) as one string."""
         if self.tokenizer is not None:
             return self.tokenizer.apply_chat_template(
-                messages + prefix, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True
             )
-        if len(messages) > 1:
+        if len(messages) > 1 and messages[1]["role"] != "assistant":
+            # The prompt itself is several messages: only a chat template says how to join them.
             raise FieldError(
                 "model",
                 "these prompts have several chat messages: name a model whose chat "
                 "template renders them, or export the conversational format",
             )
-        return messages[0]["content"] + ("\n" + _text(prefix) if prefix else "")
+        rest = messages[1:]
+        return messages[0]["content"] + ("\n" + _text(rest) if rest else "")
 
     def describe(self) -> str:
         return f"chat template of {self.model}" if self.model else "prompt text (no chat template)"
@@ -159,12 +171,64 @@ def _load_tokenizer(model: str) -> Any:
     return tokenizer
 
 
-def _split(
-    rollout: Rollout, first_wrong_turn: int | None
-) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+@dataclass
+class Conversation:
+    """A rollout as the policy lived it: the prompt it saw, then the turns after it."""
+
+    prompt: list[dict[str, str]]
+    turns: list[dict[str, str]]
+    offset: int  # the transcript index of turns[0] (first_wrong_turn counts transcript turns)
+
+    def at(self, first_wrong_turn: int | None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """(the turns before `first_wrong_turn`, the turns from it on)."""
+        k = max((first_wrong_turn or 0) - self.offset, 0)
+        return self.turns[:k], self.turns[k:]
+
+
+def _key(m: dict[str, str]) -> tuple[str, str]:
+    return m["role"], m["content"].strip()
+
+
+def conversation(rollout: Rollout) -> Conversation:
+    """A transcript that starts with the environment's messages (system + user: the episode's
+    reset, which holds the group's prompt) has them as its prompt; otherwise the group's prompt is
+    the prompt and the whole transcript follows it. Either way the prompt is never repeated."""
+    prompt = _prompt_messages(rollout)
     turns = [_message(m) for m in (rollout.transcript or [])]
-    k = first_wrong_turn or 0
-    return turns[:k], turns[k:]
+    lead = next((i for i, m in enumerate(turns) if m["role"] == "assistant"), len(turns))
+    if lead and prompt[-1]["content"].strip() in {m["content"].strip() for m in turns[:lead]}:
+        return Conversation(turns[:lead], turns[lead:], lead)
+    return Conversation(prompt, turns, 0)
+
+
+def _assistant_run(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The assistant turns at the start of `turns`, up to the first reply of anyone else."""
+    n = next((i for i, m in enumerate(turns) if m["role"] != "assistant"), len(turns))
+    return turns[:n]
+
+
+def preference(
+    context: list[dict[str, str]], chosen: list[dict[str, str]], rejected: list[dict[str, str]]
+) -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]]] | None:
+    """(prompt, chosen, rejected) as DPO trains on them: the turns both trajectories share join the
+    prompt; each side keeps its assistant turns from the first difference to the next message of
+    the environment (tool output is context, never a completion to imitate). None when the first
+    difference is not an assistant turn (or one side ends there): nothing for the policy to learn.
+
+    >>> u, t = {"role": "user", "content": "q"}, {"role": "tool", "content": "ok"}
+    >>> a, b = {"role": "assistant", "content": "ask"}, {"role": "assistant", "content": "code"}
+    >>> preference([u], [a, t], [b, t]) == ([u], [a], [b])
+    True
+    >>> preference([u], [a, t, a], [a, t, b]) == ([u, a, t], [a], [b])
+    True
+    """
+    n = 0
+    while n < min(len(chosen), len(rejected)) and _key(chosen[n]) == _key(rejected[n]):
+        n += 1
+    c, r = _assistant_run(chosen[n:]), _assistant_run(rejected[n:])
+    if not c or not r:
+        return None
+    return context + chosen[:n], c, r
 
 
 def _assistant(text: str) -> list[dict[str, str]]:
@@ -186,34 +250,22 @@ class Options:
 
 
 def sft_record(
-    rollout: Rollout,
-    completion_turns: list[dict[str, str]],
-    prefix: list[dict[str, str]],
-    opts: Options,
+    prompt: list[dict[str, str]], completion_turns: list[dict[str, str]], opts: Options
 ) -> dict[str, Any]:
     if opts.fmt == Dataset.Format.CONVERSATIONAL:
-        return {"messages": _prompt_messages(rollout) + prefix + completion_turns}
-    return {"prompt": opts.render(rollout, prefix), "completion": _text(completion_turns)}
+        return {"messages": prompt + completion_turns}
+    return {"prompt": opts.render(prompt), "completion": _text(completion_turns)}
 
 
 def dpo_record(
-    rollout: Rollout,
+    prompt: list[dict[str, str]],
     chosen: list[dict[str, str]],
     rejected: list[dict[str, str]],
-    prefix: list[dict[str, str]],
     opts: Options,
 ) -> dict[str, Any]:
     if opts.fmt == Dataset.Format.CONVERSATIONAL:
-        return {
-            "prompt": _prompt_messages(rollout) + prefix,
-            "chosen": chosen,
-            "rejected": rejected,
-        }
-    return {
-        "prompt": opts.render(rollout, prefix),
-        "chosen": _text(chosen),
-        "rejected": _text(rejected),
-    }
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    return {"prompt": opts.render(prompt), "chosen": _text(chosen), "rejected": _text(rejected)}
 
 
 def _same_text(a: list[dict[str, str]], b: list[dict[str, str]]) -> bool:
@@ -238,9 +290,9 @@ def best_sibling(rollout: Rollout, min_margin: float | None = DEFAULT_MIN_MARGIN
         if rollout.reward is None:
             return None  # no reward to be better than: no pair can be called clearly better
         siblings = siblings.filter(reward__gte=rollout.reward + min_margin)
-    _, rejected = _split(rollout, None)
+    rejected = conversation(rollout).turns
     for sibling in siblings.order_by("-reward", "id")[:50]:
-        if not _same_text(_split(sibling, None)[1], rejected):
+        if not _same_text(conversation(sibling).turns, rejected):
             return sibling
     return None
 
@@ -279,10 +331,12 @@ def _sft_for(
     rollout: Rollout, anns: list[Annotation], opts: Options, skipped: Counter[str]
 ) -> list[Built]:
     corrections = [a for a in anns if a.has_correction]
+    conv = conversation(rollout)
     out = []
     for a in corrections:
-        prefix, _ = _split(rollout, a.first_wrong_turn)
-        out.append(Built(sft_record(rollout, _correction(a), prefix, opts), rollout, a, a.label))
+        prefix, _ = conv.at(a.first_wrong_turn)
+        record = sft_record(conv.prompt + prefix, _correction(a), opts)
+        out.append(Built(record, rollout, a, a.label))
     if corrections:
         return out
     if any(a.label.is_bad for a in anns):
@@ -290,8 +344,8 @@ def _sft_for(
     elif not opts.include_good:
         skipped["good completion (not included)"] += 1
     else:
-        _, turns = _split(rollout, None)
-        out.append(Built(sft_record(rollout, turns, [], opts), rollout, anns[0], anns[0].label))
+        record = sft_record(conv.prompt, conv.turns, opts)
+        out.append(Built(record, rollout, anns[0], anns[0].label))
     return out
 
 
@@ -302,29 +356,30 @@ def _dpo_for(
     if not bad:
         skipped["not marked bad"] += 1
         return []
+    conv = conversation(rollout)
     out = []
     for a in (a for a in anns if a.has_correction):
-        prefix, rejected = _split(rollout, a.first_wrong_turn)
+        prefix, rejected = conv.at(a.first_wrong_turn)
         if _same_text(_correction(a), rejected):
             skipped["correction identical to the rejected completion"] += 1
             continue
+        pair = preference(conv.prompt, prefix + _correction(a), prefix + rejected)
+        if pair is None:
+            skipped[NO_ASSISTANT_DIFFERENCE] += 1
+            continue
         label = a.label if a.label.is_bad else bad[0].label
-        out.append(
-            Built(dpo_record(rollout, _correction(a), rejected, prefix, opts), rollout, a, label)
-        )
+        out.append(Built(dpo_record(*pair, opts), rollout, a, label))
     if out or any(a.has_correction for a in anns):
         return out
     sibling = best_sibling(rollout, opts.min_margin)
     if sibling is None:
         skipped["bad case without a correction or a good sibling"] += 1
         return []
-    _, chosen = _split(sibling, None)
-    _, rejected = _split(rollout, None)
-    return [
-        Built(
-            dpo_record(rollout, chosen, rejected, [], opts), rollout, bad[0], bad[0].label, sibling
-        )
-    ]
+    pair = preference(conv.prompt, conversation(sibling).turns, conv.turns)
+    if pair is None:
+        skipped[NO_ASSISTANT_DIFFERENCE] += 1
+        return []
+    return [Built(dpo_record(*pair, opts), rollout, bad[0], bad[0].label, sibling)]
 
 
 # --- sources, datasets, files ---------------------------------------------------------------------
@@ -377,7 +432,7 @@ def export_dataset(
     opts = Options(fmt=fmt, render=render, include_good=include_good, min_margin=min_margin)
     built, skipped = build_records(ids, kind, opts)
     if not built:
-        why = "; ".join(f"{n} {reason}" for reason, n in skipped.items()) or "no rollouts selected"
+        why = "; ".join(counted(n, why) for why, n in skipped.items()) or "no rollouts selected"
         raise FieldError("source", f"nothing to export ({why})")
     description = {
         "type": source,
@@ -402,6 +457,31 @@ def export_dataset(
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+# The first noun of each skip reason, for a count in front of it ("5 bad cases without ...").
+_PLURALS = {
+    "bad case": "bad cases",
+    "good completion": "good completions",
+    "correction": "corrections",
+    "pair": "pairs",
+}
+
+
+def counted(n: int, reason: str) -> str:
+    """A skip count in words.
+
+    >>> counted(5, "bad case without a correction"), counted(1, "not annotated")
+    ('5 bad cases without a correction', '1 rollout not annotated')
+    >>> counted(2, "not marked bad")
+    '2 rollouts not marked bad'
+    """
+    if reason.startswith("not "):
+        return f"{n} {'rollout' if n == 1 else 'rollouts'} {reason}"
+    for one, many in _PLURALS.items():
+        if reason.startswith(one + " ") and n != 1:
+            return f"{n} {many}{reason[len(one) :]}"
+    return f"{n} {reason}"
 
 
 def chosen_rule(kind: str, min_margin: float | None) -> str | None:

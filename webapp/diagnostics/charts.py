@@ -254,7 +254,8 @@ def ablation_compare_figure(rows: list[dict[str, Any]]) -> Figure:
     metrics = [
         ("mean_abs_delta", "mean |Δ adv|"),
         ("sign_flip_frac", "sign flips"),
-        ("best_changed_frac", "best changed"),
+        ("best_different_frac", "different best"),
+        ("best_tied_frac", "best now tied"),
         ("zero_std_change", "Δ zero-std groups"),
     ]
     data = [

@@ -164,15 +164,20 @@ def regression_table(
     return sorted(rows, key=lambda r: (r["kind"] != HACK, not r["regression"], r["rollout_id"]))
 
 
-def _best_changed(a: dict[str, np.ndarray], g: np.ndarray, m: int) -> np.ndarray:
-    """Groups with a unique best completion before whose best is no longer that one, uniquely."""
+def _best_changed(
+    a: dict[str, np.ndarray], g: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the groups with a unique best completion before: (those whose best is no longer that one,
+    uniquely; of those, the ones where several completions now tie for the best; the groups with a
+    unique best before)."""
     r0, r1 = group_ranks(a["old_reward"], g), group_ranks(a["new_reward"], g)
     unique0 = np.bincount(g, (r0 == 1).astype(np.float64), m) == 1
     unique1 = np.bincount(g, (r1 == 1).astype(np.float64), m) == 1
     kept = np.zeros(m, dtype=bool)
     best = np.flatnonzero((r0 == 1) & unique0[g])
     kept[g[best]] = (r1[best] == 1) & unique1[g[best]]
-    return unique0 & ~kept
+    changed = unique0 & ~kept
+    return changed, changed & ~unique1, unique0
 
 
 def compare(
@@ -193,7 +198,8 @@ def compare(
     s0 = np.where(np.abs(a["old_adv"]) > TOL, np.sign(a["old_adv"]), 0.0)
     s1 = np.where(np.abs(a["new_adv"]) > TOL, np.sign(a["new_adv"]), 0.0)
     flips = (s0 * s1) < 0
-    best = _best_changed(a, g, m) if m else np.zeros(0, dtype=bool)
+    none = np.zeros(0, dtype=bool)
+    best, tied, unique = _best_changed(a, g, m) if m else (none, none, none)
     group_db = np.zeros(m, dtype=np.int64)
     group_db[g] = a["group_ids"]
     regression = regression_table(a, labels, g)
@@ -208,7 +214,10 @@ def compare(
         "n_groups": int(m),
         "n_changed": int(changed.sum()),
         "n_failed": int(a["failed"].sum()),
-        "best_changed": int(best.sum()),
+        "best_changed": int(best.sum()),  # of them tied: a tie is not a new winner
+        "best_different": int((best & ~tied).sum()),
+        "best_tied": int(tied.sum()),
+        "unique_best": int(unique.sum()),  # the denominator of both
         "sign_flips": int(flips.sum()),
         "with_signal": int((s0 != 0).sum()),
         "hacks": len(hacks),
@@ -241,6 +250,16 @@ def _row(a: dict[str, np.ndarray], i: int) -> dict[str, Any]:
     }
 
 
+def _best_words(h: dict[str, Any]) -> str:
+    if "unique_best" not in h:  # a headline stored before ties were told apart
+        return f"best completion changed in {h['best_changed']:,} of {h['n_groups']:,} groups"
+    n = h["unique_best"]
+    return (
+        f"a different best in {h['best_different']:,} of {n:,} groups with a unique best, "
+        f"{h['best_tied']:,} of {n:,} now tied"
+    )
+
+
 def summary_line(report: dict[str, Any], replay: Any, scored: int, failed_chunks: int) -> str:
     h = report["headline"]
     parts = [
@@ -248,7 +267,7 @@ def summary_line(report: dict[str, Any], replay: Any, scored: int, failed_chunks
         f"{h['n_changed']:,} changed",
         f"{h['n_failed']:,} failed",
         f"{h['sign_flips']:,} advantage sign flips",
-        f"best completion changed in {h['best_changed']:,} of {h['n_groups']:,} groups",
+        _best_words(h),
     ]
     if h["hacks"]:
         parts.append(

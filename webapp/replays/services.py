@@ -221,16 +221,31 @@ def enqueue(replay: Replay) -> None:
 
 
 def training_blocker(replay: Replay) -> str:
-    """Why "train with this reward" is not offered for `replay` ("" when it is)."""
+    """Why "train with this reward" is not offered for `replay` ("" when it is), in words the
+    replay page shows."""
     run = replay.run
     if replay.status != Replay.Status.SUCCEEDED:
         return "the replay has not succeeded"
-    if run.kind != Run.Kind.GRPO or not run.base_model or not run.environment_id:
+    if run.kind != Run.Kind.GRPO:
         return (
-            "only a GRPO job run (with its base model and environment) has a start point to "
-            "train from"
+            f"this run is {'an' if run.kind[0] in 'aeiou' else 'a'} {run.kind} run, not a GRPO "
+            "job of this app: it has no start point (base model and trainer config) to train a "
+            "twin from. Replay a GRPO run launched here to train with the new reward"
         )
+    if not run.base_model or not run.environment_id:
+        return "this GRPO run names no base model or environment: a twin has no start point"
     return ""
+
+
+def current_summary(replay: Replay, report: dict[str, Any]) -> str:
+    """The replay's one-line summary recomputed from `report` (the annotations as they are now):
+    the stored `summary` is the line as it stood when the replay finished."""
+    from webapp.replays import analysis
+
+    chunks = ReplayChunk.objects.filter(replay=replay)
+    scored = chunks.filter(status=ReplayChunk.Status.DONE).aggregate(n=Sum("n_rollouts"))["n"]
+    failed = chunks.filter(status=ReplayChunk.Status.FAILED).count()
+    return analysis.summary_line(report, replay, scored or 0, failed)
 
 
 def training_versions(replay: Replay) -> dict[str, dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from webapp.accounts.roles import has_role, require_role
@@ -59,6 +60,8 @@ def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay = _replay(request, replay_id)
     rep = services.report(replay) if replay.results is not None else None
     trainer = has_role(request.user, "trainer")
+    # Not `can_train`: the base template's navigation reads that name (the Launch link).
+    blocker = services.training_blocker(replay) if trainer and replay.twin_id is None else ""
     ctx = {
         "replay": replay,
         "run": replay.run,
@@ -67,7 +70,11 @@ def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
         "can_resume": trainer and services.stalled(replay),
         "stale_minutes": services.STALE_SECONDS // 60,
         "figures": charts.figures(rep) if rep else {},
-        "can_train": trainer and replay.twin_id is None and not services.training_blocker(replay),
+        "offer_training": trainer and replay.twin_id is None and not blocker,
+        "training_blocker": blocker if replay.is_finished else "",
+        # The summary line and the box below it, both from the annotations as they are now.
+        "summary_now": services.current_summary(replay, rep) if rep else "",
+        "now": timezone.now(),
     }
     if rep:
         ctx["top_changes"] = _previews(rep["top_changes"])

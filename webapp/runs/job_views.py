@@ -186,7 +186,7 @@ def compare(request: HttpRequest) -> HttpResponse:
         "jobs/compare.html",
         {
             "runs": runs,
-            "all_runs": Run.objects.order_by("-created_at")[:200],
+            "all_runs": Run.objects.select_related("environment").order_by("-created_at")[:200],
             "selected": ids,
             "figures": figures,
             "evals": evals,
@@ -265,6 +265,15 @@ def eval_summary(runs: list[Run]) -> dict | None:
     }  # run and component names
 
 
+def legend_name(run: Run, limit: int = 48) -> str:
+    """A run as a legend entry: its name (cut to `limit`) and id; a bare id says nothing."""
+    name = run.name if len(run.name) <= limit else run.name[: limit - 1] + "…"
+    return f"{name} (#{run.id})"
+
+
+LEGEND_BELOW = {"orientation": "h", "y": -0.25, "x": 0, "xanchor": "left", "yanchor": "top"}
+
+
 @escaped
 def compare_figures(runs: list[Run]) -> list[dict]:
     """Overlay per-step curves (the dashboard's, from StepStat): the aggregate reward mean and
@@ -274,8 +283,9 @@ def compare_figures(runs: list[Run]) -> list[dict]:
         "layout": {
             "title": {"text": "reward mean per step"},
             "xaxis": {"title": {"text": "step"}},
-            "height": 320,
+            "height": 360,
             "margin": {"t": 40, "r": 10},
+            "legend": LEGEND_BELOW,
         },
     }
     per_comp: dict[str, dict] = {}
@@ -285,7 +295,7 @@ def compare_figures(runs: list[Run]) -> list[dict]:
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": f"{run.id} {run.name}"[:40],
+                "name": legend_name(run),
                 "x": series.steps,
                 "y": series.mean,
             }
@@ -299,15 +309,17 @@ def compare_figures(runs: list[Run]) -> list[dict]:
                     "data": {},
                     "layout": {
                         "title": {"text": f"{cs.name} mean"},
-                        "height": 260,
+                        "xaxis": {"title": {"text": "step"}},
+                        "height": 320,
                         "margin": {"t": 40, "r": 10},
+                        "legend": LEGEND_BELOW,
                     },
                 },
             )
             fig["data"][run.id] = {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": f"{run.id}",
+                "name": legend_name(run),
                 "x": cs.steps,
                 "y": cs.mean,
             }
@@ -321,7 +333,7 @@ def compare_figures(runs: list[Run]) -> list[dict]:
                 {
                     "type": "scatter",
                     "mode": "lines",
-                    "name": f"{run.id} loss",
+                    "name": f"{legend_name(run)} loss",
                     "x": [s for s, _ in loss],
                     "y": [v for _, v in loss],
                 }

@@ -139,6 +139,15 @@ def settle_config_weights(
     return config, {**own, "weights": merged, "source": own.get("source") or "created"}
 
 
+def _exact(w: float | None) -> str:
+    """A weight short where that loses nothing (2, 0.5), in full where it would: a log line never
+    reads "0.2 replaces 0.2" for two different numbers."""
+    if w is None:
+        return "none"
+    short = f"{w:g}"
+    return short if float(short) == w else repr(float(w))
+
+
 def advantage_settings(own: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The run's own settings over the job config's (scale_rewards, multi_objective_aggregation,
     num_generations: what a launched job was configured with) over TRL's defaults."""
@@ -169,7 +178,8 @@ def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
     changes = []
     for name, w in (settings.get("weights") or {}).items():
         if weights_before.get(name) != w:
-            changes.append(f"weight of {name}: {w:g} replaces {weights_before.get(name):g}")
+            old = weights_before.get(name)
+            changes.append(f"weight of {name}: {_exact(w)} replaces {_exact(old)}")
     for key in DEFAULTS:
         if key in settings and settings[key] != before[key]:
             changes.append(f"{key}: {settings[key]!r} replaces {before[key]!r}")

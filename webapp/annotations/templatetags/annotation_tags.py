@@ -77,3 +77,11 @@ def pretty_json(value: Any) -> str:
 @register.filter
 def fmt_stat(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
+
+
+@register.filter
+def counted(n: int, reason: str) -> str:
+    """A dataset's skip count in words: "5 bad cases without a correction"."""
+    from webapp.annotations.export import counted as words
+
+    return words(int(n), str(reason))

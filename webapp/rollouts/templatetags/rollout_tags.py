@@ -61,22 +61,34 @@ def bar_fraction(value: Any, lo: float | None, hi: float | None) -> float | None
     return min(max((value - lo) / (hi - lo), 0.0), 1.0)
 
 
+def bar_width(value: Any, component: Any) -> float | None:
+    """The bar's length as 0..1: where the value sits in the component's range, except for a
+    penalty, whose bar is the size of the penalty (its maximum, usually 0 = no penalty, draws an
+    empty bar; its minimum a full red one), so a longer red bar always reads as worse."""
+    lo, hi = getattr(component, "min_value", None), getattr(component, "max_value", None)
+    frac = bar_fraction(value, lo, hi)
+    if frac is None or getattr(component, "kind", "") != "penalty":
+        return frac
+    if lo is None and hi is None:  # a penalty with no declared range: its values run -1..0
+        frac = bar_fraction(value, -1.0, 0.0)
+    return None if frac is None else 1.0 - frac
+
+
 @register.simple_tag
 def bar(value: float | None, component: Any) -> SafeString:
     """A small horizontal bar for one component value; the exact value in the title (hover)."""
     name = getattr(component, "name", "")
-    frac = bar_fraction(
-        value, getattr(component, "min_value", None), getattr(component, "max_value", None)
-    )
+    frac = bar_width(value, component)
     if frac is None:
         return format_html('<span class="bar none" title="{}: not scored">—</span>', name)
-    kind = getattr(component, "kind", "")
+    penalty = getattr(component, "kind", "") == "penalty"
     return format_html(
-        '<span class="bar {}" title="{}: {}"><span style="width:{}%"></span></span><span '
+        '<span class="bar {}" title="{}: {}{}"><span style="width:{}%"></span></span><span '
         'class="bar-num">{}</span>',
-        "penalty" if kind == "penalty" else "",
+        "penalty" if penalty else "",
         name,
         f"{value:.4g}",
+        " (a penalty: the red bar is its size, empty = no penalty)" if penalty else "",
         f"{frac * 100:.1f}",
         f"{value:.3g}",
     )

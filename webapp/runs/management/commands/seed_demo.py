@@ -36,7 +36,7 @@ QUEUE_NAME = "ask_to_code · first review (demo)"
 DATASET_NAME = "ask_to_code-dpo-demo"
 REPLAY_NAME = "semantic_coverage: extras cost more (demo)"
 REPLAY_VERSION = "semantic_coverage@no_extras"
-HACK_NOTE = "demo: an extra shape, and still the best of its group"
+HACK_NOTE = "draws an extra shape and still scores best in its group"
 # What each annotator calls a transcript, by the scripted policy's style (the rollout's state); the
 # annotator differs on every fourth item so the queue shows real (dis)agreement.
 LABEL_BY_STYLE = {
@@ -45,6 +45,15 @@ LABEL_BY_STYLE = {
     "irrelevant": "premature-completion",
     "ask_late": "good",
     "solve": "good",
+}
+# What an annotator writes beside each label: why, in the reviewer's words (a note that only
+# repeats the label reads as a second label under the annotator's name on the agreement page).
+NOTE_BY_LABEL = {
+    "loop-repetition": "repeats its previous turn instead of answering the reply",
+    "premature-completion": "submits code before asking what the input looks like",
+    "ignores-prompt": "asked first, but the code does not do what the task asks",
+    "good": "asks a relevant question, then code that passes the tests",
+    "false-negative-reward": "looks like a fine episode that the reward scores too low",
 }
 SECOND_OPINION = {
     "loop-repetition": "premature-completion",
@@ -277,7 +286,7 @@ def _review_queue(run: Run, user, annotator):
                 slug in labels and (item.rollout_id, author.id) not in done
             ):  # a re-run annotates nothing again
                 annotations.save_annotation(
-                    item.rollout, author, label=labels[slug], note=f"demo: {slug}"
+                    item.rollout, author, label=labels[slug], note=NOTE_BY_LABEL.get(slug, "")
                 )
     return queue
 
