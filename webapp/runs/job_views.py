@@ -40,8 +40,11 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     form = LaunchForm(kind, request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         run = start_job(kind, form.cleaned_data, request.user)
+        # Tagged with the run: the page's poll rewrites the note once the run starts or ends.
         messages.success(
-            request, f"Run {run.id} {'queued' if run.status == 'queued' else run.status}."
+            request,
+            f"Run {run.id} {'queued' if run.status == 'queued' else run.status}.",
+            extra_tags=f"run-flash run-flash-{run.id}",
         )
         return redirect("jobs-detail", run_id=run.id)
     return render(
@@ -102,11 +105,12 @@ def queue_info(run: Run) -> dict | None:
     }
 
 
-def job_context(run: Run) -> dict:
+def job_context(run: Run, open_log: bool = True) -> dict:
     return {
         "run": run,
         "queue": queue_info(run),
         "checkpoint": checkpoint_state(run),
+        "open_log": open_log,
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str)
         if run.summary
         else "",
@@ -134,7 +138,10 @@ def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what
     # the end changed.
     response = render(
-        request, "jobs/_progress.html", job_context(run), status=286 if finished else 200
+        request,
+        "jobs/_progress.html",
+        job_context(run, open_log=request.GET.get("log") == "open"),
+        status=286 if finished else 200,
     )
     if finished:
         response["HX-Trigger"] = "run-finished"

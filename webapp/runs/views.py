@@ -162,14 +162,19 @@ def json_script(value: object, element_id: str) -> SafeString:
     )
 
 
-def live_version(run: Run) -> str:
-    """Changes whenever the run gains a step of rollouts or a logged metric
-    (two index-only aggregates)."""
+def live_state(run: Run) -> tuple[str, int, int]:
+    """(version, groups, rollouts): the version changes whenever the run gains a step of rollouts
+    or a logged metric (two aggregates); the counts are the header's."""
     stats = StepStat.objects.filter(run=run, component_id=0).aggregate(
-        n=Count("id"), g=Sum("n_groups")
+        n=Count("id"), g=Sum("n_groups"), r=Sum("n_rollouts")
     )
     metrics = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
-    return f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
+    version = f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
+    return version, stats["g"] or 0, stats["r"] or 0
+
+
+def live_version(run: Run) -> str:
+    return live_state(run)[0]
 
 
 @require_safe
@@ -179,9 +184,13 @@ def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
     holds every step before it) -- or every chart's whole figure when the page names no step (a
     chart it lacks)."""
     run = get_run_for(request, run_id, related=())
-    version = live_version(run)
+    version, n_groups, n_rollouts = live_state(run)
     body: dict = {
         "status": run.status,
+        # The title's badge: "cancelling" between the request and the worker stopping the job.
+        "badge": "cancelling" if run.cancel_requested and not run.is_finished else run.status,
+        "n_groups": n_groups,
+        "n_rollouts": n_rollouts,
         "finished": run.is_finished,
         "version": version,
         "step": run.current_step,
