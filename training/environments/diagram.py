@@ -875,6 +875,17 @@ class DiagramEnvironment:
     def solve(self, prompt: Prompt) -> str:
         return render_actions(solve_actions(prompt))
 
+    # Optional capability (eval jobs): named yes/no properties of an answer whose share the eval
+    # reports beside the reward. "Answers without connections" is the demo chain's habit: a
+    # request that asks for connections, answered with none drawn (parsed or not).
+    EVAL_CHECKS: ClassVar[tuple[str, ...]] = ("answers without connections",)
+
+    def eval_checks(self, prompt: Prompt, completion: Any) -> dict[str, bool]:
+        if not prompt.spec.get("edges"):
+            return {}
+        canvas = analyse(completion_text(completion)).canvas
+        return {"answers without connections": canvas is None or not canvas.edges}
+
 
 # ---------------------------------------------------------------------------------------------
 # Scripted noisy teacher

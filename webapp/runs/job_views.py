@@ -17,6 +17,7 @@ from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
 from webapp.runs.access import get_run_for
+from webapp.runs.base_models import check_base, default_base_model
 from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
@@ -34,7 +35,8 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     env = request.GET.get(
         "environment", "diagram"
     )  # the launch page reloads with it: weights are per environment
-    initial = {"environment": env, "base_model": request.GET.get("base_model", f"tiny:{env}")}
+    default, sft = default_base_model(kind, env)
+    initial = {"environment": env, "base_model": request.GET.get("base_model", default)}
     if request.GET.get("parent"):
         initial["parent"] = request.GET["parent"]
     form = LaunchForm(kind, request.POST or None, initial=initial)
@@ -47,10 +49,19 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
             extra_tags=f"run-flash run-flash-{run.id}",
         )
         return redirect("jobs-detail", run_id=run.id)
+    base = form.data.get("base_model") if form.is_bound else initial["base_model"]
+    env = form.data.get("environment", env) if form.is_bound else env
     return render(
         request,
         "jobs/launch.html",
-        {"form": form, "kind": kind, "title": KIND_TITLES[kind], "kinds": KIND_TITLES},
+        {
+            "form": form,
+            "kind": kind,
+            "title": KIND_TITLES[kind],
+            "kinds": KIND_TITLES,
+            "sft_default": sft if initial["base_model"] == default else None,
+            "base_check": form.base_check or check_base(kind, env, base or ""),
+        },
     )
 
 

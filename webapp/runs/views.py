@@ -15,7 +15,7 @@ from django.views.decorators.http import require_safe
 
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import StepStat
-from webapp.runs import charts
+from webapp.runs import charts, results
 from webapp.runs.access import get_run_for
 from webapp.runs.job_views import queue_info
 from webapp.runs.models import Run, StepMetric
@@ -33,6 +33,7 @@ LAUNCH_KINDS = [
 ]
 # Kinds whose rollouts show reward health (training or evaluation): only they get the verdict slot.
 ROLLOUT_KINDS = (Run.Kind.GRPO, Run.Kind.EVAL, Run.Kind.IMPORT)
+ONE_STEP_KINDS = (Run.Kind.EVAL, Run.Kind.TEACHER)  # results of one step: a table, not charts
 DATA_KINDS = (Run.Kind.SFT, Run.Kind.DPO)  # train on a dataset: no rollouts at all, by design
 KIND_TITLES = {
     "sft": "SFT",
@@ -82,10 +83,9 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         runs
     ):  # SFT/DPO store no groups: their steps are the trainer's (progress), not StepStat rows
         summaries[r.id].steps = max(summaries[r.id].steps, r.current_step or 0)
-    rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
     ctx = {
-        "rows": rows,
+        "blocks": list_blocks(runs, summaries),
         "kinds": Run.Kind.choices,
         "statuses": Run.Status.choices,
         "kind": kind,
@@ -95,6 +95,25 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "any_live": any(r.status == Run.Status.RUNNING and r.kind != Run.Kind.IMPORT for r in runs),
     }
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
+
+
+def list_blocks(runs: list[Run], summaries: dict) -> list[dict]:
+    """The runs list's rows, a chain's runs together (teacher -> SFT -> eval -> GRPO -> eval, its
+    learning story on a header row) where its newest run stands; other runs alone, newest first.
+    Each row: (run, summary, sparkline, headline: an eval's held-out reward, a teacher's kept)."""
+    chain_list = results.chains(runs)
+    heads = results.list_headlines(chain_list)
+    order = {r.id: i for i, r in enumerate(runs)}
+    blocks = []
+    for c in sorted(chain_list, key=lambda c: min(order[r.id] for r in c.runs)):
+        rows = [
+            (r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve), heads.get(r.id))
+            for r in c.runs
+        ]
+        blocks.append(
+            {"chain": c if len(c.runs) > 1 else None, "story": results.story(c), "rows": rows}
+        )
+    return blocks
 
 
 def refresh_diagnostics_on_status_change(run: Run) -> None:
@@ -139,6 +158,12 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "kind_title": KIND_TITLES.get(run.kind, run.kind),
         "no_verdict": NO_VERDICT.get(run.kind, ""),
         "live_version": "" if run.is_finished else live_version(run),  # only a live page polls
+        # An eval's or a teacher's answer is a table, not per-step charts of one dot each.
+        "one_step_results": run.kind in ONE_STEP_KINDS and len(data.reward.steps) <= 1,
+        "eval_results": results.eval_results(run)
+        if run.kind == Run.Kind.EVAL and data.n_rollouts
+        else None,
+        "teacher_result": results.teacher_result(run) if run.kind == Run.Kind.TEACHER else None,
         "queue": queue_info(run),
     }
     return render(request, "runs/dashboard.html", ctx)
