@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from django.db.models import F
 from django.urls import reverse
 
 from webapp.runs.models import Run
@@ -24,7 +25,7 @@ def latest_sft_output(env: str) -> Run | None:
     """The environment's latest SFT run that succeeded (its model is `run:<id>`)."""
     return (
         Run.objects.filter(kind=Run.Kind.SFT, status=Run.Status.SUCCEEDED, environment__name=env)
-        .order_by("-finished_at", "-id")
+        .order_by(F("finished_at").desc(nulls_last=True), "-id")
         .first()
     )
 
@@ -73,7 +74,7 @@ def check_base(kind: str, env: str, base_model: str) -> BaseCheck | None:
             environment__name=env,
             base_model=base_model.strip(),
         )
-        .order_by("-finished_at", "-id")
+        .order_by(F("finished_at").desc(nulls_last=True), "-id")
         .first()
     )
     url = (
