@@ -447,3 +447,40 @@ def test_it_starts_grpo_from_the_latest_sft_output_and_warns_before_an_untrained
     page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
     assert Run.objects.get(name="from sft").base_model == f"run:{sft.id}"
     assert page.console_errors == [] and page.page_errors == []
+
+
+def test_it_fills_a_live_evals_results_table_when_it_ends_without_a_reload(
+    page, live_server, personas, shot
+):
+    from training.environments import get_environment
+    from training.eval import eval_checks
+    from webapp.rollouts.ingest import ingest_groups
+    from webapp.rollouts.services import create_run, environment_from_training
+
+    env = get_environment("diagram")
+    run = create_run(
+        name="live eval",
+        kind="eval",
+        environment=environment_from_training(env),
+        config={},
+        owner=personas["trainer"],
+        base_model="tiny:diagram",
+        status="running",
+    )
+    login(page, live_server, "viewer", PASSWORD)
+    page.goto(f"{live_server.url}/runs/{run.id}/")
+    page.evaluate("window.__same_page = 1")
+    assert page.locator("#eval-table").count() == 0 and page.inner_text("#run-rollouts") == "0"
+    prompts = [p for p in env.prompts("holdout", 6, seed=1) if p.spec.get("edges")][:4]
+    groups = _eval_groups(env, prompts, [[env.solve(p), "no"] for p in prompts])
+    ingest_groups(run, {"groups": groups})
+    run.summary = {"checks": eval_checks(env, prompts, groups)}
+    run.save(update_fields=["summary"])
+    run.mark_succeeded()
+    expect(page.locator("#run-status .status")).to_have_text("succeeded", timeout=20_000)
+    expect(page.locator("#eval-table")).to_be_visible(timeout=20_000)
+    assert page.inner_text("#run-rollouts") == "8"
+    assert _cell(page, "reward", 3) != "—" and page.locator("[data-chart]").count() == 0
+    assert page.evaluate("window.__same_page") == 1
+    shot(page, "29-live-eval-ended", full_page=False)
+    assert page.console_errors == [] and page.page_errors == []
