@@ -193,7 +193,9 @@
   document.addEventListener("run-finished", function () {
     if (typeof htmx === "undefined") return;
     document.querySelectorAll("[data-refresh-on-finish]").forEach(function (el) {
-      htmx.ajax("GET", window.location.pathname, {target: "#" + el.id, select: "#" + el.id, swap: "outerHTML"});
+      // Each refresh is its own source: htmx drops a second request from one source while the
+      // first is in flight (the dashboard refreshes both its results and its diagnostics).
+      htmx.ajax("GET", window.location.pathname, {source: el, target: "#" + el.id, select: "#" + el.id, swap: "outerHTML"});
     });
   });
 

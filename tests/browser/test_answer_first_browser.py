@@ -479,6 +479,9 @@ def test_it_fills_a_live_evals_results_table_when_it_ends_without_a_reload(
     run.mark_succeeded()
     expect(page.locator("#run-status .status")).to_have_text("succeeded", timeout=20_000)
     expect(page.locator("#eval-table")).to_be_visible(timeout=20_000)
+    # The diagnostics slot is refreshed too (4 groups: too few to judge, and it says so).
+    expect(page.locator("#diagnostics .diag-status")).to_have_text("not enough data")
+    expect(page.locator("#diagnostics")).to_contain_text("Not enough groups to judge: 4 groups")
     assert page.inner_text("#run-rollouts") == "8"
     assert _cell(page, "reward", 3) != "—" and page.locator("[data-chart]").count() == 0
     assert page.evaluate("window.__same_page") == 1
