@@ -81,12 +81,16 @@ def _pass_rates(run: Run, comps: list) -> dict[int, float | None]:
     }
 
 
-def evaluated_run_id(run: Run) -> int | None:
-    """The run whose model an eval measured: `run:<id>` as base model, else a parent that trains."""
+def evaluated_run_id(run: Run, by_id: dict[int, Run] | None = None) -> int | None:
+    """The run whose model an eval measured: `run:<id>` as base model, else a parent that trains
+    (looked up in `by_id` when given: no query per run on the runs list)."""
     base = run.base_model or ""
     if base.startswith(RUN_PREFIX) and base[len(RUN_PREFIX) :].isdigit():
         return int(base[len(RUN_PREFIX) :])
-    return run.parent_id if run.parent and run.parent.kind in TRAINED else None
+    if run.parent_id is None:
+        return None
+    parent = by_id.get(run.parent_id) if by_id is not None else run.parent
+    return run.parent_id if parent is not None and parent.kind in TRAINED else None
 
 
 # ------------------------------------------------------------------------------------------ chains
@@ -172,7 +176,7 @@ def _ordered(members: list[Run]) -> Chain:
         if r.kind != Run.Kind.EVAL:
             position[r.id] = depth(r)
             continue
-        target = evaluated_run_id(r)
+        target = evaluated_run_id(r, by_id)
         if target in by_id:
             position[r.id] = depth(by_id[target]) + 0.5
             label[r.id] = f"after {by_id[target].kind.upper()}"
