@@ -375,6 +375,9 @@ class Finding:
     order: str = "desc"
     evidence: dict[str, Any] = field(default_factory=dict)
     onset_step: int | None = None  # the first step from which it holds (to the end of the window)
+    # False when the onset is the first step that was read and earlier steps were not: it held
+    # since that step *or earlier* (a flagged gap, not a window's edge passed off as an onset).
+    onset_known: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -1174,6 +1177,38 @@ def state_onsets(
     return _exclusive(out, kinds or {c.name: c.kind for c in table.components})
 
 
+def carry_onsets(
+    findings: list[Finding],
+    window: StepTable,
+    longer: StepTable,
+    t: Thresholds,
+    kinds: dict[str, str] | None = None,
+    history_complete: bool = True,
+) -> list[Finding]:
+    """A finding that holds from the window's first step may have begun before it: the window's edge
+    is not an onset. Its onset is searched again over `longer` (the window and the steps before it)
+    and the finding is taken from there, its numbers then describing steps onset..end (its title and
+    detail say so). `history_complete`: `longer` starts at the run's first step; when it does not,
+    an onset on its first step is flagged as "or earlier" (onset_known False)."""
+    first = int(window.steps[0]) if window.steps.size else None
+    clipped = {_key(f) for f in findings if f.onset_step is not None and f.onset_step == first}
+    if not clipped:
+        return findings
+    earlier: dict[tuple[str, str | None], Finding] = {}
+    if longer.steps.size > window.steps.size:
+        earlier = {_key(f): f for f in state_onsets(longer, t, kinds) if _key(f) in clipped}
+    read_from = int(longer.steps[0]) if longer.steps.size else first
+    out = []
+    for f in findings:
+        g = earlier.get(_key(f)) if _key(f) in clipped else None
+        if g is not None and g.onset_step is not None and g.onset_step <= (first or 0):
+            f = g
+        if f.onset_step == read_from and not history_complete:
+            f.onset_known = False
+        out.append(f)
+    return out
+
+
 def _exclusive(findings: list[Finding], kinds: dict[str, str]) -> list[Finding]:
     """Onsets are found per finding, so rules that exclude each other at one range are re-applied
     across ranges: trivial outputs explain the flat task components and the validity-vs-task
@@ -1298,6 +1333,25 @@ def infer_kinds(
     return kinds, {n: f"{notes[n]} -> {role[kinds[n]]}" for n in kinds}
 
 
+def _label_spans(findings: list[Finding], h: HealthReport) -> None:
+    """Every number says which steps it describes: a finding's own (onset to the window's end),
+    and beside it, for its component, the share of the advantage over the whole window (the
+    health table's figure), so the two never read as a contradiction."""
+    by_name = h.by_name()
+    for f in findings:
+        if f.onset_step is None or h.step_max is None:
+            continue
+        span = f"steps {f.onset_step}-{h.step_max}"
+        if span not in f.detail:
+            f.detail = f"Over {span}: {f.detail}"
+        c = by_name.get(f.component or "")
+        if c is not None and f.onset_step != h.step_min and math.isfinite(c.share):
+            f.detail += (
+                f" Over the whole window (steps {h.step_min}-{h.step_max}, as in the health "
+                f"table) '{c.name}' has {100 * c.share:.1f}% of the advantage."
+            )
+
+
 def _note_inferred(findings: list[Finding], notes: dict[str, str]) -> None:
     text = "; ".join(f"'{n}' {v}" for n, v in notes.items())
     for f in findings:
@@ -1359,15 +1413,23 @@ class Diagnosis:
 def diagnose(
     data: RunArrays,
     *,
+    window_from: int | None = None,
+    history_complete: bool = True,
     aggregation: str = "sum_then_normalize",
     metrics: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
     bad_case_ids: Callable[[], Iterable[int]] | None = None,
     annotated_ids: Callable[[], Iterable[int]] | None = None,
     thresholds: Thresholds = Thresholds(),
 ) -> Diagnosis:
-    """Health of every component over `data`, per step and pooled, and the findings of every
-    detector, worst first, each from the step where it starts to hold."""
+    """Health of every component over the window (the steps of `data` from `window_from` on; all
+    of them when None), per step and pooled, and the findings of every detector, worst first, each
+    from the step where it starts to hold. Steps of `data` before the window are read only to date
+    a finding that already holds at the window's first step (carry_onsets); `history_complete`
+    says whether `data` starts at the run's first step."""
     t = thresholds
+    longer = data
+    if window_from is not None:
+        data = data.select(data.steps >= window_from)
     h = component_health(data)
     table = step_table(data)
     kinds, notes = (None, {}) if kinds_declared(data.components) else infer_kinds(data, h, t)
@@ -1377,6 +1439,10 @@ def diagnose(
     findings: list[Finding] = []
     if note is None:
         findings = state_onsets(table, t, kinds)
+        if table.steps.size and (longer.n > data.n or not history_complete):
+            wider = step_table(longer) if longer.n > data.n else table
+            findings = carry_onsets(findings, table, wider, t, kinds, history_complete)
+        _label_spans(findings, h)
         if kinds:
             _note_inferred(findings, notes)
         findings += detect_signal_collapse(table, t)

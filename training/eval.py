@@ -136,6 +136,21 @@ def component_means(names: list[str], matrix: np.ndarray) -> dict[str, float | N
     return means
 
 
+def eval_checks(
+    env: Environment, prompts: list[Prompt], groups: list[dict[str, Any]]
+) -> dict[str, dict[str, float | int]]:
+    """The share of answers with each of the environment's named properties (its
+    `eval_checks(prompt, completion) -> {name: bool}`, {} when it has none): name -> {"share",
+    "count", "n"}, n counting the answers the check applies to."""
+    counts: dict[str, list[int]] = {}
+    for prompt, group in zip(prompts, groups, strict=True):
+        for rollout in group["rollouts"]:
+            for name, yes in env.eval_checks(prompt, rollout["completion"]).items():
+                c = counts.setdefault(name, [0, 0])
+                c[0], c[1] = c[0] + bool(yes), c[1] + 1
+    return {n: {"share": k / t, "count": k, "n": t} for n, (k, t) in counts.items() if t}
+
+
 def main(
     config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
@@ -194,9 +209,13 @@ def main(
             f"eval on {len(prompts)} {config.split} prompts x {config.num_generations}: "
             f"reward {values['eval/reward']:.4f}"
         )
+    checks = eval_checks(env, prompts, all_groups)
+    if sink is not None and checks:
+        sink.log("; ".join(f"{name}: {c['share']:.1%} of {c['n']}" for name, c in checks.items()))
     return {
         "kind": "eval",
         "output_dir": config.output_dir,
+        "checks": checks,
         "num_prompts": len(prompts),
         "num_completions": int(matrix.shape[0]),
         "reward_mean": values["eval/reward"],

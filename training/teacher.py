@@ -211,19 +211,22 @@ def make_teacher(env, config: TeacherJobConfig) -> Answerer:
     return model_teacher(config)
 
 
-def verdict(
+def problems(
     rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig
-) -> tuple[bool, str]:
-    """(keep, reason): the weighted mean score must reach min_reward and each
-    component its minimum."""
+) -> tuple[list[tuple[str, str]], float]:
+    """The filter's failed checks as (check, reason) -- check being "<component> unscorable",
+    "<component> < <minimum>" or "weighted score < <min_reward>" -- and the weighted mean score."""
     values = {n: r["value"] for n, r in rollout["rewards"].items()}
-    problems = [
-        f"{n} unscorable: {rollout['rewards'][n]['reason']}" for n, v in values.items() if v is None
+    out = [
+        (f"{n} unscorable", f"{n} unscorable: {rollout['rewards'][n]['reason']}")
+        for n, v in values.items()
+        if v is None
     ]
     for name, minimum in config.min_scores.items():
         v = values.get(name)
         if v is not None and v < minimum:
-            problems.append(f"{name} {v:.2f} < {minimum}: {rollout['rewards'][name]['reason']}")
+            reason = f"{name} {v:.2f} < {minimum}: {rollout['rewards'][name]['reason']}"
+            out.append((f"{name} < {minimum:g}", reason))
     scored = {n: v for n, v in values.items() if v is not None}
     total_w = sum(weights[n] for n in scored) or 1.0
     mean = sum(weights[n] * v for n, v in scored.items()) / total_w
@@ -234,8 +237,22 @@ def verdict(
             if worst
             else ""
         )
-        problems.append(f"weighted score {mean:.2f} < {config.min_reward}{detail}")
-    return (not problems, "; ".join(problems) or f"weighted score {mean:.2f}")
+        out.append(
+            (
+                f"weighted score < {config.min_reward:g}",
+                f"weighted score {mean:.2f} < {config.min_reward}{detail}",
+            )
+        )
+    return out, mean
+
+
+def verdict(
+    rollout: dict[str, Any], weights: dict[str, float], config: TeacherJobConfig
+) -> tuple[bool, str]:
+    """(keep, reason): the weighted mean score must reach min_reward and each
+    component its minimum."""
+    failed, mean = problems(rollout, weights, config)
+    return (not failed, "; ".join(r for _, r in failed) or f"weighted score {mean:.2f}")
 
 
 def main(
@@ -259,7 +276,9 @@ def main(
         groups, _ = score_groups(env, chunk, teacher(chunk), step=0, split=config.split)
         for prompt, group in zip(chunk, groups, strict=True):
             for rollout in group["rollouts"]:
-                keep, why = verdict(rollout, weights, config)
+                failed, mean = problems(rollout, weights, config)
+                keep = not failed
+                why = "; ".join(r for _, r in failed) or f"weighted score {mean:.2f}"
                 rollout["state"] = {"teacher": config.teacher, "kept": keep, "verdict": why}
                 record = {
                     "key": prompt.key,
@@ -270,7 +289,7 @@ def main(
                 if keep:
                     kept.append(record)
                 else:
-                    rejected.append({**record, "reason": why})
+                    rejected.append({**record, "reason": why, "checks": [c for c, _ in failed]})
                     if sink is not None:
                         sink.log(f"rejected {prompt.key}#{rollout['index']}: {why}")
         if sink is not None:
@@ -283,6 +302,10 @@ def main(
     write_jsonl(dataset, kept)
     write_jsonl(out / "rejected.jsonl", rejected)
     total = len(kept) + len(rejected)
+    by_check: dict[str, int] = {}
+    for r in rejected:
+        for name in r["checks"]:
+            by_check[name] = by_check.get(name, 0) + 1
     return {
         "kind": "teacher",
         "output_dir": str(out),
@@ -290,6 +313,10 @@ def main(
         "kept": len(kept),
         "rejected": len(rejected),
         "keep_rate": len(kept) / total if total else 0.0,
+        # Why the rest were dropped: trajectories failing each check (one can fail several),
+        # most frequent first; every reason in full is in rejected.jsonl.
+        "rejected_by": dict(sorted(by_check.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "rejected_file": str(out / "rejected.jsonl"),
     }
 
 

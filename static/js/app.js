@@ -66,6 +66,19 @@
     return el;
   }
 
+  // The header of a live run follows it: the status badge and the group and rollout counts.
+  function updateHeader(body) {
+    var badge = document.querySelector("#run-status .status");
+    if (badge && body.badge) {
+      badge.className = "status status-" + body.badge;
+      badge.textContent = body.badge;
+    }
+    [["run-groups", body.n_groups], ["run-rollouts", body.n_rollouts]].forEach(function (pair) {
+      var el = document.getElementById(pair[0]);
+      if (el && typeof pair[1] === "number") el.textContent = String(pair[1]);
+    });
+  }
+
   function updateCharts(section, figures) {
     if (!section.querySelector('[data-chart="reward"]') && figures.reward && figures.reward.data[2].x.length) {
       window.location.reload();  // the first rollouts of a run: the page has no chart layout yet
@@ -134,6 +147,9 @@
         .then(function (r) { return r.ok ? r.json() : null; })
         .then(function (body) {
           if (!body) { schedule(); return; }
+          updateHeader(body);
+          // A page of one-step results (an eval) draws no per-step charts: only its header follows.
+          if (section.hasAttribute("data-static-charts")) { body.figures = body.points = null; }
           whole = false;
           if (body.figures) updateCharts(section, body.figures);
           if (body.points && !extendCharts(section, body.points, body.since)) {
@@ -150,11 +166,36 @@
     schedule();
   }
 
+  // A progress block swapped in by its poll: a folded log the reader opened stays open, and the
+  // "Run N queued." note of the launch says what became of the run.
+  var logOpen = null;
+  document.addEventListener("htmx:beforeSwap", function (ev) {
+    var log = ev.detail.target && ev.detail.target.querySelector && ev.detail.target.querySelector("details.run-log");
+    logOpen = log ? log.open : null;
+  });
+  document.addEventListener("htmx:afterSwap", function (ev) {
+    var log = ev.detail.target && ev.detail.target.querySelector && ev.detail.target.querySelector("details.run-log");
+    if (log && logOpen !== null) log.open = logOpen;
+    var block = document.querySelector(".progress-block[data-status]");
+    if (block) updateFlash(block.getAttribute("data-status"));
+  });
+
+  function updateFlash(status) {
+    document.querySelectorAll(".messages li.run-flash").forEach(function (li) {
+      var m = /run-flash-(\d+)/.exec(li.className);
+      if (!m || status === "queued") return;
+      li.textContent = "Run " + m[1] + (status === "running" ? " is running." : " " + status + ".");
+      if (status !== "running") li.className = li.className.replace(/\bsuccess\b/, "") + " ended";
+    });
+  }
+
   // The progress poll announces the end of a run: refresh what the end changes (diagnostics, actions).
   document.addEventListener("run-finished", function () {
     if (typeof htmx === "undefined") return;
     document.querySelectorAll("[data-refresh-on-finish]").forEach(function (el) {
-      htmx.ajax("GET", window.location.pathname, {target: "#" + el.id, select: "#" + el.id, swap: "outerHTML"});
+      // Each refresh is its own source: htmx drops a second request from one source while the
+      // first is in flight (the dashboard refreshes both its results and its diagnostics).
+      htmx.ajax("GET", window.location.pathname, {source: el, target: "#" + el.id, select: "#" + el.id, swap: "outerHTML"});
     });
   });
 
@@ -214,7 +255,10 @@
   document.addEventListener("DOMContentLoaded", function () { drawCharts(document); });
   // A swapped explorer table starts with no selection (j selects its first row). A column-header click
   // changes the sort outside the filter form: copy it back so "Apply" keeps the sort the user sees.
-  document.addEventListener("htmx:afterSwap", function () {
+  // Only a swap of the explorer's table scrolls to the top: a live page's progress poll must not move
+  // the reader (it did, every 3 s, on a running run's dashboard).
+  document.addEventListener("htmx:afterSwap", function (ev) {
+    if (!ev.detail.target || ev.detail.target.id !== "explorer-table") return;
     window.scrollTo({top: 0});
     var table = document.getElementById("rollout-table");
     var form = document.getElementById("explorer-filters");

@@ -149,6 +149,7 @@ def test_it_launches_grpo_with_reward_weights_that_the_run_stores(
     assert "weighted grpo" in summary and "steps\n7" in summary.replace("\t", "\n")
     assert ", ".join(f"{n} {w}" for n, w in weights.items()) in summary
     shot(page, "ux-launch-grpo")
+    page.check('input[name="launch_anyway"]')  # the untrained tiny model, on purpose
     page.click('button[type="submit"].primary')
     page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
     run = Run.objects.get(name="weighted grpo")

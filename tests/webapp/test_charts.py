@@ -44,11 +44,11 @@ def _data() -> DashboardData:
 
 def test_it_draws_the_reward_mean_with_a_std_band_that_skips_missing_values():
     fig = charts.reward_figure(_data().reward)
-    upper, lower, mean, std = fig["data"]
+    upper, lower, mean = fig["data"]  # one y axis: the std is the band, not a second trace
     assert upper["y"][0] == pytest.approx(0.1 + 0.2) and lower["y"][0] == pytest.approx(0.1 - 0.2)
     assert upper["y"][1:] == [None, None] and lower["fill"] == "tonexty"
-    assert mean["y"] == [0.1, 0.5, None] and std["yaxis"] == "y2"
-    assert fig["layout"]["yaxis2"]["overlaying"] == "y"
+    assert mean["y"] == [0.1, 0.5, None]
+    assert "yaxis2" not in fig["layout"] and all("yaxis" not in t for t in fig["data"])
 
 
 def test_it_puts_within_group_and_batch_std_on_one_chart_with_distinct_labels():

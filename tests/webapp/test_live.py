@@ -27,7 +27,7 @@ def test_it_sends_only_the_points_from_the_step_the_page_names(client_as, run):
     viewer = client_as("viewer")
     first = viewer.get(url, {"since": 3}).json()
     assert first["figures"] is None and first["since"] == 3
-    assert first["points"]["reward"]["x"] == [[3], [3], [3], [3]]  # band, band, mean, std
+    assert first["points"]["reward"]["x"] == [[3], [3], [3]]  # band, band, mean
     assert first["points"]["metric:kl"] == {"x": [[3]], "y": [[0.03]]}
     _grow(run, (4, 5))
     grown = viewer.get(url, {"version": first["version"], "since": 3}).json()

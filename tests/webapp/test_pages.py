@@ -874,6 +874,7 @@ def test_it_lays_the_grpo_form_out_in_sections_and_stores_the_weights_on_the_run
         "name": "weighted",
         "environment": "diagram",
         "base_model": "tiny:diagram",
+        "launch_anyway": "on",  # the untrained tiny model, on purpose (base_models)
         "num_gpus": 1,
     }
     form = client_as("trainer").get(reverse("jobs-launch", args=["grpo"])).context["form"]

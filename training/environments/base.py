@@ -104,6 +104,11 @@ class Environment:
         """Start a multi-turn episode (an object with `step`); only when `multi_turn` is True."""
         raise NotImplementedError(f"{self.name} is single-turn")
 
+    def eval_checks(self, prompt: Prompt, completion: Any) -> dict[str, bool]:
+        """Named yes/no properties of an answer whose share an eval reports beside the reward
+        ("answers without connections"); {} when the environment has none."""
+        return {}
+
     def reward_variants(self) -> dict[str, tuple[str, dict[str, Any]]]:
         """Named, replayable variants of components: {name: (component, params)}."""
         return {}

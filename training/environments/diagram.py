@@ -883,6 +883,16 @@ class DiagramEnvironment(Environment):
     def stored_prompt(self, key: str, prompt: Any) -> Prompt | None:
         return stored_prompt(key, prompt)
 
+    # Eval jobs: named yes/no properties of an answer whose share the eval
+    # reports beside the reward. "Answers without connections" is the demo chain's habit: a
+    # request that asks for connections, answered with none drawn (parsed or not).
+
+    def eval_checks(self, prompt: Prompt, completion: Any) -> dict[str, bool]:
+        if not prompt.spec.get("edges"):
+            return {}
+        canvas = analyse(completion_text(completion)).canvas
+        return {"answers without connections": canvas is None or not canvas.edges}
+
 
 # ---------------------------------------------------------------------------------------------
 # Scripted noisy teacher

@@ -107,6 +107,9 @@ class _Finding(serializers.Serializer):
     fix = serializers.CharField(help_text="what to try")
     component = serializers.CharField(allow_null=True)
     onset_step = serializers.IntegerField(allow_null=True, help_text="the step from which it holds")
+    onset_known = serializers.BooleanField(
+        help_text="false: it held since onset_step or earlier (the steps before were not read)"
+    )
     evidence = serializers.DictField()
     link = serializers.CharField(help_text="explorer: example transcripts, from the onset step on")
 

@@ -8,7 +8,7 @@ Shape (every float finite or null):
      "n_groups", "reward_zero_std_frac", "components": [component health],
      "inferred_kinds": {name: what},
      "findings": [{"code", "severity", "title", "detail", "fix", "component", "onset_step",
-     "evidence", "link"}],
+     "onset_known" (False: it held since onset_step or earlier), "evidence", "link"}],
      "over_time": {"steps", "components": {name: {zero_std_frac, at_max, at_min, share}},
      "reward_zero_std_frac"}}
 """

@@ -26,14 +26,15 @@ from webapp.runs.models import Run, StepMetric
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WINDOW = (
-    50  # steps: detectors speak about "now", and the window bounds the cost at any run size
-)
-MAX_WINDOW_ROLLOUTS = 250_000  # a page's window never reads more than this many rollouts
-SLOT_WINDOW = 20  # steps the dashboard slot summarises: "now", and a bounded cost
-SLOT_MAX_ROLLOUTS = (
-    50_000  # the slot reads at most this many rollouts (its first view stays well under 1 s)
-)
+# One window for the dashboard's slot, the diagnostics page, the API and the CLI: the last
+# DEFAULT_WINDOW steps, shortened to at most MAX_WINDOW_ROLLOUTS rollouts. (The slot once read the
+# last 20 steps and the page the last 50: the same finding said "since step 10" on one and "step 0"
+# on the other.) Detectors speak about "now", and the window bounds the cost at any run size.
+DEFAULT_WINDOW = 50  # steps
+MAX_WINDOW_ROLLOUTS = 100_000  # a window never reads more than this many rollouts
+# A finding that holds at the window's first step is dated from the steps before it: up to this many
+# rollouts (window included) are read for that, and only then.
+LOOKBACK_MAX_ROLLOUTS = 2 * MAX_WINDOW_ROLLOUTS
 CACHE_SECONDS = (
     120  # annotations (the quality detector) may change without the rollout count changing
 )
@@ -132,17 +133,26 @@ def diagnose_run(
     if hit is not None:
         return hit
     t0 = time.perf_counter()
-    data = load_run_arrays(run, step_min=window_start(run, window, max_rollouts))
+    start = window_start(run, window, max_rollouts)
+    data = load_run_arrays(run, step_min=start)
     t1 = time.perf_counter()
-    d = dg.diagnose(
-        data,
-        aggregation=run_settings(run).aggregation,
-        metrics=_metrics(run),
-        bad_case_ids=lambda: annotations.bad_case_rollout_ids(run),
-        annotated_ids=lambda: annotations.annotated_rollout_ids(run),
-    )
+    args = {
+        "aggregation": run_settings(run).aggregation,
+        "metrics": _metrics(run),
+        "bad_case_ids": lambda: annotations.bad_case_rollout_ids(run),
+        "annotated_ids": lambda: annotations.annotated_rollout_ids(run),
+    }
+    d = dg.diagnose(data, **args)
+    read_from = d.health.step_min
+    if start is not None and any(f.onset_step == d.health.step_min for f in d.findings):
+        # Something already holds at the window's first step: read the steps before it to date it.
+        earlier = window_start(run, None, LOOKBACK_MAX_ROLLOUTS)
+        longer = load_run_arrays(run, step_min=earlier)
+        d = dg.diagnose(longer, window_from=start, history_complete=earlier is None, **args)
+        read_from = int(longer.steps.min()) if longer.n else read_from
     out = d.as_dict()
     out["window"] = window
+    out["read_from"] = read_from  # the first step read (before the window when dating an onset)
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
     cache.set(key, out, CACHE_SECONDS)
     return out
@@ -159,7 +169,7 @@ def slot_summary(run: Run) -> dict[str, Any]:
     if hit is not None:
         return hit
     try:
-        d = diagnose_run(run, SLOT_WINDOW, SLOT_MAX_ROLLOUTS)
+        d = diagnose_run(run)  # the diagnostics page's window: the two pages agree
     except (
         Exception
     ):  # the dashboard must render even if a diagnosis fails; the full page shows the error
@@ -174,6 +184,8 @@ def slot_summary(run: Run) -> dict[str, Any]:
         or worst,  # "not_enough_data": too few groups to judge (first steps, bad input)
         "note": d.get("note"),
         "n_rollouts": h["n_rollouts"],
+        "n_groups": h["n_groups"],
+        "window": d.get("window"),
         "step_min": h["step_min"],
         "step_max": h["step_max"],
         "components": [

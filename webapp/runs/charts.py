@@ -140,7 +140,9 @@ def line_trace(
 
 @escaped
 def reward_figure(reward: Series) -> Figure:
-    """Aggregate reward mean per step with a ±1 std band (the std over the step's rollouts)."""
+    """Aggregate reward mean per step on one y axis, the batch std (over the step's rollouts) drawn
+    as a ±1 std band around it. (A std trace on a second axis read as if it crossed the mean, or
+    zero: one axis, one unit.) Trace 2 is the mean: the live page and tests read it there."""
     upper = [
         None if m is None or s is None else m + s
         for m, s in zip(reward.mean, reward.std, strict=True)
@@ -149,43 +151,22 @@ def reward_figure(reward: Series) -> Figure:
         None if m is None or s is None else m - s
         for m, s in zip(reward.mean, reward.std, strict=True)
     ]
-    band = {"line": {"width": 0}, "hoverinfo": "skip", "showlegend": False, "mode": "lines"}
+    band = {"line": {"width": 0}, "hoverinfo": "skip", "mode": "lines"}
     return {
         "data": [
-            line_trace(reward.steps, upper, "mean + std", PALETTE[0], **band),
+            line_trace(reward.steps, upper, "mean + std", PALETTE[0], showlegend=False, **band),
             line_trace(
                 reward.steps,
                 lower,
-                "mean − std",
+                "± 1 batch std",
                 PALETTE[0],
                 fill="tonexty",
-                fillcolor="rgba(37,99,235,0.12)",
+                fillcolor="rgba(37,99,235,0.15)",
                 **band,
             ),
             line_trace(reward.steps, reward.mean, "reward mean", PALETTE[0]),
-            line_trace(
-                reward.steps,
-                reward.std,
-                "reward std (batch)",
-                PALETTE[1],
-                yaxis="y2",
-                line={"color": PALETTE[1], "width": 1.2, "dash": "dot"},
-            ),
         ],
-        "layout": _layout(
-            "Aggregate reward",
-            "mean",
-            margin={"l": 48, "r": 48, "t": 44, "b": 24},
-            yaxis2={
-                "title": {"text": "std"},
-                "overlaying": "y",
-                "tickmode": "auto",  # round numbers (an overlaying axis drew 0.409, 0.504, ...)
-                "nticks": 5,
-                "side": "right",
-                "zeroline": False,
-                "showgrid": False,
-            },
-        ),
+        "layout": _layout("Aggregate reward (mean, ± 1 batch std band)", "reward"),
     }
 
 

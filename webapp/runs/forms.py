@@ -38,7 +38,11 @@ CHOICE_KINDS = {
 # The launch form's sections, in page order: (title, fields shown, fields folded under "advanced").
 # Config fields missing here land in "Algorithm · advanced", so a new dataclass field is never lost.
 SECTIONS: list[tuple[str, list[str], list[str]]] = [
-    ("Model", ["name", "environment", "base_model", "parent", "init_from"], ["num_gpus", "seed"]),
+    (
+        "Model",
+        ["name", "environment", "base_model", "launch_anyway", "parent", "init_from"],
+        ["num_gpus", "seed"],
+    ),
     (
         "Data",
         ["data", "num_prompts", "split", "teacher", "teacher_model", "samples_per_prompt"],
@@ -177,6 +181,14 @@ class LaunchForm(forms.Form):
         if self.config_cls.requires_model:
             self.fields["base_model"].required = True
         self.weight_names = self._add_weight_fields(kind)
+        if kind == Run.Kind.GRPO:  # an untrained base is queued only when confirmed (base_models)
+            self.fields["launch_anyway"] = forms.BooleanField(
+                required=False,
+                label="launch from an untrained base anyway",
+                help_text="the offline tiny model writes no valid answer: expect zero reward and "
+                "no signal; run the signal probe first, or start from an SFT output",
+            )
+        self.base_check = None
 
     def _add_weight_fields(self, kind: str) -> list[str]:
         """One weight per reward component of the chosen environment (GRPO's reward_weights): the
@@ -253,6 +265,18 @@ class LaunchForm(forms.Form):
             out[name] = value
         return out
 
+    def _check_base(self, data: dict[str, Any]) -> None:
+        from webapp.runs.base_models import UNTRAINED_ADVICE, check_base
+
+        self.base_check = check_base(
+            self.kind, data.get("environment") or "", data.get("base_model") or ""
+        )
+        if self.base_check and self.base_check.needs_confirmation and not data.get("launch_anyway"):
+            self.add_error(
+                "base_model",
+                f"{UNTRAINED_ADVICE} (or tick 'launch from an untrained base anyway')",
+            )
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         if self.errors:
@@ -273,6 +297,7 @@ class LaunchForm(forms.Form):
             field, _, message = str(e).partition(": ")
             target = f"cfg_{field}" if f"cfg_{field}" in self.fields else None
             self.add_error(target, message or str(e))
+        self._check_base(data)
         if self.weight_names:
             config["reward_weights"] = (
                 self.reward_weights()

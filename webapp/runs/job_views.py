@@ -17,6 +17,7 @@ from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
 from webapp.runs.access import get_run_for
+from webapp.runs.base_models import check_base, default_base_model
 from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
@@ -34,20 +35,33 @@ def launch(request: HttpRequest, kind: str) -> HttpResponse:
     env = request.GET.get(
         "environment", "diagram"
     )  # the launch page reloads with it: weights are per environment
-    initial = {"environment": env, "base_model": request.GET.get("base_model", f"tiny:{env}")}
+    default, sft = default_base_model(kind, env)
+    initial = {"environment": env, "base_model": request.GET.get("base_model", default)}
     if request.GET.get("parent"):
         initial["parent"] = request.GET["parent"]
     form = LaunchForm(kind, request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         run = start_job(kind, form.cleaned_data, request.user)
+        # Tagged with the run: the page's poll rewrites the note once the run starts or ends.
         messages.success(
-            request, f"Run {run.id} {'queued' if run.status == 'queued' else run.status}."
+            request,
+            f"Run {run.id} {'queued' if run.status == 'queued' else run.status}.",
+            extra_tags=f"run-flash run-flash-{run.id}",
         )
         return redirect("jobs-detail", run_id=run.id)
+    base = form.data.get("base_model") if form.is_bound else initial["base_model"]
+    env = form.data.get("environment", env) if form.is_bound else env
     return render(
         request,
         "jobs/launch.html",
-        {"form": form, "kind": kind, "title": JOBS[kind].title, "kinds": LAUNCH_TITLES},
+        {
+            "form": form,
+            "kind": kind,
+            "title": JOBS[kind].title,
+            "kinds": LAUNCH_TITLES,
+            "sft_default": sft if initial["base_model"] == default else None,
+            "base_check": form.base_check or check_base(kind, env, base or ""),
+        },
     )
 
 
@@ -99,12 +113,13 @@ def queue_info(run: Run) -> dict | None:
     }
 
 
-def job_context(run: Run) -> dict:
+def job_context(run: Run, open_log: bool = True) -> dict:
     return {
         "run": run,
         "queue": queue_info(run),
         "checkpoint": checkpoint_state(run),
         "produces_model": RUN_KINDS[run.kind].produces_model,
+        "open_log": open_log,
         "summary_json": json.dumps(run.summary, indent=2, sort_keys=True, default=str)
         if run.summary
         else "",
@@ -132,7 +147,10 @@ def progress(request: HttpRequest, run_id: int) -> HttpResponse:
     # 286: htmx swaps this last fragment and stops polling; the event lets the page refresh what
     # the end changed.
     response = render(
-        request, "jobs/_progress.html", job_context(run), status=286 if finished else 200
+        request,
+        "jobs/_progress.html",
+        job_context(run, open_log=request.GET.get("log") == "open"),
+        status=286 if finished else 200,
     )
     if finished:
         response["HX-Trigger"] = "run-finished"

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_safe
 from training.jobs import JOBS, RUN_KINDS
 from webapp.accounts.roles import require_role
 from webapp.rollouts.models import StepStat
-from webapp.runs import charts
+from webapp.runs import charts, results
 from webapp.runs.access import get_run_for
 from webapp.runs.job_views import queue_info
 from webapp.runs.models import Run, StepMetric
@@ -25,6 +25,7 @@ from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
 LAUNCH_KINDS = [(kind, job.title) for kind, job in JOBS.items()]
+ONE_STEP_KINDS = (Run.Kind.EVAL, Run.Kind.TEACHER)  # results of one step: a table, not charts
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
@@ -55,10 +56,9 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         runs
     ):  # SFT/DPO store no groups: their steps are the trainer's (progress), not StepStat rows
         summaries[r.id].steps = max(summaries[r.id].steps, r.current_step or 0)
-    rows = [(r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve)) for r in runs]
     errors = [e for e in (kind_error, status_error) if e]
     ctx = {
-        "rows": rows,
+        "blocks": list_blocks(runs, summaries),
         "kinds": Run.Kind.choices,
         "statuses": Run.Status.choices,
         "kind": kind,
@@ -68,6 +68,25 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "any_live": any(r.status == Run.Status.RUNNING and r.kind != Run.Kind.IMPORT for r in runs),
     }
     return render(request, "runs/list.html", ctx, status=400 if errors else 200)
+
+
+def list_blocks(runs: list[Run], summaries: dict) -> list[dict]:
+    """The runs list's rows, a chain's runs together (teacher -> SFT -> eval -> GRPO -> eval, its
+    learning story on a header row) where its newest run stands; other runs alone, newest first.
+    Each row: (run, summary, sparkline, headline: an eval's held-out reward, a teacher's kept)."""
+    chain_list = results.chains(runs)
+    heads = results.list_headlines(chain_list)
+    order = {r.id: i for i, r in enumerate(runs)}
+    blocks = []
+    for c in sorted(chain_list, key=lambda c: min(order[r.id] for r in c.runs)):
+        rows = [
+            (r, summaries[r.id], charts.sparkline_points(summaries[r.id].curve), heads.get(r.id))
+            for r in c.runs
+        ]
+        blocks.append(
+            {"chain": c if len(c.runs) > 1 else None, "story": results.story(c), "rows": rows}
+        )
+    return blocks
 
 
 def refresh_diagnostics_on_status_change(run: Run) -> None:
@@ -112,6 +131,12 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "trains_on_data": kind.produces_model and not kind.records_rollouts,  # a dataset
         "no_verdict": kind.no_verdict,
         "live_version": "" if run.is_finished else live_version(run),  # only a live page polls
+        # An eval's or a teacher's answer is a table, not per-step charts of one dot each.
+        "one_step_results": run.kind in ONE_STEP_KINDS and len(data.reward.steps) <= 1,
+        "eval_results": results.eval_results(run)
+        if run.kind == Run.Kind.EVAL and data.n_rollouts
+        else None,
+        "teacher_result": results.teacher_result(run) if run.kind == Run.Kind.TEACHER else None,
         "queue": queue_info(run),
     }
     return render(request, "runs/dashboard.html", ctx)
@@ -135,14 +160,19 @@ def json_script(value: object, element_id: str) -> SafeString:
     )
 
 
-def live_version(run: Run) -> str:
-    """Changes whenever the run gains a step of rollouts or a logged metric
-    (two index-only aggregates)."""
+def live_state(run: Run) -> tuple[str, int, int]:
+    """(version, groups, rollouts): the version changes whenever the run gains a step of rollouts
+    or a logged metric (two aggregates); the counts are the header's."""
     stats = StepStat.objects.filter(run=run, component_id=0).aggregate(
-        n=Count("id"), g=Sum("n_groups")
+        n=Count("id"), g=Sum("n_groups"), r=Sum("n_rollouts")
     )
     metrics = StepMetric.objects.filter(run=run).aggregate(n=Count("id"), last=Max("step"))
-    return f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
+    version = f"{stats['n']}.{stats['g']}.{metrics['n']}.{metrics['last']}"
+    return version, stats["g"] or 0, stats["r"] or 0
+
+
+def live_version(run: Run) -> str:
+    return live_state(run)[0]
 
 
 @require_safe
@@ -152,9 +182,13 @@ def run_live(request: HttpRequest, run_id: int) -> JsonResponse:
     holds every step before it) -- or every chart's whole figure when the page names no step (a
     chart it lacks)."""
     run = get_run_for(request, run_id, related=())
-    version = live_version(run)
+    version, n_groups, n_rollouts = live_state(run)
     body: dict = {
         "status": run.status,
+        # The title's badge: "cancelling" between the request and the worker stopping the job.
+        "badge": "cancelling" if run.cancel_requested and not run.is_finished else run.status,
+        "n_groups": n_groups,
+        "n_rollouts": n_rollouts,
         "finished": run.is_finished,
         "version": version,
         "step": run.current_step,
