@@ -4,6 +4,8 @@ connections")."""
 
 from __future__ import annotations
 
+import json
+
 from training.environments import get_environment
 from training.environments.diagram import analyse, completion_text
 from training.sinks import MemorySink
@@ -50,7 +52,7 @@ def test_it_reports_the_share_of_answers_without_connections():
     full = [env.solve(p) for p in prompts]
     # the teacher's habit: every shape drawn, every connection forgotten
     bare = [
-        "\n".join(line for line in answer.splitlines() if '"from"' not in line) for answer in full
+        json.dumps([a for a in json.loads(answer) if a["action"] != "connect"]) for answer in full
     ]
     assert all(not analyse(completion_text(b)).canvas.edges for b in bare)
     groups = [
