@@ -18,11 +18,14 @@ in the loss):
     mean |delta|       mean over tokens of |delta|
     k3                 mean of exp(delta) - 1 - delta: Schulman's k3 estimate of
                        KL(sampler || trainer) from tokens the sampler drew
-    outside [0.5, 2]   fraction of tokens whose importance ratio exp(delta) is outside [0.5, 2]
+    ratio out          fraction of tokens whose importance ratio exp(delta) is outside [0.5, 2]
     max |delta|        the largest |delta|
     entropy            mean per-token entropy of the trainer's distribution over the loss tokens
-    near-zero entropy  fraction of those tokens with entropy below NEAR_ZERO_ENTROPY
-    masked             fraction of all tokens with loss_mask 0
+    low entropy        fraction of those tokens with entropy below NEAR_ZERO_ENTROPY
+    masked             fraction of the tokens with a loss mask that have loss_mask 0
+
+The names are those of the data layer's per-step rows (webapp/tokens/models.py,
+TokenStepStat.as_dict); NEAR_ZERO_ENTROPY and the ratio band are its LOW_ENTROPY and RATIO_LOW/HIGH.
 """
 
 from __future__ import annotations
@@ -78,26 +81,28 @@ class TokenSteps:
     mismatch_tokens: np.ndarray
     mean_abs_delta: np.ndarray
     k3: np.ndarray
-    frac_outside: np.ndarray
+    ratio_out_fraction: np.ndarray
     max_abs_delta: np.ndarray
     entropy_tokens: np.ndarray
     mean_entropy: np.ndarray
-    near_zero_entropy: np.ndarray
+    low_entropy_fraction: np.ndarray
     tokens: np.ndarray
-    masked_frac: np.ndarray
+    mask_tokens: np.ndarray
+    masked_fraction: np.ndarray
 
     FIELDS = (
         "rollouts",
         "mismatch_tokens",
         "mean_abs_delta",
         "k3",
-        "frac_outside",
+        "ratio_out_fraction",
         "max_abs_delta",
         "entropy_tokens",
         "mean_entropy",
-        "near_zero_entropy",
+        "low_entropy_fraction",
         "tokens",
-        "masked_frac",
+        "mask_tokens",
+        "masked_fraction",
     )
 
     @classmethod
@@ -105,7 +110,7 @@ class TokenSteps:
         """From dicts keyed "step" and FIELDS (a missing or None value reads as NaN, a missing
         count as 0); the rows are sorted by step."""
         rows = sorted(rows, key=lambda r: r["step"])
-        counts = {"rollouts", "mismatch_tokens", "entropy_tokens", "tokens"}
+        counts = {"rollouts", "mismatch_tokens", "entropy_tokens", "tokens", "mask_tokens"}
 
         def col(name: str) -> np.ndarray:
             default = 0.0 if name in counts else math.nan
@@ -155,7 +160,9 @@ def rollout_sums(
 ) -> dict[str, float]:
     """Sufficient sums of one rollout's n tokens (absent arrays: None). Steps pool these sums."""
     mask = np.ones(n, dtype=bool) if loss_mask is None else np.asarray(loss_mask) > 0
-    out = {"tokens": float(n), "masked": float(n - int(mask.sum())), "rollouts": 1.0}
+    out = {"tokens": float(n), "rollouts": 1.0}
+    if loss_mask is not None:
+        out |= {"mask_tokens": float(n), "masked": float(n - int(mask.sum()))}
     if sampler is not None and trainer is not None:
         d = np.asarray(trainer, dtype=np.float64) - np.asarray(sampler, dtype=np.float64)
         d = d[mask & np.isfinite(d)]
@@ -185,7 +192,7 @@ def step_stats(sums_by_step: Mapping[int, Sequence[Mapping[str, float]]]) -> Tok
         def total(key: str, sums: Sequence[Mapping[str, float]] = sums) -> float:
             return float(sum(s.get(key, 0.0) for s in sums))
 
-        nm, ne, nt = total("mismatch_tokens"), total("entropy_tokens"), total("tokens")
+        nm, ne, nk = total("mismatch_tokens"), total("entropy_tokens"), total("mask_tokens")
         maxes = [
             s["max_abs_delta"] for s in sums if math.isfinite(s.get("max_abs_delta", math.nan))
         ]
@@ -196,13 +203,14 @@ def step_stats(sums_by_step: Mapping[int, Sequence[Mapping[str, float]]]) -> Tok
                 "mismatch_tokens": nm,
                 "mean_abs_delta": total("sum_abs_delta") / nm if nm else None,
                 "k3": total("sum_k3") / nm if nm else None,
-                "frac_outside": total("outside") / nm if nm else None,
+                "ratio_out_fraction": total("outside") / nm if nm else None,
                 "max_abs_delta": max(maxes) if maxes else None,
                 "entropy_tokens": ne,
                 "mean_entropy": total("sum_entropy") / ne if ne else None,
-                "near_zero_entropy": total("near_zero") / ne if ne else None,
-                "tokens": nt,
-                "masked_frac": total("masked") / nt if nt else None,
+                "low_entropy_fraction": total("near_zero") / ne if ne else None,
+                "tokens": total("tokens"),
+                "mask_tokens": nk,
+                "masked_fraction": total("masked") / nk if nk else None,
             }
         )
     return TokenSteps.from_rows(rows)
@@ -252,7 +260,7 @@ class ToolTokens:
 
     rollout_ids: np.ndarray
     steps: np.ndarray
-    tool_tokens: np.ndarray
+    tool_tokens: np.ndarray | None  # None when only the count in the loss is known
     in_loss: np.ndarray
     examples: list[int] = field(default_factory=list)  # filled by detect_tool_tokens_in_loss
 
@@ -309,8 +317,8 @@ def detect_mismatch(
     after, before = mad(i, s), mad(0, i)
     k3_after, _ = ts.pooled("k3", "mismatch_tokens", i, s)
     k3_before, _ = ts.pooled("k3", "mismatch_tokens", 0, i)
-    out_after, n_tokens = ts.pooled("frac_outside", "mismatch_tokens", i, s)
-    out_before, _ = ts.pooled("frac_outside", "mismatch_tokens", 0, i)
+    out_after, n_tokens = ts.pooled("ratio_out_fraction", "mismatch_tokens", i, s)
+    out_before, _ = ts.pooled("ratio_out_fraction", "mismatch_tokens", 0, i)
     worst = (
         float(np.nanmax(ts.max_abs_delta[i:]))
         if np.isfinite(ts.max_abs_delta[i:]).any()
@@ -341,7 +349,7 @@ def detect_mismatch(
                 "mean_abs_delta_after": after,
                 "mean_abs_delta_before": before,
                 "k3_after": k3_after,
-                "frac_outside_after": out_after,
+                "ratio_out_fraction_after": out_after,
                 "max_abs_delta": worst,
             },
         )
@@ -356,7 +364,7 @@ def detect_entropy_collapse(
     `entropy_near_zero_rise`."""
     s = ts.size
     ent = lambda a, b: ts.pooled("mean_entropy", "entropy_tokens", a, b)[0]  # noqa: E731
-    nz = lambda a, b: ts.pooled("near_zero_entropy", "entropy_tokens", a, b)[0]  # noqa: E731
+    nz = lambda a, b: ts.pooled("low_entropy_fraction", "entropy_tokens", a, b)[0]  # noqa: E731
 
     def collapsed(after: float, before: float, nz_after: float, nz_before: float) -> bool:
         rose = not (math.isfinite(nz_after) and math.isfinite(nz_before)) or (
@@ -446,7 +454,9 @@ def detect_tool_tokens_in_loss(
     step = int(uniq[i])
     since = tools.steps >= step
     n_leak, n_tool = int(leak[since].sum()), int(since.sum())
-    tokens_in, tokens_all = int(tools.in_loss[since].sum()), int(tools.tool_tokens[since].sum())
+    tokens_in = int(tools.in_loss[since].sum())
+    tokens_all = None if tools.tool_tokens is None else int(tools.tool_tokens[since].sum())
+    of = f" of {tokens_all}" if tokens_all is not None else ""
     tools.examples = tools.rollout_ids[since & leak][:8].tolist()
     return [
         Finding(
@@ -456,8 +466,8 @@ def detect_tool_tokens_in_loss(
             order="asc",
             onset_step=step,
             title=f"Tool output tokens in the loss since step {step}: {n_leak} of {n_tool} "
-            f"rollouts with tool results train on them ({tokens_in} of {tokens_all} tool-result "
-            "tokens have loss_mask 1), so the policy learns to predict the environment's text.",
+            f"rollouts with tool results train on them ({tokens_in}{of} tool-result tokens have "
+            "loss_mask 1), so the policy learns to predict the environment's text.",
             detail=f"rollouts {', '.join(map(str, tools.examples))} among them; "
             f"{_pct(n_leak / n_tool if n_tool else math.nan)} of rollouts with tool output leak.",
             fix="Mask every token the policy did not generate (tool results, environment and user "

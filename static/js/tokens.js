@@ -243,11 +243,21 @@
     this.root.querySelector(".tv-label").textContent = q.label;
   };
 
+  // plotly.js (3 MB) is fetched only when a panel opens: a transcript page never loads it otherwise.
   View.prototype.drawStrip = function (key) {
-    var fig = this.data.figures[key];
-    if (!fig || typeof Plotly === "undefined") return;
+    var fig = this.data.figures[key], self = this;
+    if (!fig) return;
+    if (typeof Plotly === "undefined") {
+      if (!this.plotlyLoading) {
+        this.plotlyLoading = true;
+        var script = document.createElement("script");
+        script.src = this.root.getAttribute("data-plotly");
+        script.onload = function () { self.drawStrip(self.quantity); };
+        document.head.appendChild(script);
+      }
+      return;
+    }
     var config = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]};
-    var self = this;
     if (!this.stripDrawn) {
       Plotly.newPlot(this.strip, fig.data, fig.layout, config);
       this.strip.on("plotly_click", function (ev) {
@@ -256,6 +266,7 @@
         self.scroller.focus({preventScroll: true});
       });
       this.stripDrawn = true;
+      this.root.setAttribute("data-strip", "1");
     } else {
       Plotly.react(this.strip, fig.data, fig.layout, config);
     }

@@ -56,11 +56,13 @@ def test_it_computes_the_step_statistics_from_token_arrays():
     assert ts.steps.tolist() == [7]
     assert math.isclose(ts.mean_abs_delta[0], np.abs(d).mean())
     assert math.isclose(ts.k3[0], float(np.mean(np.exp(d) - 1 - d)))
-    assert math.isclose(ts.frac_outside[0], 2 / 3)  # ratios e^1 and e^-1.5 are outside [0.5, 2]
+    assert math.isclose(
+        ts.ratio_out_fraction[0], 2 / 3
+    )  # ratios e^1 and e^-1.5 are outside [0.5, 2]
     assert ts.max_abs_delta[0] == 1.5
     assert math.isclose(ts.mean_entropy[0], 0.5)
-    assert math.isclose(ts.near_zero_entropy[0], 1 / 3)
-    assert ts.masked_frac[0] == 0.25
+    assert math.isclose(ts.low_entropy_fraction[0], 1 / 3)
+    assert ts.masked_fraction[0] == 0.25
 
 
 def test_it_flags_a_mismatch_rising_at_its_onset():
@@ -72,7 +74,7 @@ def test_it_flags_a_mismatch_rising_at_its_onset():
     assert f.onset_step == onset
     assert f"since step {onset}" in f.title
     assert f.evidence["mean_abs_delta_after"] > 5 * f.evidence["mean_abs_delta_before"]
-    assert f.evidence["frac_outside_after"] >= 0  # numbers, not NaN
+    assert f.evidence["ratio_out_fraction_after"] >= 0  # numbers, not NaN
     assert f.as_dict()["evidence"]["k3_after"] > 0
 
 
@@ -81,7 +83,7 @@ def test_it_flags_a_sudden_mismatch_as_critical_when_ratios_leave_the_band():
     (f,) = td.detect_mismatch(ts)
     assert f.onset_step == 10
     assert f.severity == "critical"
-    assert f.evidence["frac_outside_after"] > 0.05
+    assert f.evidence["ratio_out_fraction_after"] > 0.05
 
 
 def test_a_mismatch_high_from_the_first_step_has_no_rise_to_report():

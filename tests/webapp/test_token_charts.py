@@ -12,8 +12,6 @@ from webapp.tokens import charts as tc
 from webapp.tokens.tokenview import token_payload
 
 TRANSCRIPT = [
-    {"role": "system", "content": "You write code."},
-    {"role": "user", "content": "Sum two numbers."},
     {"role": "assistant", "content": "def add(a, b):"},
     {"role": "tool", "name": "unit_tests", "content": "<b>2 passed</b>"},
     {"role": "assistant", "content": " return a+b"},
@@ -23,7 +21,7 @@ TRANSCRIPT = [
 def tokens(n: int = 6) -> dict:
     return {
         "ids": [10, 11, 12, 13, 14, 15][:n],
-        "offsets": [0, 4, 8, 13, 26, 33][:n],
+        "offsets": [0, 4, 8, 0, 0, 7][:n],
         "sampler_logprobs": [-0.1, -2.0, -0.5, -1.0, -0.3, -0.01][:n],
         "trainer_logprobs": [-0.1, -1.0, -0.4, -1.0, -0.2, -0.02][:n],
         "entropy": [0.5, 1.2, 0.0, 2.0, 0.3, 0.01][:n],
@@ -74,10 +72,10 @@ def test_the_dashboard_charts_only_what_the_run_recorded():
         "mean_abs_delta": [0.01, 0.02, 0.2],
         "max_abs_delta": [0.1, 0.3, 2.0],
         "k3": [1e-4, 2e-4, 0.02],
-        "frac_outside": [0.0, 0.0, 0.1],
+        "ratio_out_fraction": [0.0, 0.0, 0.1],
         "mean_entropy": [None, None, None],
-        "near_zero_entropy": [None, None, None],
-        "masked_frac": [0.1, 0.1, 0.12],
+        "low_entropy_fraction": [None, None, None],
+        "masked_fraction": [0.1, 0.1, 0.12],
     }
     figs = tc.token_figures(series)
     assert set(figs) == {"tokens-mismatch", "tokens-offpolicy", "tokens-masked"}
@@ -88,9 +86,9 @@ def test_the_dashboard_charts_only_what_the_run_recorded():
 
 
 def test_the_view_json_carries_text_turn_roles_and_colour_ranges():
-    out = token_payload(tokens(), "def add(a, b):<b>2 passed</b> return a+b", TRANSCRIPT)
+    out = token_payload(tokens(), " return a+b", TRANSCRIPT)
     assert out["n"] == 6
-    assert out["text"] == ["def ", "add(", "a, b)", ":<b>2 passed<", "/b> ret", "urn a+b"]
+    assert out["text"] == ["def ", "add(", "a, b):", "<b>2 passed</b>", " return", " a+b"]
     assert [(t["start"], t["role"], t["name"]) for t in out["turns"]] == [
         (0, "assistant", ""),
         (3, "tool", "unit_tests"),

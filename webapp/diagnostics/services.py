@@ -23,6 +23,7 @@ from webapp.rollouts.arrays import load_run_arrays
 from webapp.rollouts.models import Group, RewardComponent, StepStat
 from webapp.runs import launch, queries
 from webapp.runs.models import Run, StepMetric
+from webapp.tokens.findings import token_findings, with_token_findings
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ def diagnose_run(
     if hit is not None:
         return hit
     t0 = time.perf_counter()
-    data = load_run_arrays(run, step_min=window_start(run, window, max_rollouts))
+    step_min = window_start(run, window, max_rollouts)
+    data = load_run_arrays(run, step_min=step_min)
     t1 = time.perf_counter()
     d = dg.diagnose(
         data,
@@ -141,7 +143,7 @@ def diagnose_run(
         bad_case_ids=lambda: annotations.bad_case_rollout_ids(run),
         annotated_ids=lambda: annotations.annotated_rollout_ids(run),
     )
-    out = d.as_dict()
+    out = with_token_findings(d.as_dict(), token_findings(run, step_min))
     out["window"] = window
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}
     cache.set(key, out, CACHE_SECONDS)

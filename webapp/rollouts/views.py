@@ -36,6 +36,7 @@ from webapp.rollouts.queries import (
 from webapp.rollouts.templatetags.rollout_tags import bar, preview
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
+from webapp.tokens import pages as token_pages
 
 NO_SIGNAL_PAGE = 50
 FOLD_CHARS, FOLD_HEAD = (
@@ -427,5 +428,6 @@ def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
         "prev_id": prev_id,
         "next_id": next_id,
         "qs": request.GET.urlencode(),
+        **token_pages.transcript_context(request, rollout),
     }
     return render(request, "rollouts/transcript.html", ctx)

@@ -225,7 +225,7 @@ def off_policy_figure(series: dict[str, list]) -> Figure:
         "Off-policy: k3 KL and importance ratios outside [0.5, 2]",
         series["steps"],
         ("k3 KL(sampler || trainer)", series["k3"]),
-        ("ratio outside [0.5, 2] (fraction)", series["frac_outside"]),
+        ("ratio outside [0.5, 2] (fraction)", series["ratio_out_fraction"]),
         "k3",
         "fraction",
     )
@@ -237,7 +237,7 @@ def entropy_figure(series: dict[str, list]) -> Figure:
         "Token entropy",
         series["steps"],
         ("mean entropy", series["mean_entropy"]),
-        ("near-zero entropy (fraction)", series["near_zero_entropy"]),
+        ("near-zero entropy (fraction)", series["low_entropy_fraction"]),
         "nats",
         "fraction",
     )
@@ -248,7 +248,7 @@ def masked_figure(series: dict[str, list]) -> Figure:
     fig = _pair(
         "Loss-masked tokens (fraction)",
         series["steps"],
-        ("masked", series["masked_frac"]),
+        ("masked", series["masked_fraction"]),
         None,
         "fraction",
         showlegend=False,
@@ -259,9 +259,9 @@ def masked_figure(series: dict[str, list]) -> Figure:
 
 TOKEN_CHARTS = {
     "tokens-mismatch": (mismatch_figure, ("mean_abs_delta", "max_abs_delta")),
-    "tokens-offpolicy": (off_policy_figure, ("k3", "frac_outside")),
-    "tokens-entropy": (entropy_figure, ("mean_entropy", "near_zero_entropy")),
-    "tokens-masked": (masked_figure, ("masked_frac",)),
+    "tokens-offpolicy": (off_policy_figure, ("k3", "ratio_out_fraction")),
+    "tokens-entropy": (entropy_figure, ("mean_entropy", "low_entropy_fraction")),
+    "tokens-masked": (masked_figure, ("masked_fraction",)),
 }
 
 

@@ -6,8 +6,9 @@ that JSON: each token's text, the raw arrays the hover card reads, the colour sc
 quantity, the turns with their roles and a strip chart per quantity. Token text is model output:
 it travels as JSON strings and the page sets it with textContent only (static/js/tokens.js).
 
-Turns: `turn[i]` is the index of token i's message among the completion's messages (the transcript
-from its first assistant message on: the prompt's system and user messages are not completion).
+Turns: `turn[i]` is the index of token i's message in the rollout's transcript (0 for a plain
+completion) and `offsets[i]` a character offset into that message's content (the data layer's
+contract, webapp/tokens/models.py).
 """
 
 from __future__ import annotations
@@ -30,25 +31,41 @@ NEEDS = {  # the arrays each quantity is computed from
 }
 
 
-def completion_messages(transcript: Any) -> list[dict[str, Any]]:
-    """The transcript's messages from the first assistant message on (what turns index)."""
-    msgs = [m for m in transcript if isinstance(m, dict)] if isinstance(transcript, list) else []
-    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-    return msgs[first:] if first < len(msgs) else msgs
+def messages(transcript: Any) -> list[dict[str, Any]]:
+    """The transcript's messages (what `turn` indexes); anything else reads as an empty message."""
+    if not isinstance(transcript, list):
+        return []
+    return [m if isinstance(m, dict) else {} for m in transcript]
 
 
-def token_texts(tokens: dict[str, Any], completion: str) -> list[str]:
-    """Each token's text: the stored "text", else the completion between consecutive character
-    offsets (the last token to the end), else the id in angle brackets."""
-    n = len(tokens["ids"])
+def _content(m: dict[str, Any]) -> str:
+    c = m.get("content")
+    return c if isinstance(c, str) else ""
+
+
+def token_texts(tokens: dict[str, Any], completion: str, msgs: list[dict[str, Any]]) -> list[str]:
+    """Each token's text: the stored "text"; else its message's content between its offset and
+    the next token's in the same message (the last one to the end of the content); else the id
+    in angle brackets. Without turns, offsets are into the completion."""
+    ids = np.asarray(tokens["ids"]).tolist()
     if tokens.get("text") is not None:
         return [str(t) for t in tokens["text"]]
     offsets = tokens.get("offsets")
-    if offsets is not None:
-        starts = np.asarray(offsets, dtype=np.int64).tolist()
-        ends = starts[1:] + [len(completion)]
-        return [completion[a:b] for a, b in zip(starts, ends, strict=True)]
-    return [f"<{i}>" for i in np.asarray(tokens["ids"][:n]).tolist()]
+    if offsets is None:
+        return [f"<{i}>" for i in ids]
+    starts = np.asarray(offsets, dtype=np.int64).tolist()
+    turns = tokens.get("turn")
+    turns = [0] * len(starts) if turns is None else np.asarray(turns).tolist()
+    if tokens.get("turn") is None or not msgs:
+        texts = {0: completion}
+    else:
+        texts = {t: _content(msgs[t]) if 0 <= t < len(msgs) else "" for t in set(turns)}
+    out = []
+    for i, (a, t) in enumerate(zip(starts, turns, strict=True)):
+        text = texts.get(t, "")
+        end = starts[i + 1] if i + 1 < len(starts) and turns[i + 1] == t else len(text)
+        out.append(text[a:end])
+    return out
 
 
 def _rounded(values: Any) -> list[float | None] | None:
@@ -115,14 +132,15 @@ def token_payload(tokens: dict[str, Any], completion: str, transcript: Any) -> d
         )
     mask = tokens.get("loss_mask")
     turns = tokens.get("turn")
+    msgs = messages(transcript)
     return {
         "n": n,
         "ids": np.asarray(tokens["ids"]).tolist(),
-        "text": token_texts(tokens, completion),
+        "text": token_texts(tokens, completion, msgs),
         "arrays": {name: _rounded(tokens.get(name)) for name in ARRAYS},
         "loss_mask": None if mask is None else np.asarray(mask, dtype=np.int8).tolist(),
         "turn": None if turns is None else np.asarray(turns, dtype=np.int64).tolist(),
-        "turns": turn_list(turns, completion_messages(transcript)),
+        "turns": turn_list(turns, msgs),
         "quantities": quantities,
         "default": next((q["key"] for q in quantities if q["available"]), None),
         "figures": strip_figures(tokens),
