@@ -19,6 +19,8 @@ from django.db import connection
 
 from webapp.errors import MAX_ERRORS, FieldError
 from webapp.rollouts import text
+from webapp.tokens.codec import TokenArrays
+from webapp.tokens.validation import parse_tokens
 
 ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
 MAX_KEY = 300
@@ -44,6 +46,7 @@ class RolloutIn:
     summary: text.TextSummary | None = None  # preview columns, set once the batch is valid
     search_text: str = ""
     search_words: set[str] | None = None  # its distinct words (text.search_words); Postgres
+    tokens: TokenArrays | None = None  # per-token arrays (webapp/tokens), checked
 
 
 @dataclass
@@ -214,6 +217,7 @@ ROLLOUT_FIELDS = (
     "finish_reason",
     "parse_error",
     "state",
+    "tokens",
 )
 
 
@@ -228,7 +232,9 @@ def _unknown_fields(
             errs.add(where, f"unknown field; expected {', '.join(allowed)}")
 
 
-def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> RolloutIn | None:
+def _parse_rollout(
+    r: Any, path: str, components: set[str], errs: _Errors, vocab: int | None = None
+) -> RolloutIn | None:
     if not isinstance(r, dict):
         errs.add(path, "must be an object")
         return None
@@ -252,6 +258,9 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> Ro
     state = r.get("state")
     if state is not None and not isinstance(state, dict):
         errs.add(f"{path}.state", "must be an object")
+    tokens = None
+    if r.get("tokens") is not None:
+        tokens = parse_tokens(r["tokens"], f"{path}.tokens", len(transcript) or 1, vocab, errs.add)
     if len(errs.items) > n0:
         return None
     if length is None:
@@ -268,6 +277,7 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> Ro
         finish_reason=finish_reason[:50],
         parse_error=parse_error,
         state=state,
+        tokens=tokens,
     )
 
 
@@ -301,8 +311,9 @@ def _parse_string(r: dict[str, Any], name: str, path: str, errs: _Errors) -> str
     return v
 
 
-def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
-    """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS)."""
+def validate_batch(body: Any, components: set[str], vocab: int | None = None) -> list[GroupIn]:
+    """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS).
+    `vocab`: the run's vocabulary size, when known (token ids are checked against it)."""
     errs = _Errors()
     if not isinstance(body, dict) or not isinstance(body.get("groups"), list):
         raise FieldError("groups", "must be a list of groups")
@@ -310,7 +321,7 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
     groups: list[GroupIn] = []
     seen: set[tuple[int, str]] = set()  # (step, key) of the batch's groups so far
     for gi, g in enumerate(body["groups"]):
-        group = _parse_group(g, f"groups[{gi}]", components, seen, errs)
+        group = _parse_group(g, f"groups[{gi}]", components, seen, errs, vocab)
         if group is not None:
             groups.append(group)
     if errs:
@@ -331,7 +342,12 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
 
 
 def _parse_group(
-    g: Any, gp: str, components: set[str], seen: set[tuple[int, str]], errs: _Errors
+    g: Any,
+    gp: str,
+    components: set[str],
+    seen: set[tuple[int, str]],
+    errs: _Errors,
+    vocab: int | None = None,
 ) -> GroupIn | None:
     if not isinstance(g, dict):
         errs.add(gp, "must be an object")
@@ -356,7 +372,7 @@ def _parse_group(
     )
     indexes: set[int] = set()
     for ri, r in enumerate(rollouts):
-        parsed = _parse_rollout(r, f"{gp}.rollouts[{ri}]", components, errs)
+        parsed = _parse_rollout(r, f"{gp}.rollouts[{ri}]", components, errs, vocab)
         if parsed is None:
             continue
         if parsed.index in indexes:
