@@ -283,9 +283,10 @@
     span.classList.add("active");
     this.scroller.setAttribute("aria-activedescendant", span.id);
     this.root.setAttribute("data-active", i);
-    var top = span.offsetTop, s = this.scroller;  // the scroller is the offset parent
+    var s = this.scroller, r = span.getBoundingClientRect(), box = s.getBoundingClientRect();
+    var top = r.top - box.top - s.clientTop + s.scrollTop;  // the token's place in the scrolled text
     if (top < s.scrollTop) s.scrollTop = top - 8;
-    else if (top + span.offsetHeight > s.scrollTop + s.clientHeight) s.scrollTop = top + span.offsetHeight - s.clientHeight + 8;
+    else if (top + r.height > s.scrollTop + s.clientHeight) s.scrollTop = top + r.height - s.clientHeight + 8;
     this.showCard(i);
   };
 
@@ -333,19 +334,21 @@
     this.card.style.top = Math.max(0, top) + "px";
   };
 
+  // The token on the next (dir 1) or previous (-1) visual line nearest the active token's left
+  // edge. A token wrapped over two lines counts by its first line's top.
   View.prototype.lineMove = function (dir) {
     var cur = document.getElementById("tok-" + this.active);
     if (!cur) return this.active + dir;
-    var top = cur.offsetTop, x = cur.offsetLeft, best = null, bestTop = null;
+    var here = cur.getClientRects()[0], top = here.top, x = here.left, best = null, line = null;
     for (var k = 1, i = this.active + dir; k < 4000 && i >= 0 && i < this.data.n; k++, i += dir) {
       this.draw(this.chunkOf(i));
-      var s = document.getElementById("tok-" + i);
-      var st = s.offsetTop;
-      if (dir > 0 ? st <= top : st >= top) continue;
-      if (bestTop === null) bestTop = st;
-      if (st !== bestTop) break;
-      if (best === null || (dir > 0 ? s.offsetLeft <= x : s.offsetLeft + s.offsetWidth > x)) best = i;
-      if (dir < 0 && s.offsetLeft <= x) break;
+      var box = document.getElementById("tok-" + i).getClientRects()[0];
+      if (!box) continue;
+      if (dir > 0 ? box.top <= top + 1 : box.top >= top - 1) continue;
+      if (line === null) line = box.top;
+      if (Math.abs(box.top - line) > 1) break;
+      if (dir > 0 ? box.left <= x + 1 || best === null : true) best = i;
+      if (dir < 0 && box.left <= x + 1) break;
     }
     return best === null ? this.active + dir : best;
   };

@@ -67,7 +67,7 @@ def strip_points(
         return list(range(n)), [None if not math.isfinite(v) else v for v in a.tolist()]
     edges = np.linspace(0, n, max_points + 1).astype(np.int64)
     xs: list[int] = []
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
         chunk = a[lo:hi]
         if not np.isfinite(chunk).any():
             xs.append(int(lo))

@@ -21,13 +21,23 @@ from webapp.tokens.charts import QUANTITIES
 from webapp.tokens.tokenview import token_payload
 
 OPEN_COOKIE = "tokens_open"  # set by static/js/tokens.js: the panel opens on the next page too
+# The token scroller's height, fixed before the tokens arrive (nothing below it moves when they
+# do): about TOKENS_PER_LINE tokens a 20 px line, between MIN_HEIGHT and MAX_HEIGHT pixels.
+TOKENS_PER_LINE, LINE_PX, MIN_HEIGHT, MAX_HEIGHT = 14, 20, 100, 420
+
+
+def scroller_height(n_tokens: int) -> int:
+    lines = -(-n_tokens // TOKENS_PER_LINE) + 3  # turn headers and padding
+    return max(MIN_HEIGHT, min(MAX_HEIGHT, lines * LINE_PX))
 
 
 def transcript_context(request: HttpRequest, rollout: Rollout) -> dict[str, Any]:
     """The transcript page's token panel: the count (None: no tokens were recorded), whether the
     reader keeps it open, and the quantities it colours by."""
+    count = store.token_count(rollout.id)
     return {
-        "token_count": store.token_count(rollout.id),
+        "token_count": count,
+        "tokens_height": scroller_height(count or 0),
         "tokens_open": request.COOKIES.get(OPEN_COOKIE) == "1",
         "token_quantities": [(key, label) for key, (label, _) in QUANTITIES.items()],
     }
