@@ -1,17 +1,17 @@
-"""The token view's and the dashboard's reads of the token store (the data layer's models and
-codec, webapp/tokens/models.py): one place to adapt when the storage changes."""
+"""The token view's and the dashboard's reads, through the data layer's one reader
+(webapp/tokens/services.py), plus the transcript page's token count (one indexed row)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from webapp.tokens import services
 from webapp.tokens.codec import FIELDS
-from webapp.tokens.models import RolloutTokens, TokenStepStat
+from webapp.tokens.models import RolloutTokens
 
 
 def token_count(rollout_id: int) -> int | None:
-    """The rollout's number of tokens, None when none were recorded (one indexed row, the blob is
-    not read)."""
+    """The rollout's number of tokens, None when none were recorded (the blob is not read)."""
     return (
         RolloutTokens.objects.filter(rollout_id=rollout_id)
         .values_list("n_tokens", flat=True)
@@ -21,21 +21,15 @@ def token_count(rollout_id: int) -> int | None:
 
 def read_tokens(rollout_id: int) -> dict[str, Any] | None:
     """The rollout's token arrays by field name (absent fields: None), or None."""
-    row = RolloutTokens.objects.filter(rollout_id=rollout_id).only("rollout_id", "data").first()
-    if row is None:
+    data = services.rollout_tokens(rollout_id)
+    if data is None:
         return None
-    arrays = row.arrays()
-    return {name: getattr(arrays, name) for name in FIELDS}
+    return {name: data["arrays"].get(name) for name in FIELDS}
 
 
-def step_rows(run: Any, since: int | None = None, until: int | None = None) -> list[dict]:
-    """The run's per-step token statistics (TokenStepStat.as_dict), steps ascending."""
-    rows = TokenStepStat.objects.filter(run=run)
-    if since is not None:
-        rows = rows.filter(step__gte=since)
-    if until is not None:
-        rows = rows.filter(step__lte=until)
-    return [r.as_dict() for r in rows.order_by("step")]
+def step_rows(run: Any, since: int | None = None) -> list[dict]:
+    """The run's per-step token statistics (TokenStepStat.as_dict) from step `since` on."""
+    return services.step_stats(run.id, None if since is None else since - 1)
 
 
 def token_series(run: Any, since: int | None = None) -> dict[str, list] | None:
