@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from training.demo_tokens import rollout_tokens
+from webapp.diagnostics.links import with_links
 from webapp.diagnostics.services import diagnose_run
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
@@ -155,11 +156,16 @@ def test_the_live_dashboard_gets_the_new_token_points(client_as, run):
     assert points["x"] == [[2, 3], [2, 3]] and len(points["y"][0]) == 2
 
 
-def test_the_diagnostics_flag_the_planted_mismatch_at_its_onset(token_run):
+def test_the_diagnostics_flag_the_planted_mismatch_at_its_onset(client_as, token_run):
     findings = diagnose_run(token_run, window=None)["findings"]
     mismatch = [f for f in findings if f["code"] == "token_mismatch"]
     assert len(mismatch) == 1 and mismatch[0]["onset_step"] == 18
     assert "since step 18" in mismatch[0]["title"]
+    # Its example transcripts: the explorer from the onset on, sorted by mismatch where it can.
+    link = with_links(token_run.id, mismatch)[0]["link"]
+    assert "step_min=18" in link and client_as("viewer").get(link).status_code == 200
+    page = client_as("viewer").get(f"/diagnostics/runs/{token_run.id}/").content.decode()
+    assert "Sampler/trainer mismatch rising since step 18" in page
     assert not [f for f in findings if f["code"] in ("entropy_collapse", "tool_tokens_in_loss")]
 
 

@@ -8,7 +8,9 @@ import numpy as np
 
 from training import diagnostics as dg
 from training import token_diagnostics as td
+from webapp.errors import FieldError
 from webapp.rollouts.models import Rollout
+from webapp.rollouts.queries import ExplorerQuery
 from webapp.runs.models import Run
 from webapp.tokens import store
 from webapp.tokens.models import RolloutTokens
@@ -42,8 +44,20 @@ def token_findings(run: Run, step_min: int | None = None) -> list[dict]:
     ts = td.TokenSteps.from_rows(store.step_rows(run, since=step_min))
     if ts.size == 0:
         return []
-    findings = td.diagnose_tokens(ts, tool_tokens(run, step_min))
-    return [f.as_dict() for f in findings]
+    findings = [f.as_dict() for f in td.diagnose_tokens(ts, tool_tokens(run, step_min))]
+    for f in findings:
+        if not _explorer_sorts(f["sort"]):
+            f["sort"] = None  # the link then opens the explorer at the onset, in its default order
+    return findings
+
+
+def _explorer_sorts(key: str | None) -> bool:
+    """Whether the explorer sorts by `key` (the token summaries' sorts are the data layer's)."""
+    try:
+        ExplorerQuery.from_params({"sort": key}, [])
+    except FieldError:
+        return False
+    return True
 
 
 def with_token_findings(diagnosis: dict, findings: list[dict]) -> dict:
