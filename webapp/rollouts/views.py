@@ -28,6 +28,7 @@ from webapp.errors import FieldError
 from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
+    TOKEN_PREFIX,
     ExplorerQuery,
     decode_cursor,
     encode_cursor,
@@ -351,6 +352,14 @@ def neighbours(
         )
         if not found:
             return None, None  # not scored by the sort component: not in that explorer listing
+        value = found[0]
+    elif q.sort.startswith(TOKEN_PREFIX):
+        from webapp.tokens.models import RolloutTokens
+
+        field = q.sort[len(TOKEN_PREFIX) :]
+        found = list(RolloutTokens.objects.filter(rollout=rollout).values_list(field, flat=True))
+        if not found:
+            return None, None  # no tokens: not in that explorer listing
         value = found[0]
     else:
         value = getattr(rollout, q.sort)

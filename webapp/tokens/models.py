@@ -31,6 +31,8 @@ from webapp.tokens import codec
 
 LOW_ENTROPY = 0.01  # nats: a token below this is "near-zero entropy" (a collapsing policy's mark)
 RATIO_LOW, RATIO_HIGH = 0.5, 2.0  # importance ratio exp(d) outside this band counts as off-policy
+# RolloutTokens' summaries the explorer sorts and filters by (sort=tokens.<name>, indexed)
+TOKEN_SORT_FIELDS = ("mismatch", "mean_entropy", "masked_fraction", "tool_unmasked")
 
 
 class RolloutTokens(models.Model):
