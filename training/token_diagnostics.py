@@ -330,7 +330,7 @@ def detect_mismatch(
         Finding(
             code="token_mismatch",
             severity="critical" if critical else "warning",
-            sort="mismatch",  # the explorer's sort keys for rollouts' token summaries
+            sort="tokens.mismatch",  # the explorer sorts rollouts by their token summaries
             order="desc",
             onset_step=step,
             title=f"Sampler/trainer mismatch rising since step {step}: the trainer's log-probs of "
@@ -398,7 +398,7 @@ def detect_entropy_collapse(
         Finding(
             code="entropy_collapse",
             severity="critical" if after <= tt.entropy_critical * before else "warning",
-            sort="mean_entropy",
+            sort="tokens.mean_entropy",
             order="asc",
             onset_step=step,
             title=f"Entropy collapse since step {step}: the policy's mean per-token entropy fell "
@@ -462,7 +462,7 @@ def detect_tool_tokens_in_loss(
         Finding(
             code="tool_tokens_in_loss",
             severity="critical",
-            sort="tool_unmasked",
+            sort="tokens.tool_unmasked",
             order="desc",
             onset_step=step,
             title=f"Tool output tokens in the loss since step {step}: {n_leak} of {n_tool} "

@@ -62,3 +62,32 @@ def test_the_planted_drift_is_flagged_at_its_step(groups):
     assert f.code == "token_mismatch" and f.onset_step == 18
     healthy = add_tokens(copy.deepcopy(groups), weights(), drift_step=None)
     assert td.diagnose_tokens(step_stats(healthy)) == []
+
+
+@pytest.mark.slow
+def test_the_demo_chains_grpo_stage_records_tokens(tiny_model, tmp_path):
+    """The GRPO job the demo chain queues, on the tiny model with its steps shrunk (one step, two
+    prompts, 8-token completions: enough to record), gives every rollout a token view's arrays."""
+    from training import grpo
+    from training.demo_chain import demo_chain_stages
+    from training.sinks import MemorySink
+
+    stage = next(s for s in demo_chain_stages() if s.kind == "grpo")
+    config = {
+        **stage.config,
+        "max_steps": 1,
+        "num_prompts": 2,
+        "max_completion_length": 8,
+        "base_model": tiny_model,  # the chain trains the SFT model; any model records the same
+        "output_dir": str(tmp_path / "grpo"),
+    }
+    sink = MemorySink()
+    grpo.main(grpo.GRPOJobConfig.from_dict(config), sink=sink)
+    rollouts = [r for g in sink.groups for r in g["rollouts"]]
+    assert len(rollouts) == 16
+    for r in rollouts:
+        t = r["tokens"]
+        n = len(t["ids"])
+        assert n == r["length"] > 0 and {len(v) for v in t.values()} == {n}
+        assert {"trainer_logprobs", "entropy", "loss_mask", "advantages", "text"} <= set(t)
+        assert max(t["trainer_logprobs"]) <= 0
