@@ -110,3 +110,12 @@ def test_the_view_json_of_a_rollout_with_ids_only():
     assert q["sampler"]["available"] and not q["mismatch"]["available"]
     assert out["arrays"]["sampler_logprobs"] == [None, -1.0]
     assert out["loss_mask"] is None and out["turns"] == []
+
+
+def test_a_long_strip_leaves_a_gap_where_tokens_have_no_value():
+    values = np.linspace(-1, 0, 10_000)
+    values[4_000:6_000] = np.nan  # e.g. tool output without log-probs
+    xs, ys = tc.strip_points(values, max_points=100)
+    gap = [y for x, y in zip(xs, ys, strict=True) if 4_100 <= x < 5_900]
+    assert gap and all(y is None for y in gap)
+    assert ys[0] == -1.0 and ys[-1] == 0.0

@@ -50,6 +50,14 @@ def quantity_values(tokens: dict[str, Any], key: str) -> np.ndarray | None:
     raise KeyError(key)
 
 
+def nullable(a: np.ndarray) -> list[float | None]:
+    """The values as a list, None for NaN and infinities (JSON has neither)."""
+    out = a.tolist()
+    for i in np.flatnonzero(~np.isfinite(a)).tolist():
+        out[i] = None
+    return out
+
+
 def _floats(values: Sequence[float | None] | np.ndarray) -> np.ndarray:
     if isinstance(values, np.ndarray):
         return values.astype(np.float64)
@@ -64,17 +72,22 @@ def strip_points(
     a = _floats(values)
     n = a.size
     if n <= 2 * max_points:
-        return list(range(n)), [None if not math.isfinite(v) else v for v in a.tolist()]
-    edges = np.linspace(0, n, max_points + 1).astype(np.int64)
-    xs: list[int] = []
-    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
-        chunk = a[lo:hi]
-        if not np.isfinite(chunk).any():
-            xs.append(int(lo))
-            continue
-        i, j = int(np.nanargmin(chunk)) + lo, int(np.nanargmax(chunk)) + lo
-        xs.extend(sorted({i, j}))
-    return xs, [None if not math.isfinite(a[i]) else float(a[i]) for i in xs]
+        return list(range(n)), nullable(a)
+    size = -(-n // max_points)  # buckets of `size` consecutive tokens, the last one padded
+    padded = np.full(size * -(-n // size), np.nan)
+    padded[:n] = a
+    blocks = padded.reshape(-1, size)
+    finite = np.isfinite(blocks)
+    base = np.arange(blocks.shape[0]) * size
+    lo = np.where(finite, blocks, np.inf).argmin(axis=1) + base
+    hi = np.where(finite, blocks, -np.inf).argmax(axis=1) + base
+    # A bucket with no value keeps its first token (a gap in the line); min and max in token order.
+    pairs = np.sort(np.column_stack([lo, hi]), axis=1)
+    pairs[~finite.any(axis=1)] = base[~finite.any(axis=1), None]
+    flat = pairs.ravel()
+    keep = np.concatenate([[True], flat[1:] != flat[:-1]])
+    xs = flat[keep]
+    return xs.tolist(), nullable(a[xs])
 
 
 def turn_starts(turns: Sequence[int] | np.ndarray) -> list[int]:
@@ -85,18 +98,11 @@ def turn_starts(turns: Sequence[int] | np.ndarray) -> list[int]:
     return [0, *(np.flatnonzero(t[1:] != t[:-1]) + 1).tolist()]
 
 
-def _spans(flags: Sequence[bool]) -> list[tuple[int, int]]:
+def _spans(flags: Sequence[bool] | np.ndarray) -> list[tuple[int, int]]:
     """[start, end) runs of consecutive true flags."""
-    out, start = [], None
-    for i, f in enumerate(flags):
-        if f and start is None:
-            start = i
-        elif not f and start is not None:
-            out.append((start, i))
-            start = None
-    if start is not None:
-        out.append((start, len(flags)))
-    return out
+    f = np.concatenate([[False], np.asarray(flags, dtype=bool), [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(f))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 MAX_SHAPES = 400  # turn lines and masked spans drawn; a longer list is thinned (the view has all)
@@ -106,7 +112,8 @@ def strip_figure(
     values: Sequence[float | None] | np.ndarray,
     key: str,
     turn_starts: Sequence[int] = (),
-    masked: Sequence[bool] | None = None,
+    masked: Sequence[bool] | np.ndarray | None = None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> Figure:
     """The strip chart of one quantity along a rollout: x the token index, masked tokens shaded
     grey, a dotted line at each turn's first token. Hovering reads the token index and value; the
@@ -126,7 +133,9 @@ def strip_figure(
             "line": {"width": 0},
             "layer": "below",
         }
-        for a, b in _spans(masked or [])[:MAX_SHAPES]
+        for a, b in (spans if spans is not None else _spans(masked if masked is not None else []))[
+            :MAX_SHAPES
+        ]
     ]
     shapes += [
         {
@@ -157,14 +166,14 @@ def strip_figure(
 def strip_figures(tokens: dict[str, Any]) -> dict[str, Figure]:
     """A strip chart per quantity the rollout carries."""
     mask = tokens.get("loss_mask")
-    masked = (~np.asarray(mask, dtype=bool)).tolist() if mask is not None else None
+    spans = _spans(~np.asarray(mask, dtype=bool)) if mask is not None else []
     turns = tokens.get("turn")
     starts = turn_starts(turns) if turns is not None else []
     out = {}
     for key in QUANTITIES:
         values = quantity_values(tokens, key)
         if values is not None:
-            out[key] = strip_figure(values, key, starts, masked)
+            out[key] = strip_figure(values, key, starts, spans=spans)
     return out
 
 

@@ -13,12 +13,17 @@ contract, webapp/tokens/models.py).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from webapp.tokens.charts import QUANTITIES, quantity_values, strip_figures, turn_starts
+from webapp.tokens.charts import (
+    QUANTITIES,
+    nullable,
+    quantity_values,
+    strip_figures,
+    turn_starts,
+)
 
 ARRAYS = ("sampler_logprobs", "trainer_logprobs", "ref_logprobs", "entropy", "advantages")
 DIGITS = 4  # significant digits sent: values are stored as float16 (3 digits), the card reads 4
@@ -53,18 +58,18 @@ def token_texts(tokens: dict[str, Any], completion: str, msgs: list[dict[str, An
     offsets = tokens.get("offsets")
     if offsets is None:
         return [f"<{i}>" for i in ids]
-    starts = np.asarray(offsets, dtype=np.int64).tolist()
+    starts = np.asarray(offsets, dtype=np.int64)
     turns = tokens.get("turn")
-    turns = [0] * len(starts) if turns is None else np.asarray(turns).tolist()
-    if tokens.get("turn") is None or not msgs:
-        texts = {0: completion}
-    else:
-        texts = {t: _content(msgs[t]) if 0 <= t < len(msgs) else "" for t in set(turns)}
-    out = []
-    for i, (a, t) in enumerate(zip(starts, turns, strict=True)):
-        text = texts.get(t, "")
-        end = starts[i + 1] if i + 1 < len(starts) and turns[i + 1] == t else len(text)
-        out.append(text[a:end])
+    turns = np.zeros(len(starts), dtype=np.int64) if turns is None else np.asarray(turns)
+    whole = tokens.get("turn") is None or not msgs
+    out: list[str] = []
+    # One slice per token, a turn (a run of tokens of one message) at a time.
+    bounds = [*turn_starts(turns), len(starts)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        t = int(turns[lo])
+        text = completion if whole else _content(msgs[t]) if 0 <= t < len(msgs) else ""
+        a = starts[lo:hi].tolist()
+        out += [text[x:y] for x, y in zip(a, [*a[1:], len(text)], strict=True)]
     return out
 
 
@@ -76,8 +81,7 @@ def _rounded(values: Any) -> list[float | None] | None:
     digits = np.zeros(a.shape)
     digits[finite] = DIGITS - 1 - np.floor(np.log10(np.abs(a[finite])))
     digits = np.clip(digits, 0, 12)  # log-probs and entropies: no value needs more decimals
-    out = np.round(a * 10.0**digits) / 10.0**digits
-    return [None if not math.isfinite(v) else v for v in out.tolist()]
+    return nullable(np.round(a * 10.0**digits) / 10.0**digits)
 
 
 def colour_range(key: str, values: np.ndarray) -> list[float]:
