@@ -265,6 +265,14 @@ class ToolTokens:
     examples: list[int] = field(default_factory=list)  # filled by detect_tool_tokens_in_loss
 
 
+def _share(x: float) -> str:
+    """A fraction as a percentage; under 1% with two decimals (a 0.4% of ratios out of band is not
+    "0%")."""
+    if math.isfinite(x) and 0 < x < 0.01:
+        return f"{100 * x:.2f}%"
+    return _pct(x)
+
+
 # ------------------------------------------------------------------------------ onsets
 
 
@@ -338,8 +346,8 @@ def detect_mismatch(
             f"{before:.3g} before), so the update is off-policy.",
             detail=f"over steps {step}-{int(ts.steps[-1])}, {int(n_tokens)} tokens: mean |delta| "
             f"{after:.3g} (before {before:.3g}), k3 KL {k3_after:.3g} (before {k3_before:.3g}), "
-            f"importance ratio outside [0.5, 2] for {_pct(out_after)} of tokens (before "
-            f"{_pct(out_before)}), max |delta| {worst:.3g}.",
+            f"importance ratio outside [0.5, 2] for {_share(out_after)} of tokens (before "
+            f"{_share(out_before)}), max |delta| {worst:.3g}.",
             fix="Check what changed at that step in the sampler: its weights sync (a vLLM server "
             "that stopped receiving updates), dtype (bf16 vs fp32 logits), sampling settings the "
             "trainer does not apply (temperature, top-p/top-k), or a tokenizer/chat-template "

@@ -211,3 +211,10 @@ def test_the_dashboard_draws_the_token_charts(page, live_server, token_run):
     title = page.eval_on_selector('[data-chart="tokens-mismatch"] .gtitle', "e => e.textContent")
     assert title.startswith("Sampler/trainer mismatch")
     assert page.page_errors == []
+    page.locator("#token-charts").scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/tokens-dashboard.png")
+    page.goto(f"{live_server.url}/diagnostics/runs/{token_run.id}/")
+    finding = page.locator('.finding[data-code="token_mismatch"]')
+    assert "since step 14" in finding.inner_text()
+    finding.scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/tokens-diagnostics.png")
