@@ -155,6 +155,7 @@
       var span = el("span", "tok" + (mask && !mask[i] ? " masked" : "") + (i === this.active ? " active" : ""),
         d.text[i] === "" ? "∅" : d.text[i].replace(/\n/g, "↵\n"));
       span.id = "tok-" + i;
+      span.setAttribute("role", "option");
       span.setAttribute("data-i", i);
       span.style.backgroundColor = this.colour(i);
       frag.appendChild(span);
