@@ -9,6 +9,7 @@ import pytest
 
 from tests.training.test_recorder import _grpo_trainer
 from training.sinks import MemorySink
+from training.token_capture import unpack
 
 
 def _spy_on_generation(trainer) -> list[dict]:
@@ -54,15 +55,15 @@ def test_it_records_ids_trainer_logprobs_entropies_and_masks_from_trl(tiny_model
         rollouts = _rollouts(sink, step)
         assert len(rollouts) == 8
         for row, r in enumerate(rollouts):
-            t = r["tokens"]
+            t = {k: unpack(v) for k, v in r["tokens"].items()}
             n = len(t["ids"])
-            assert n == r["length"] and t["ids"] == gen["ids"][row][:n]
+            assert n == r["length"] and t["ids"].tolist() == gen["ids"][row][:n]
             assert {len(t[k]) for k in t} == {n}
             assert "sampler_logprobs" not in t  # no vLLM: TRL has no sampler log-probs
             np.testing.assert_allclose(t["trainer_logprobs"], gen["logps"][row][:n], atol=2e-4)
             assert all(e >= 0 for e in t["entropy"]) and max(t["entropy"]) > 0.01
-            assert t["loss_mask"] == [1] * n
-            assert t["advantages"] == [pytest.approx(r["advantage"], abs=1e-5)] * n
+            assert t["loss_mask"].tolist() == [1] * n
+            assert t["advantages"].tolist() == [pytest.approx(r["advantage"], abs=1e-5)] * n
             assert "".join(t["text"]) == tok.decode(t["ids"])
         # TRL's logged entropy of the step is the mean over the loss pass's unmasked tokens.
         logged = next(
@@ -70,7 +71,7 @@ def test_it_records_ids_trainer_logprobs_entropies_and_masks_from_trl(tiny_model
             for m in sink.metrics
             if m["step"] == step and "entropy" in m["values"]
         )
-        ours = np.concatenate([r["tokens"]["entropy"] for r in rollouts])
+        ours = np.concatenate([unpack(r["tokens"]["entropy"]) for r in rollouts])
         assert ours.mean() == pytest.approx(logged, rel=1e-3)
 
 
@@ -84,11 +85,12 @@ def test_it_records_the_reference_models_logprobs_when_beta_is_set(tiny_model, t
     trainer.train()
     rollouts = _rollouts(sink, 2)
     assert rollouts and all(
-        len(r["tokens"]["ref_logprobs"]) == len(r["tokens"]["ids"]) for r in rollouts
+        len(unpack(r["tokens"]["ref_logprobs"])) == len(unpack(r["tokens"]["ids"]))
+        for r in rollouts
     )
     assert all("text" not in r["tokens"] for r in rollouts)
-    ref = np.concatenate([r["tokens"]["ref_logprobs"] for r in rollouts])
-    trained = np.concatenate([r["tokens"]["trainer_logprobs"] for r in rollouts])
+    ref = np.concatenate([unpack(r["tokens"]["ref_logprobs"]) for r in rollouts])
+    trained = np.concatenate([unpack(r["tokens"]["trainer_logprobs"]) for r in rollouts])
     assert (ref <= 0).all() and np.abs(ref - trained).max() > 1e-4  # step 2: the policy moved
 
 

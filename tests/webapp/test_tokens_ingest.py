@@ -194,3 +194,68 @@ def test_a_retried_batch_adds_no_tokens_twice(run):
     ingest_groups(run, body)
     assert RolloutTokens.objects.count() == 1
     assert TokenStepStat.objects.get().n_tokens == 30
+
+
+def _b64(values, dtype: str) -> dict:
+    import base64
+
+    raw = np.asarray(values, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+    return {"dtype": dtype, "data": base64.b64encode(raw).decode()}
+
+
+def test_it_takes_arrays_as_base64_binary_like_lists(run):
+    t = _tokens(np.random.default_rng(10), 64)
+    binary = {
+        "ids": _b64(t["ids"], "int32"),
+        "sampler_logprobs": _b64(t["sampler_logprobs"], "float32"),
+        "trainer_logprobs": _b64(t["trainer_logprobs"], "float64"),
+        "entropy": _b64(t["entropy"], "float16"),
+        "loss_mask": _b64(t["loss_mask"], "uint8"),
+        "turn": t["turn"],  # the two forms mix
+    }
+    ingest_groups(run, {"groups": [_group(0, "p", [binary])]})
+    a = RolloutTokens.objects.get().arrays()
+    assert a.ids.tolist() == t["ids"] and a.loss_mask.astype(int).tolist() == t["loss_mask"]
+    assert np.allclose(a.sampler_logprobs, t["sampler_logprobs"], rtol=4e-3, atol=1e-6)
+    s = TokenStepStat.objects.get()
+    keep = np.array(t["loss_mask"]) == 1
+    assert s.mean_abs_delta == pytest.approx(
+        np.abs(np.array(t["trainer_logprobs"]) - np.float32(t["sampler_logprobs"]))[keep].mean()
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "words"),
+    [
+        ({"dtype": "float32", "data": "AAAAAA=="}, "entropy", "has 1 elements; ids has 3"),
+        ({"dtype": "float32", "data": "not base64!"}, "entropy.data", "not valid base64"),
+        ({"dtype": "float32", "data": "AAA="}, "entropy.data", "whole number of float32"),
+        ({"dtype": "complex64", "data": ""}, "entropy", "dtype one of"),
+        ({"dtype": "float32"}, "entropy", "dtype one of"),
+    ],
+)
+def test_it_refuses_bad_binary_arrays_by_field(run, value, field, words):
+    t = _tokens(np.random.default_rng(11), 20)
+    t["ids"] = t["ids"][:3]
+    for k in ("sampler_logprobs", "trainer_logprobs", "advantages", "loss_mask", "turn", "offsets"):
+        t[k] = t[k][:3]
+    t["entropy"] = value
+    e = _refused(run, t)
+    assert e.field == f"groups[1].rollouts[1].tokens.{field}" and words in e.message
+
+
+def test_it_refuses_float_ids_sent_as_binary_and_nan_in_binary(run):
+    t = _tokens(np.random.default_rng(12), 20)
+    t["ids"] = _b64(t["ids"], "float32")
+    assert _refused(run, t).field == "groups[1].rollouts[1].tokens.ids.dtype"
+    t = _tokens(np.random.default_rng(12), 20)
+    t["trainer_logprobs"] = _b64([np.nan] + t["trainer_logprobs"][1:], "float32")
+    e = _refused(run, t)
+    assert e.field.endswith("tokens.trainer_logprobs") and "finite" in e.message
+
+
+def test_it_refuses_token_text_it_cannot_store(run):
+    t = _tokens(np.random.default_rng(13), 20)
+    t["text"] = ["a"] * 19 + ["\udc80"]
+    e = _refused(run, t)
+    assert e.field == "groups[1].rollouts[1].tokens.text" and "element 19" in e.message

@@ -109,6 +109,21 @@ def _storable_fast(value: Any) -> bool:
         return False
 
 
+def _without_tokens(g: dict[str, Any]) -> dict[str, Any]:
+    """The group with its rollouts' token arrays left out (shallow copies; `g` unchanged): the
+    storable-text check would otherwise serialise every number of them."""
+    rollouts = g.get("rollouts")
+    if not isinstance(rollouts, list) or not any(
+        isinstance(r, dict) and "tokens" in r for r in rollouts
+    ):
+        return g
+    bare = [
+        {k: v for k, v in r.items() if k != "tokens"} if isinstance(r, dict) else r
+        for r in rollouts
+    ]
+    return {**g, "rollouts": bare}
+
+
 def _bad_text(s: str) -> bool:
     if "\x00" in s:
         return True
@@ -352,7 +367,8 @@ def _parse_group(
     if not isinstance(g, dict):
         errs.add(gp, "must be an object")
         return None
-    bad = None if _storable_fast(g) else unstorable_text(g, gp)
+    plain = _without_tokens(g)  # token arrays are numbers (their text is checked with them)
+    bad = None if _storable_fast(plain) else unstorable_text(plain, gp)
     if bad is not None:
         errs.add(*bad)
         return None
