@@ -71,6 +71,7 @@ def test_the_demo_chains_grpo_stage_records_tokens(tiny_model, tmp_path):
     from training import grpo
     from training.demo_chain import demo_chain_stages
     from training.sinks import MemorySink
+    from training.token_capture import unpack
 
     stage = next(s for s in demo_chain_stages() if s.kind == "grpo")
     config = {
@@ -86,8 +87,8 @@ def test_the_demo_chains_grpo_stage_records_tokens(tiny_model, tmp_path):
     rollouts = [r for g in sink.groups for r in g["rollouts"]]
     assert len(rollouts) == 16
     for r in rollouts:
-        t = r["tokens"]
+        t = {k: unpack(v) for k, v in r["tokens"].items()}  # arrays travel as base64 binary
         n = len(t["ids"])
         assert n == r["length"] > 0 and {len(v) for v in t.values()} == {n}
         assert {"trainer_logprobs", "entropy", "loss_mask", "advantages", "text"} <= set(t)
-        assert max(t["trainer_logprobs"]) <= 0
+        assert t["trainer_logprobs"].max() <= 0
