@@ -163,7 +163,11 @@ def test_the_diagnostics_flag_the_planted_mismatch_at_its_onset(client_as, token
     assert "since step 18" in mismatch[0]["title"]
     # Its example transcripts: the explorer from the onset on, sorted by mismatch where it can.
     link = with_links(token_run.id, mismatch)[0]["link"]
-    assert "sort=tokens.mismatch" in link and "step_min=18" in link and client_as("viewer").get(link).status_code == 200
+    assert (
+        "sort=tokens.mismatch" in link
+        and "step_min=18" in link
+        and client_as("viewer").get(link).status_code == 200
+    )
     page = client_as("viewer").get(f"/diagnostics/runs/{token_run.id}/").content.decode()
     assert "Sampler/trainer mismatch rising since step 18" in page
     assert not [f for f in findings if f["code"] in ("entropy_collapse", "tool_tokens_in_loss")]
