@@ -35,9 +35,11 @@ def groups(
     tokens: bool = True,
     seed: int = 0,
     per_step: int = 2,
+    collapse: int | None = None,
 ) -> list[dict]:
     """Groups of 4 multi-turn rollouts per step, with tokens whose sampler drifts from step
-    `drift` on and whose tool output is in the loss from step `leak` on."""
+    `drift` on, whose tool output is in the loss from step `leak` on, and whose entropy collapses
+    from step `collapse` on (7 tokens in 10 near certain, the rest a third as uncertain)."""
     rng = np.random.default_rng(seed)
     out = []
     for s in range(steps):
@@ -53,6 +55,10 @@ def groups(
                     t = rollout_tokens(r["transcript"], 0.5, s, steps, rng, drift_step=drift)
                     if leak is not None and s >= leak:
                         t["loss_mask"] = [1] * len(t["ids"])
+                    if collapse is not None and s >= collapse:
+                        t["entropy"] = [
+                            1e-4 if k % 10 < 7 else e / 3 for k, e in enumerate(t["entropy"])
+                        ]
                     r["tokens"] = t
                 rollouts.append(r)
             out.append({"step": s, "key": f"p{g}", "prompt": "Write add", "rollouts": rollouts})
@@ -186,3 +192,11 @@ def test_the_diagnostics_flag_tool_output_in_the_loss_and_are_quiet_when_healthy
     ingest_groups(healthy, {"groups": groups(20, seed=1)})
     codes = {f["code"] for f in diagnose_run(healthy, window=None)["findings"]}
     assert not codes & {"token_mismatch", "entropy_collapse", "tool_tokens_in_loss"}
+
+
+def test_the_diagnostics_flag_a_planted_entropy_collapse_at_its_onset(run):
+    ingest_groups(run, {"groups": groups(24, collapse=12)})
+    found = {f["code"]: f for f in diagnose_run(run, window=None)["findings"]}
+    assert found["entropy_collapse"]["onset_step"] == 12
+    assert "Entropy collapse since step 12" in found["entropy_collapse"]["title"]
+    assert "token_mismatch" not in found and "tool_tokens_in_loss" not in found
