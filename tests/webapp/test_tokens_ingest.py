@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import make_group
 from webapp.errors import FieldError
@@ -259,3 +261,42 @@ def test_it_refuses_token_text_it_cannot_store(run):
     t["text"] = ["a"] * 19 + ["\udc80"]
     e = _refused(run, t)
     assert e.field == "groups[1].rollouts[1].tokens.text" and "element 19" in e.message
+
+
+_element = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(0, 3), max_size=2),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    arrays=st.dictionaries(
+        st.sampled_from(
+            ["ids", "text", "sampler_logprobs", "entropy", "loss_mask", "turn", "offsets", "x"]
+        ),
+        st.one_of(
+            st.lists(_element, max_size=4),
+            st.dictionaries(st.sampled_from(["dtype", "data"]), st.text(max_size=8), max_size=2),
+            _element,
+        ),
+        max_size=4,
+    )
+)
+def test_any_tokens_object_is_stored_whole_or_refused_by_field(run, arrays):
+    body = {"groups": [_group(0, "fuzz", [arrays])]}
+    try:
+        ingest_groups(run, body)
+    except FieldError as e:
+        assert e.field.startswith("groups[0].rollouts[0].tokens"), e.errors
+        assert Group.objects.count() == 0
+        return
+    stored = RolloutTokens.objects.get(rollout__group__key="fuzz")
+    assert stored.n_tokens == len(arrays["ids"])
+    Group.objects.all().delete()
