@@ -291,7 +291,7 @@
     this.showCard(i);
   };
 
-  View.prototype.card_rows = function (i) {
+  View.prototype.cardRows = function (i) {
     var d = this.data, a = d.arrays, rows = [];
     var turn = d.turn ? d.turn[i] : null, role = "";
     if (turn !== null) d.turns.forEach(function (t) { if (t.turn === turn) role = t.role; });
@@ -317,7 +317,7 @@
     var span = document.getElementById("tok-" + i);
     if (!span) { this.card.hidden = true; return; }
     var dl = el("dl", "kv");
-    this.card_rows(i).forEach(function (r) {
+    this.cardRows(i).forEach(function (r) {
       dl.appendChild(el("dt", "", r[0]));
       dl.appendChild(el("dd", r[0] === "text" ? "mono" : "num", r[1]));
     });
