@@ -64,6 +64,8 @@ def rollout_tokens(
     else:
         noise = HEALTHY_NOISE
     sampler = np.minimum(trainer + rng.normal(0.0, noise, n), 0.0)
+    # Tool and user tokens were never sampled: a recorder fills the sampler's with the trainer's.
+    sampler = np.where(np.array(mask, dtype=bool), sampler, trainer)
     entropy = rng.gamma(2.0, (1.1 - 0.3 * step / max(steps - 1, 1)) / 2.0, n)
     return {
         "ids": ids,

@@ -16,6 +16,7 @@
     entropy: [124, 58, 237], pos: [5, 150, 105], neg: [220, 38, 38]
   };
   var MAX_ALPHA = 0.72;      // the darkest fill still leaves the text readable
+  var MASKED_ALPHA = 0.35;   // a masked token's fill, relative
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -210,6 +211,8 @@
     else if (key === "advantage") { c = v >= 0 ? COLOURS.pos : COLOURS.neg; f = Math.abs(v) / r[1]; }
     else { c = COLOURS[key]; f = v / r[1]; }
     f = Math.max(0, Math.min(1, f));
+    // Out of the loss: the value is shown, faintly (the statistics and the update ignore it).
+    if (this.data.loss_mask && !this.data.loss_mask[i]) f *= MASKED_ALPHA;
     return "rgba(" + c[0] + "," + c[1] + "," + c[2] + "," + (f * MAX_ALPHA).toFixed(3) + ")";
   };
 
