@@ -54,8 +54,8 @@ def test_the_tokens_follow_the_contract(groups):
                 assert 0 <= off < len(msg["content"])
                 assert m == (msg["role"] == "assistant")  # tool and user turns out of the loss
             assert len(set(t["advantages"])) == 1  # GRPO's advantage on every token
-            for s, tr, m in zip(t["sampler_logprobs"], t["trainer_logprobs"], t["loss_mask"]):
-                assert m or s == tr  # never sampled: the sampler's is the trainer's
+            pairs = zip(t["sampler_logprobs"], t["trainer_logprobs"], t["loss_mask"], strict=True)
+            assert all(m or s == tr for s, tr, m in pairs)  # never sampled: the trainer's
 
 
 def test_the_planted_drift_is_flagged_at_its_step(groups):
