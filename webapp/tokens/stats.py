@@ -17,6 +17,7 @@ from webapp.tokens.models import LOW_ENTROPY, RATIO_HIGH, RATIO_LOW
 
 MAX_LOG_RATIO = 50.0  # k3 of |d| past this is taken at it: exp(700) would overflow the step's sum
 TOOL_ROLES = ("tool", "environment")
+LOG_LOW, LOG_HIGH = float(np.log(RATIO_LOW)), float(np.log(RATIO_HIGH))
 
 
 class TokenSums(NamedTuple):
@@ -70,11 +71,11 @@ def rollout_sums(t: TokenArrays, roles: list[str]) -> TokenSums:
         n_pairs = int(d.size)
         if n_pairs:
             ad = np.abs(d)
-            dc = np.clip(d, -MAX_LOG_RATIO, MAX_LOG_RATIO)
             sum_abs, max_abs = float(ad.sum()), float(ad.max())
+            dc = np.clip(d, -MAX_LOG_RATIO, MAX_LOG_RATIO) if max_abs > MAX_LOG_RATIO else d
             sum_k3 = float((np.expm1(dc) - dc).sum())
-            ratio = np.exp(dc)
-            n_out = int(((ratio < RATIO_LOW) | (ratio > RATIO_HIGH)).sum())
+            # exp(d) outside [RATIO_LOW, RATIO_HIGH], compared in log space (no second exp)
+            n_out = int(((d < LOG_LOW) | (d > LOG_HIGH)).sum())
     n_ent, sum_ent, n_low = 0, 0.0, 0
     if t.entropy is not None:
         e = t.entropy[keep]
