@@ -61,10 +61,20 @@ class ApiError(Exception):
         return self.status is None or self.status >= 500 or self.status == 429
 
 
+MAX_BODY = 32 * 1024 * 1024  # the server's default request limit (MAX_REQUEST_BYTES)
+
+
 class Client:
     def __init__(
-        self, base_url: str, token: str, timeout: float = 30, retries: int = 5, backoff: float = 0.5
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 30,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_body: int = MAX_BODY,
     ) -> None:
+        self.max_body = max_body  # bytes a request may carry: post_groups splits batches to fit
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout  # seconds per attempt
@@ -153,8 +163,18 @@ class Client:
     # ---- writes
 
     def post_groups(self, run_id: int, groups: list[dict[str, Any]]) -> dict[str, int]:
-        """Ingest a batch (all or nothing). Returns {"groups", "rollouts", "skipped_groups"}."""
-        return self._request("POST", f"/api/v1/runs/{run_id}/groups/", {"groups": groups})
+        """Ingest a batch. Returns {"groups", "rollouts", "skipped_groups"}. A batch larger than
+        `max_body` (token arrays make them large) goes as several requests of whole groups, each
+        all or nothing (ingestion is idempotent per group, so a retry after a partial failure
+        stores nothing twice); a single group past it raises ApiError 413 naming its largest
+        rollout's tokens, before anything is sent."""
+        path = f"/api/v1/runs/{run_id}/groups/"
+        total = {"groups": 0, "rollouts": 0, "skipped_groups": 0}
+        for chunk in _chunks(groups, self.max_body, "POST", self.base_url + path):
+            answer = self._request("POST", path, raw=chunk)
+            for k in total:
+                total[k] += int(answer.get(k, 0))
+        return total
 
     def post_metrics(self, run_id: int, metrics: list[dict[str, Any]]) -> dict[str, int]:
         """`metrics` is a list of {"step": int, "values": {name: float}}."""
@@ -194,9 +214,19 @@ class Client:
 
     # ---- transport
 
-    def _request(self, method: str, path: str, body: Any = None, *, idempotent: bool = True) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        idempotent: bool = True,
+        raw: bytes | None = None,
+    ) -> Any:
         url = self.base_url + path
-        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        data = (
+            raw if raw is not None or body is None else json.dumps(body, allow_nan=False).encode()
+        )
         headers = {"Authorization": f"Token {self.token}", "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -232,6 +262,37 @@ class Client:
     def _delay(self, attempt: int, last: ApiError | None) -> float:
         delay = self.backoff * 2 ** (attempt - 1)
         return max(delay, last.retry_after if last is not None else 0.0)
+
+
+def _chunks(groups: list[dict[str, Any]], limit: int, method: str, url: str) -> Iterator[bytes]:
+    """`{"groups": [...]}` bodies of at most `limit` bytes, whole groups each, in order."""
+    head, tail = b'{"groups": [', b"]}"
+    parts: list[bytes] = []
+    size = len(head) + len(tail)
+    for i, g in enumerate(groups):
+        part = json.dumps(g, allow_nan=False).encode()
+        if len(part) + len(head) + len(tail) > limit:
+            raise ApiError(413, [_too_big(i, g, len(part), limit)], method, url)
+        if parts and size + len(part) + 2 > limit:
+            yield head + b", ".join(parts) + tail
+            parts, size = [], len(head) + len(tail)
+        parts.append(part)
+        size += len(part) + 2
+    if parts or not groups:  # an empty batch is still one request: the server answers it
+        yield head + b", ".join(parts) + tail
+
+
+def _too_big(i: int, group: dict[str, Any], size: int, limit: int) -> dict[str, str]:
+    rollouts = group.get("rollouts") or []
+    sizes = [len(json.dumps(r.get("tokens") or {})) for r in rollouts]
+    j = max(range(len(sizes)), key=sizes.__getitem__) if sizes else 0
+    field = f"groups[{i}].rollouts[{j}].tokens" if sizes and sizes[j] > 2 else f"groups[{i}]"
+    return {
+        "field": field,
+        "error": f"group {group.get('key')!r} is {size} bytes of JSON, past the server's "
+        f"{limit}-byte request limit (its largest token arrays are here): send fewer tokens "
+        "or raise MAX_REQUEST_BYTES on the server and max_body here",
+    }
 
 
 def _param(v: Any) -> str:

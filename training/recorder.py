@@ -37,6 +37,11 @@ through the sink's optional `write_settings`: they become the run's reward setti
 what the run was created with, so every later recomputation (ablation baseline, diagnostics) uses
 what TRL trained on.
 
+Per-token arrays (`tokens=True`, the default): token ids, the loss mask, the trainer's log-probs
+and the entropies of the loss pass, the sampler's under vLLM, the reference model's when beta > 0,
+and each token's text; read from TRL by training/token_capture.py (which says where each comes from
+and what it cannot record) and sent as each rollout's `tokens` object.
+
 Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
 (background thread) unless you pass `background=False`.
 """
@@ -58,6 +63,7 @@ from transformers import Trainer, TrainerCallback
 from training.common import numeric_metrics
 from training.rewards import REASON_PREFIX
 from training.sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sink
+from training.token_capture import TokenCapture
 
 KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"
@@ -122,6 +128,8 @@ class RolloutRecorder(TrainerCallback):
         background: bool = True,
         record_metrics: bool = True,
         state_fn: StateFn | None = None,
+        tokens: bool = True,
+        token_text: bool = True,
     ) -> None:
         given = [x is not None for x in (sink, url, jsonl)]
         if sum(given) != 1:
@@ -141,6 +149,7 @@ class RolloutRecorder(TrainerCallback):
         self.split = split
         self.record_metrics = record_metrics
         self.state_fn = state_fn
+        self._tokens = TokenCapture(text=token_text) if tokens else None
         self.trainer: Trainer | None = None
         self._pending = 0  # train-mode generations scored since the last emission
         self._wrapped_any = False
@@ -166,6 +175,8 @@ class RolloutRecorder(TrainerCallback):
         funcs = getattr(trainer, "reward_funcs", None)
         if funcs is None:
             return  # not a GRPO-style trainer: only metrics are recorded
+        if self._tokens is not None:
+            self._tokens.install(trainer)
         names = trainer.reward_func_names
         first = True
         for i, func in enumerate(funcs):
@@ -220,6 +231,8 @@ class RolloutRecorder(TrainerCallback):
         if transcripts is not None:
             log_extra(TRANSCRIPT_COLUMN, [json.dumps(_jsonable(t)) for t in transcripts])
         ids = kwargs.get("completion_ids")
+        if self._tokens is not None:
+            self._tokens.note_completion_ids(ids)
         if ids is not None and trainer is not None:
             stop = {
                 *getattr(trainer, "eos_token_ids", []),
@@ -334,6 +347,7 @@ class RolloutRecorder(TrainerCallback):
         lengths = extra.get(LENGTH_COLUMN)
         truncated = extra.get(TRUNCATED_COLUMN)
         transcripts = extra.get(TRANSCRIPT_COLUMN)
+        tokens = self._tokens.take(n) if self._tokens is not None else None
         seen: dict[str, int] = {}
         groups = []
         for start in range(0, n, g):
@@ -366,6 +380,8 @@ class RolloutRecorder(TrainerCallback):
                 is_trunc = bool(truncated[row]) if truncated else False
                 rollout["truncated"] = is_trunc
                 rollout["finish_reason"] = "length" if is_trunc else "stop"
+                if tokens is not None:
+                    rollout["tokens"] = tokens[row]
                 if self.state_fn is not None:
                     state_value = self.state_fn(str(keys[start]), prompts[row], completion)
                     if state_value is not None:

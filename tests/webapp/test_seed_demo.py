@@ -169,3 +169,16 @@ def test_it_neither_fails_nor_duplicates_when_run_again(db_access):
     call_command("seed_demo", steps=2, groups_per_step=2, G=4, stdout=io.StringIO())
     assert counts() == before
     assert time.perf_counter() - t0 < db_access["seconds"]  # nothing is generated again
+
+
+def test_the_token_story_flags_its_planted_mismatch_at_its_step(db_access):
+    from webapp.tokens.models import RolloutTokens
+
+    drift = Run.objects.get(name=seed_demo.DRIFT_RUN)
+    n = Group.objects.filter(run=drift).count() * seed_demo.STORY["G"]
+    assert RolloutTokens.objects.filter(run=drift).count() == n  # every rollout has tokens
+    doc = run_report(drift, None)
+    f = finding(doc, "token_mismatch")
+    assert f is not None and f["onset_step"] == seed_demo.DRIFT_STEP
+    assert not finding(doc, "entropy_collapse") and not finding(doc, "tool_tokens_in_loss")
+    assert f"token story run {drift.id}" in db_access["out"]

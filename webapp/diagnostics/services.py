@@ -23,6 +23,7 @@ from webapp.rollouts.arrays import load_run_arrays
 from webapp.rollouts.models import Group, RewardComponent, StepStat
 from webapp.runs import launch, queries
 from webapp.runs.models import Run, StepMetric
+from webapp.tokens.findings import token_findings, with_token_findings
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def diagnose_run(
         longer = load_run_arrays(run, step_min=earlier)
         d = dg.diagnose(longer, window_from=start, history_complete=earlier is None, **args)
         read_from = int(longer.steps.min()) if longer.n else read_from
-    out = d.as_dict()
+    out = with_token_findings(d.as_dict(), token_findings(run, start))
     out["window"] = window
     out["read_from"] = read_from  # the first step read (before the window when dating an onset)
     out["timing"] = {"read_s": round(t1 - t0, 4), "compute_s": round(time.perf_counter() - t1, 4)}

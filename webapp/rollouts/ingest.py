@@ -36,6 +36,8 @@ from webapp.rollouts.ingest_write import (
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.rollouts.validation import GroupIn, validate_batch
 from webapp.runs.models import Run
+from webapp.tokens import ingest as tokens_ingest
+from webapp.tokens.validation import vocab_size
 
 RETRIES = 3
 __all__ = ["IngestResult", "ingest_groups"]
@@ -51,7 +53,7 @@ class IngestResult:
 def ingest_groups(run: Run, body: Any) -> IngestResult:
     """Validate and store a batch of groups for `run`. All or nothing; idempotent on (step, key)."""
     comps = run.components()
-    groups = validate_batch(body, {c.name for c in comps})
+    groups = validate_batch(body, {c.name for c in comps}, vocab_size(run.config))
     for attempt in range(RETRIES):
         try:
             return _store(run, groups, comps)
@@ -86,6 +88,7 @@ def _store(run: Run, groups: list[GroupIn], comps: list[RewardComponent]) -> Ing
     group_ids, rollout_ids = reserve_ids(Group, len(new)), reserve_ids(Rollout, n)
     insert(rows.batch_rows(run.id, new, comps, s, group_ids, rollout_ids))
     upsert_step_stats(run.id, ingest_stats.step_stat_rows(s, comps))
+    tokens_ingest.store(run.id, new, rollout_ids)  # webapp/tokens: its arrays and step sums
     add_vocabulary(run.id, [r.search_words for g in new for r in g.rollouts])  # last: it says why
     return IngestResult(groups=len(new), rollouts=n, skipped_groups=len(groups) - len(new))
 

@@ -50,10 +50,15 @@ from webapp.rollouts.models import (
 )
 from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery, highlight, parse_query
 from webapp.runs.models import Run
+from webapp.tokens.models import TOKEN_SORT_FIELDS, RolloutTokens
 
 BUILTIN_SORTS = ("reward", "advantage", "length", "step")
 # Sort=replay.<component>, min_/max_replay.<component>: a replay's values (replay=<id>)
 REPLAY_PREFIX = "replay."
+# Sort=tokens.<summary>, min_/max_tokens.<summary>: a rollout's token summaries (RolloutTokens); a
+# token sort lists the rollouts that carry tokens.
+TOKEN_PREFIX = "tokens."
+TOKEN_SORTS = tuple(TOKEN_PREFIX + f for f in TOKEN_SORT_FIELDS)
 MAX_LIMIT = 500
 
 
@@ -74,6 +79,7 @@ class ExplorerQuery:
     annotated: bool | None = None
     replay: int | None = None  # a replay of the run: its values sort and filter like a component's
     replay_ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    token_ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     limit: int = 50
     cursor: str | None = None
 
@@ -88,11 +94,11 @@ class ExplorerQuery:
         q = cls()
         q.sort = params.get("sort") or "reward"
         replayed = q.sort.startswith(REPLAY_PREFIX) and q.sort[len(REPLAY_PREFIX) :] in components
-        if q.sort not in BUILTIN_SORTS and q.sort not in components and not replayed:
+        known = (*BUILTIN_SORTS, *TOKEN_SORTS, *components)
+        if q.sort not in known and not replayed:
             raise FieldError(
                 "sort",
-                f"must be one of {', '.join([*BUILTIN_SORTS, *components])} "
-                f"or {REPLAY_PREFIX}<component> with replay=<id>",
+                f"must be one of {', '.join(known)} or {REPLAY_PREFIX}<component> with replay=<id>",
             )
         q.order = params.get("order") or "desc"
         if q.order not in ("asc", "desc"):
@@ -114,6 +120,10 @@ class ExplorerQuery:
             )
             if lo is not None or hi is not None:
                 q.replay_ranges[name] = (lo, hi)
+        for name in TOKEN_SORT_FIELDS:
+            lo, hi = (_float_param(params, f"{end}_{TOKEN_PREFIX}{name}") for end in ("min", "max"))
+            if lo is not None or hi is not None:
+                q.token_ranges[name] = (lo, hi)
         q.replay = _int_param(params, "replay")
         if q.replay is None and (replayed or q.replay_ranges):
             raise FieldError(
@@ -150,6 +160,7 @@ class ExplorerQuery:
         if self.replay is not None:
             out["replay"] = str(self.replay)
         out.update(_range_params(self.replay_ranges, REPLAY_PREFIX))
+        out.update(_range_params(self.token_ranges, TOKEN_PREFIX))
         if self.limit != 50:
             out["limit"] = str(self.limit)
         out.update({k: str(v) for k, v in override.items() if v is not None})
@@ -698,6 +709,19 @@ def _replay(run: Run, q: ExplorerQuery) -> Any:
     return replay
 
 
+def _token_ranges(q: ExplorerQuery, outer: str) -> list[Exists]:
+    """One EXISTS per token-summary range (min_/max_tokens.<summary>) on the rollout id `outer`."""
+    out = []
+    for name, (lo, hi) in q.token_ranges.items():
+        sub = RolloutTokens.objects.filter(rollout_id=OuterRef(outer))
+        if lo is not None:
+            sub = sub.filter(**{f"{name}__gte": lo})
+        if hi is not None:
+            sub = sub.filter(**{f"{name}__lte": hi})
+        out.append(Exists(sub))
+    return out
+
+
 def _annotation_filters(q: ExplorerQuery, outer: str) -> list[Exists]:
     """The label / annotated filters on the rollout id field `outer`, through
     Rollout.annotations."""
@@ -737,6 +761,9 @@ def _page_hits(
         qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
         qs = qs.filter(_filters(run, q, comps, "rollout__"))
         outer = "rollout_id"
+    elif q.sort in TOKEN_SORTS:  # the (run, <summary>, rollout) index of RolloutTokens
+        qs = RolloutTokens.objects.filter(run=run).filter(_filters(run, q, comps, "rollout__"))
+        outer = "rollout_id"
     else:
         qs = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, ""))
         outer = "id"
@@ -746,12 +773,16 @@ def _page_hits(
     for ex in [
         *_range_exists(q.ranges, RewardScore.objects.all(), comps, outer),
         *replay_ranges,
+        *_token_ranges(q, outer),
         *_annotation_filters(q, outer),
     ]:
         qs = qs.filter(ex)
-    value_field = "value" if outer == "rollout_id" else q.sort
+    tokens = q.sort in TOKEN_SORTS
+    value_field = (
+        q.sort[len(TOKEN_PREFIX) :] if tokens else "value" if outer == "rollout_id" else q.sort
+    )
     if q.search is None:
-        by_index = replay is not None or not _range_first(run, q, value_field)
+        by_index = replay is not None or tokens or not _range_first(run, q, value_field)
         hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, by_index)
     else:
         hits = _search_page(run, qs, value_field, outer, q)

@@ -5,7 +5,9 @@ routed in webapp/runs/urls.py (mounted at the root) so their URLs read
 from django.urls import path
 
 from webapp.rollouts import views
+from webapp.tokens import pages as token_pages
 
 urlpatterns = [
     path("<int:rollout_id>/", views.transcript, name="rollouts-transcript"),
+    path("<int:rollout_id>/tokens.json", token_pages.rollout_tokens, name="rollouts-tokens"),
 ]

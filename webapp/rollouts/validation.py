@@ -19,6 +19,8 @@ from django.db import connection
 
 from webapp.errors import MAX_ERRORS, FieldError
 from webapp.rollouts import text
+from webapp.tokens.codec import TokenArrays
+from webapp.tokens.validation import parse_tokens
 
 ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
 MAX_KEY = 300
@@ -47,6 +49,7 @@ class RolloutIn:
     # "reward": null sent explicitly: the trainer did not score it, so it is never re-derived
     # from the components (an absent "reward" is computed with the run's weights)
     reward_missing: bool = False
+    tokens: TokenArrays | None = None  # per-token arrays (webapp/tokens), checked
 
 
 @dataclass
@@ -107,6 +110,21 @@ def _storable_fast(value: Any) -> bool:
         return b"\\u0000" not in orjson.dumps(value)
     except (orjson.JSONEncodeError, TypeError):
         return False
+
+
+def _without_tokens(g: dict[str, Any]) -> dict[str, Any]:
+    """The group with its rollouts' token arrays left out (shallow copies; `g` unchanged): the
+    storable-text check would otherwise serialise every number of them."""
+    rollouts = g.get("rollouts")
+    if not isinstance(rollouts, list) or not any(
+        isinstance(r, dict) and "tokens" in r for r in rollouts
+    ):
+        return g
+    bare = [
+        {k: v for k, v in r.items() if k != "tokens"} if isinstance(r, dict) else r
+        for r in rollouts
+    ]
+    return {**g, "rollouts": bare}
 
 
 def _bad_text(s: str) -> bool:
@@ -217,6 +235,7 @@ ROLLOUT_FIELDS = (
     "finish_reason",
     "parse_error",
     "state",
+    "tokens",
 )
 
 
@@ -231,7 +250,9 @@ def _unknown_fields(
             errs.add(where, f"unknown field; expected {', '.join(allowed)}")
 
 
-def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> RolloutIn | None:
+def _parse_rollout(
+    r: Any, path: str, components: set[str], errs: _Errors, vocab: int | None = None
+) -> RolloutIn | None:
     if not isinstance(r, dict):
         errs.add(path, "must be an object")
         return None
@@ -255,6 +276,9 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> Ro
     state = r.get("state")
     if state is not None and not isinstance(state, dict):
         errs.add(f"{path}.state", "must be an object")
+    tokens = None
+    if r.get("tokens") is not None:
+        tokens = parse_tokens(r["tokens"], f"{path}.tokens", len(transcript) or 1, vocab, errs.add)
     if len(errs.items) > n0:
         return None
     if length is None:
@@ -272,6 +296,7 @@ def _parse_rollout(r: Any, path: str, components: set[str], errs: _Errors) -> Ro
         parse_error=parse_error,
         state=state,
         reward_missing="reward" in r and r["reward"] is None,
+        tokens=tokens,
     )
 
 
@@ -305,8 +330,9 @@ def _parse_string(r: dict[str, Any], name: str, path: str, errs: _Errors) -> str
     return v
 
 
-def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
-    """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS)."""
+def validate_batch(body: Any, components: set[str], vocab: int | None = None) -> list[GroupIn]:
+    """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS).
+    `vocab`: the run's vocabulary size, when known (token ids are checked against it)."""
     errs = _Errors()
     if not isinstance(body, dict) or not isinstance(body.get("groups"), list):
         raise FieldError("groups", "must be a list of groups")
@@ -314,7 +340,7 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
     groups: list[GroupIn] = []
     seen: set[tuple[int, str]] = set()  # (step, key) of the batch's groups so far
     for gi, g in enumerate(body["groups"]):
-        group = _parse_group(g, f"groups[{gi}]", components, seen, errs)
+        group = _parse_group(g, f"groups[{gi}]", components, seen, errs, vocab)
         if group is not None:
             groups.append(group)
     if errs:
@@ -335,12 +361,18 @@ def validate_batch(body: Any, components: set[str]) -> list[GroupIn]:
 
 
 def _parse_group(
-    g: Any, gp: str, components: set[str], seen: set[tuple[int, str]], errs: _Errors
+    g: Any,
+    gp: str,
+    components: set[str],
+    seen: set[tuple[int, str]],
+    errs: _Errors,
+    vocab: int | None = None,
 ) -> GroupIn | None:
     if not isinstance(g, dict):
         errs.add(gp, "must be an object")
         return None
-    bad = None if _storable_fast(g) else unstorable_text(g, gp)
+    plain = _without_tokens(g)  # token arrays are numbers (their text is checked with them)
+    bad = None if _storable_fast(plain) else unstorable_text(plain, gp)
     if bad is not None:
         errs.add(*bad)
         return None
@@ -360,7 +392,7 @@ def _parse_group(
     )
     indexes: set[int] = set()
     for ri, r in enumerate(rollouts):
-        parsed = _parse_rollout(r, f"{gp}.rollouts[{ri}]", components, errs)
+        parsed = _parse_rollout(r, f"{gp}.rollouts[{ri}]", components, errs, vocab)
         if parsed is None:
             continue
         if parsed.index in indexes:

@@ -28,6 +28,7 @@ from webapp.errors import FieldError
 from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
+    TOKEN_PREFIX,
     ExplorerQuery,
     decode_cursor,
     encode_cursor,
@@ -36,6 +37,7 @@ from webapp.rollouts.queries import (
 from webapp.rollouts.templatetags.rollout_tags import bar, preview
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
+from webapp.tokens import pages as token_pages
 
 NO_SIGNAL_PAGE = 50
 FOLD_CHARS, FOLD_HEAD = (
@@ -351,6 +353,14 @@ def neighbours(
         if not found:
             return None, None  # not scored by the sort component: not in that explorer listing
         value = found[0]
+    elif q.sort.startswith(TOKEN_PREFIX):
+        from webapp.tokens.models import RolloutTokens
+
+        field = q.sort[len(TOKEN_PREFIX) :]
+        found = list(RolloutTokens.objects.filter(rollout=rollout).values_list(field, flat=True))
+        if not found:
+            return None, None  # no tokens: not in that explorer listing
+        value = found[0]
     else:
         value = getattr(rollout, q.sort)
     cursor = encode_cursor(value, rollout.id)
@@ -427,5 +437,6 @@ def transcript(request: HttpRequest, rollout_id: int) -> HttpResponse:
         "prev_id": prev_id,
         "next_id": next_id,
         "qs": request.GET.urlencode(),
+        **token_pages.transcript_context(request, rollout),
     }
     return render(request, "rollouts/transcript.html", ctx)

@@ -282,7 +282,17 @@ def dashboard_figures(data: DashboardData, table_scalars: bool = True) -> dict[s
         # The id is the metric's name: stable when a live run starts logging a new metric.
         figures[f"metric:{name}"] = metric_figure(name, steps, values, PALETTE[i % len(PALETTE)])
         metrics.append({"name": name, "id": f"metric:{name}"})
-    return {"all": figures, "components": components, "metrics": metrics, "scalars": scalars}
+    from webapp.tokens.charts import token_figures  # it builds on this module's helpers
+
+    tokens = token_figures(data.tokens)  # only when the run recorded tokens
+    figures.update(tokens)
+    return {
+        "all": figures,
+        "components": components,
+        "metrics": metrics,
+        "scalars": scalars,
+        "tokens": list(tokens),
+    }
 
 
 def live_points(data: DashboardData) -> dict[str, dict[str, list[list[Any]]]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from webapp.rollouts.models import RewardComponent, StepStat
 from webapp.runs.models import Run, StepMetric
+from webapp.tokens import store as token_store
 
 SPARK_POINTS = 60  # a sparkline wider than this carries no more information at 120 px
 
@@ -55,6 +56,9 @@ class DashboardData:
     metrics: dict[str, tuple[list[int], list[float | None]]]  # other trainer metrics, by name
     n_groups: int
     n_rollouts: int
+    # Per-step token statistics (webapp/tokens/store.py: "steps" and one list per statistic), None
+    # when the run recorded no tokens
+    tokens: dict[str, list] | None = None
 
 
 def _pooled(
@@ -168,6 +172,7 @@ def dashboard_data(run: Run, since: int | None = None) -> DashboardData:
         metrics=metrics,
         n_groups=n_groups,
         n_rollouts=n_rollouts,
+        tokens=token_store.token_series(run, since),
     )
 
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from training.demo import generate_groups, linear_schedule
 from training.demo_stories import story_groups
+from training.demo_tokens import add_tokens
 from training.environments import get_environment
 from webapp.accounts.roles import set_role
 from webapp.errors import FieldError
@@ -30,6 +31,8 @@ ANNOTATOR, ANNOTATOR_PASSWORD = "annotator", "annotator-password"
 RUN_NAME = "diagram · scripted policy (demo)"
 BROKEN_RUN = "ask_to_code · verifier never runs the code (demo)"
 FIXED_RUN = "ask_to_code · verifier fixed (demo)"
+DRIFT_RUN = "ask_to_code · sampler drifts from the trainer (demo)"
+DRIFT_STEP = 18  # the planted mismatch: the sampler's log-probs drift from this step on
 STORY = {"steps": 30, "groups_per_step": 4, "G": 6, "saturate_at": 5}
 ABLATION_NAME = "drop correctness"
 QUEUE_NAME = "ask_to_code · first review (demo)"
@@ -167,6 +170,11 @@ class Command(BaseCommand):
                 f"story run {run.id} ({run.name}): /diagnostics/runs/{run.id}/  ablation: {verdict}"
             )
         self.stdout.write(f"side by side: /diagnostics/runs/{broken.id}/overlay/{fixed.id}/")
+        drift = _story_run(DRIFT_RUN, db_env, user, broken=False, parent=fixed, drift=DRIFT_STEP)
+        self.stdout.write(
+            f"token story run {drift.id}: sampler/trainer mismatch planted at step {DRIFT_STEP} "
+            f"(/runs/{drift.id}/ token charts, /diagnostics/runs/{drift.id}/ findings)"
+        )
         queue = _review_queue(fixed, user, annotator)
         self.stdout.write(
             f"review queue {queue.id} ({queue.name}), annotated by {DEMO_USER} and {ANNOTATOR}"
@@ -188,9 +196,12 @@ def _user(username: str, password: str, role: str):
     return user
 
 
-def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None) -> Run:
+def _story_run(
+    name: str, db_env, user, broken: bool, parent: Run | None = None, drift: int | None = None
+) -> Run:
     """The story's run, generated and ingested once (a re-run finds every group stored
-    and skips it)."""
+    and skips it). With `drift`, every rollout carries token arrays whose sampler log-probs drift
+    from the trainer's from that step on (training/demo_tokens.py)."""
     run, _ = get_or_create_run(
         name=name,
         kind=Run.Kind.IMPORT,
@@ -202,14 +213,17 @@ def _story_run(name: str, db_env, user, broken: bool, parent: Run | None = None)
             "policy": "ScriptedAskPolicy",
             "story": "broken verifier" if broken else "fixed verifier",
             "scale_rewards": "group",
+            **({"planted_mismatch_step": drift} if drift is not None else {}),
             **STORY,
         },
     )
     expected = STORY["steps"] * STORY["groups_per_step"]
     if Group.objects.filter(run=run).count() < expected:
         groups = story_groups(broken, **STORY)
-        ingest_groups(run, {"groups": groups})
         env = get_environment("ask_to_code")
+        if drift is not None:
+            add_tokens(groups, {c.name: c.weight for c in env.components}, drift_step=drift)
+        ingest_groups(run, {"groups": groups})
         names = [c.name for c in env.components]
         record_metrics(
             run,

@@ -1,0 +1,218 @@
+"""Per-token arrays from a TRL GRPOTrainer (1.16) for the recorder's rollouts' `tokens` objects (the
+contract: webapp/tokens/models.py; no Django here).
+
+What TRL has, and where (trl/trainer/grpo_trainer.py, 1.16):
+
+- `_generate_and_score_completions` returns, per local row, `completion_ids` and `completion_mask`
+  (right-padded; a truncated row's mask is zeroed under `mask_truncated_completions`), `tool_mask`
+  (0 on tool-result tokens, or a rollout_func's `env_mask`), `advantages` (one per row),
+  `old_per_token_logps` (the trainer's log-probs at generation time: only when generation and
+  optimisation are misaligned, or under vLLM with `vllm_importance_sampling_correction`),
+  `sampling_per_token_logps` (the sampler's, vLLM only) and `ref_per_token_logps` (beta > 0).
+  Without vLLM there are no sampler log-probs: HF generate samples from the same weights, and TRL
+  keeps none; the rollout records none rather than a copy of the trainer's.
+- The loss pass (`_compute_loss`) calls `_get_per_token_logps_and_entropies(...,
+  compute_entropy=True)`: the trainer's log-probs (the ones TRL uses as `old_per_token_logps` when
+  it computed none at generation) and the entropies of the policy at each completion position.
+  Those rows arrive shuffled and split into micro-batches (`shuffle_sequence_dict`,
+  `split_tensor_dict`), so the generation output carries a row-number tensor (ROW_KEY) that TRL
+  shuffles and splits with the rest; the loss pass reads it back to know whose entropies it holds.
+
+Three light hooks on the trainer instance (no subclass): the generation method, `compute_loss` (to
+see the micro-batch's row numbers) and `_get_per_token_logps_and_entropies` (to see its result);
+each calls TRL's own method and returns its result unchanged. A trainer without those methods
+(another TRL version) records no tokens, with one warning.
+
+Gaps, said rather than filled: one process only (with several, each holds its own rows and the
+recorder writes from process zero: tokens are left out, with a warning); a row whose loss pass has
+not run when the step's groups are written (steps_per_generation > gradient_accumulation_steps)
+goes without entropies; under num_iterations > 1 the entropies are the first pass's.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+ROW_KEY = "recorder_row"  # the row-number tensor added to TRL's generation output
+GEN_STRIDE = 1 << 24  # row numbers are generation * GEN_STRIDE + row: stale passes are told apart
+# How each array is sent: base64 of little-endian binary (a quarter of the JSON of a list, and
+# no per-number parsing on the server); text as a list of strings.
+DTYPES = {
+    "ids": "int32",
+    "loss_mask": "uint8",
+    "advantages": "float32",
+    "sampler_logprobs": "float32",
+    "trainer_logprobs": "float32",
+    "ref_logprobs": "float32",
+    "entropy": "float32",
+}
+HOOKS = ("_generate_and_score_completions", "compute_loss", "_get_per_token_logps_and_entropies")
+
+
+class TokenCapture:
+    """Holds the last training generation's per-row token arrays until the recorder takes them."""
+
+    def __init__(self, text: bool = True) -> None:
+        self.text = text  # decode each token's text (the token view shows it)
+        self.trainer: Any = None
+        self.enabled = False
+        self._gen = 0
+        self._rows: list[dict[str, Any]] = []
+        self._ids: list[list[int]] | None = None  # the reward functions' unpadded completion ids
+        self._current: list[int] | None = None  # the loss pass's row numbers
+
+    # ---- installing
+
+    def install(self, trainer: Any) -> bool:
+        """Hook `trainer`; False (and a warning) when it is not a GRPOTrainer this module knows."""
+        if self.trainer is trainer:
+            return self.enabled
+        self.trainer = trainer
+        missing = [h for h in HOOKS if not callable(getattr(trainer, h, None))]
+        processes = getattr(getattr(trainer, "accelerator", None), "num_processes", 1)
+        if missing or processes != 1:
+            why = f"no {', '.join(missing)}" if missing else f"{processes} processes"
+            logger.warning("recorder: token arrays not recorded (%s)", why)
+            return False
+        generate = trainer._generate_and_score_completions
+        compute_loss = trainer.compute_loss
+        logps = trainer._get_per_token_logps_and_entropies
+
+        def generate_hook(*args: Any, **kwargs: Any) -> Any:
+            output = generate(*args, **kwargs)
+            self._after_generation(output)
+            return output
+
+        def compute_loss_hook(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            rows = inputs.get(ROW_KEY) if isinstance(inputs, dict) else None
+            self._current = rows.tolist() if rows is not None else None
+            try:
+                return compute_loss(model, inputs, *args, **kwargs)
+            finally:
+                self._current = None
+
+        def logps_hook(*args: Any, **kwargs: Any) -> Any:
+            result = logps(*args, **kwargs)
+            if kwargs.get("compute_entropy") and self._current is not None:
+                self._after_loss_pass(result[0], result[1])
+            return result
+
+        trainer._generate_and_score_completions = generate_hook
+        trainer.compute_loss = compute_loss_hook
+        trainer._get_per_token_logps_and_entropies = logps_hook
+        self.enabled = True
+        return True
+
+    def note_completion_ids(self, ids: Any) -> None:
+        """The unpadded completion ids TRL hands the reward functions (the recorder's first reward
+        wrapper calls this): the rows' true lengths, whatever the masks say."""
+        if self.enabled and ids is not None and self.trainer.model.training:
+            self._ids = [list(map(int, x)) for x in ids]
+
+    # ---- hooks
+
+    def _after_generation(self, output: dict[str, Any]) -> None:
+        if not self.trainer.model.training:
+            self._ids = None
+            return
+        import torch
+
+        ids = output["completion_ids"]
+        b = int(ids.shape[0])
+        self._gen += 1
+        output[ROW_KEY] = torch.arange(b, device=ids.device) + self._gen * GEN_STRIDE
+        lengths = (
+            [len(x) for x in self._ids]
+            if self._ids is not None and len(self._ids) == b
+            else output["completion_mask"].sum(dim=1).tolist()
+        )
+        self._ids = None
+        mask = output["completion_mask"]
+        if output.get("tool_mask") is not None:
+            mask = mask * output["tool_mask"]
+        self._rows = []
+        for i, n in enumerate(int(x) for x in lengths):
+            row: dict[str, Any] = {
+                "ids": ids[i, :n].cpu().numpy(),
+                "loss_mask": mask[i, :n].cpu().numpy(),
+                "advantages": np.full(n, float(output["advantages"][i])),
+            }
+            for key, name in (
+                ("sampling_per_token_logps", "sampler_logprobs"),
+                ("old_per_token_logps", "trainer_logprobs"),
+                ("ref_per_token_logps", "ref_logprobs"),
+            ):
+                if output.get(key) is not None:
+                    row[name] = _floats(output[key][i, :n], upper=0.0)
+            if self.text:
+                row["text"] = self._decode(row["ids"].tolist())
+            self._rows.append(row)
+
+    def _after_loss_pass(self, logps: Any, entropies: Any) -> None:
+        for j, number in enumerate(self._current or []):
+            gen, i = divmod(int(number), GEN_STRIDE)
+            if gen != self._gen or i >= len(self._rows) or "entropy" in self._rows[i]:
+                continue  # an older generation's rows, or a later iteration over the same ones
+            row = self._rows[i]
+            n = len(row["ids"])
+            if entropies is not None:
+                row["entropy"] = _floats(entropies[j, :n], lower=0.0)
+            if "trainer_logprobs" not in row:  # TRL then trains against these very values
+                row["trainer_logprobs"] = _floats(logps[j, :n], upper=0.0)
+
+    def _decode(self, ids: list[int]) -> list[str]:
+        """Each token's text, such that they join into the decoded completion: a character split
+        over several byte-level tokens is given to the last of them (the others get ""), where
+        decoding each alone would show U+FFFD for every part."""
+        tok = getattr(self.trainer, "_tokenizer", None) or self.trainer.processing_class
+        tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
+        texts = tok.batch_decode([[i] for i in ids])
+        start = None  # first token of a character still incomplete
+        for i, text in enumerate(texts):
+            if "\ufffd" not in text and start is None:
+                continue
+            first = i if start is None else start
+            joined = tok.decode(ids[first : i + 1])
+            if joined.endswith("\ufffd") and i - first < 3:  # UTF-8: 4 bytes at most
+                start = first
+                continue
+            texts[first : i + 1] = [""] * (i - first) + [joined]
+            start = None
+        return texts
+
+    # ---- reading
+
+    def take(self, n: int) -> list[dict[str, Any]] | None:
+        """The last generation's token objects in TRL's row order (the recorder's rows), or None
+        when they are not the `n` rows the recorder is writing. Each is taken once."""
+        rows, self._rows = self._rows, []
+        if not self.enabled or len(rows) != n:
+            return None
+        return [{k: pack(v, DTYPES[k]) if k in DTYPES else v for k, v in r.items()} for r in rows]
+
+
+def pack(a: Any, dtype: str) -> dict[str, str]:
+    """An array as the tokens object's binary form: {"dtype", "data": base64 little-endian}."""
+    raw = np.asarray(a).astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+    return {"dtype": dtype, "data": base64.b64encode(raw).decode("ascii")}
+
+
+def unpack(v: Any) -> np.ndarray:
+    """An array of a tokens object, as sent in either form (a list, or `pack`'s dict)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["data"]), np.dtype(v["dtype"]).newbyteorder("<"))
+    return np.asarray(v)
+
+
+def _floats(t: Any, lower: float | None = None, upper: float | None = None) -> np.ndarray:
+    """A 1-d tensor as float32 numpy, clamped into the valid range (float noise past 0)."""
+    t = t.detach().float()
+    if lower is not None or upper is not None:
+        t = t.clamp(min=lower, max=upper)
+    return t.cpu().numpy()

@@ -1,0 +1,192 @@
+"""The on-disk form of one rollout's token arrays (RolloutTokens.data): pure numpy and pyarrow, no
+Django, so the bench and any reader can use it alone.
+
+Layout, little-endian: a 12-byte header, a size table, then one zstd frame (pyarrow's codec,
+level 3) per stream:
+
+    magic  b"TK"   version u8 = 1   pad u8   fields u32 (bit i: FIELDS[i] is present)   n u32
+    (raw size u32, compressed size u32) for each stream
+    the frames
+
+Each present field, in FIELDS order, is one or more streams:
+
+    ids                 uint32, as 4 byte planes (all first bytes, then all second bytes, ...)
+    offsets, turn       int32 first differences, as 4 byte planes (small steps: near-empty planes)
+    text                uint32 UTF-8 byte lengths as 4 byte planes, then the UTF-8 bytes
+    sampler_logprobs, ref_logprobs, entropy, advantages
+                        float16 rounded to MANTISSA_BITS (8 of its 10: a relative error under
+                        0.2%), as 2 byte planes
+    trainer_logprobs    the same float16 of (trainer - sampler) when sampler_logprobs is present
+                        (bit TRAINER_AS_DELTA: the mismatch keeps float16's relative precision
+                        rather than being lost in the rounding of two close values), else float16
+    loss_mask           np.packbits (1 bit a token)
+
+Why this form (docs/tokens.md has the measurements): byte planes put the nearly constant high
+bytes of ids and floats together, where zstd removes them, and a frame per plane gives each its
+own entropy tables (one frame for all planes took 7.6 bytes a token where this takes 6.3); the two
+dropped mantissa bits are noise that zstd cannot remove (0.25 byte a value each); 2-3 significant
+digits is what a token view shows, while the statistics are computed at ingest from the float64
+values sent. The
+per-step and per-rollout statistics never read this blob.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+FIELDS = (
+    "ids",
+    "offsets",
+    "text",
+    "sampler_logprobs",
+    "trainer_logprobs",
+    "ref_logprobs",
+    "entropy",
+    "advantages",
+    "loss_mask",
+    "turn",
+)
+FLOAT_FIELDS = ("sampler_logprobs", "trainer_logprobs", "ref_logprobs", "entropy", "advantages")
+INT_FIELDS = ("offsets", "turn")
+TRAINER_AS_DELTA = 1 << 31
+MAGIC = b"TK"
+VERSION = 1
+HEADER = struct.Struct("<2sBxII")
+LEVEL = 3
+MANTISSA_BITS = 8
+_DROP = 10 - MANTISSA_BITS
+F16_MAX = 60000.0  # below float16's largest finite value (65504), so rounding never makes an inf
+_CODEC = pa.Codec("zstd", compression_level=LEVEL)
+
+
+@dataclass
+class TokenArrays:
+    """One rollout's arrays, each None when not recorded; all of length n."""
+
+    ids: np.ndarray  # int64
+    offsets: np.ndarray | None = None  # int64, char offset of each token
+    text: list[str] | None = None
+    sampler_logprobs: np.ndarray | None = None  # float64 on the way in, float32 read back
+    trainer_logprobs: np.ndarray | None = None
+    ref_logprobs: np.ndarray | None = None
+    entropy: np.ndarray | None = None
+    advantages: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None  # bool
+    turn: np.ndarray | None = None  # int64
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def present(self) -> list[str]:
+        return [f for f in FIELDS if getattr(self, f) is not None]
+
+
+def _planes(a: np.ndarray) -> list[bytes]:
+    """Byte planes of a fixed-width array: byte 0 of every element, then byte 1, ..."""
+    m = a.view(np.uint8).reshape(a.size, a.itemsize)
+    return [m[:, i].tobytes() for i in range(a.itemsize)]
+
+
+def _unplanes(streams: list[bytes], n: int, dtype: str) -> np.ndarray:
+    width = np.dtype(dtype).itemsize
+    m = np.empty((n, width), dtype=np.uint8)
+    for i in range(width):
+        m[:, i] = np.frombuffer(streams.pop(0), dtype=np.uint8, count=n)
+    return m.view(dtype).reshape(n)
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    """float16 of `a`, rounded to the nearest value with MANTISSA_BITS of mantissa (on the bit
+    pattern: sign and magnitude, so a carry into the exponent is the correct rounding)."""
+    bits = np.clip(a, -F16_MAX, F16_MAX).astype("<f2").view("<u2").astype(np.uint32)
+    bits = (bits + (1 << (_DROP - 1))) >> _DROP << _DROP
+    return bits.astype("<u2").view("<f2")
+
+
+def _diff(a: np.ndarray) -> np.ndarray:
+    return np.diff(a.astype(np.int64), prepend=0).astype("<i4")
+
+
+def _streams(t: TokenArrays) -> tuple[int, list[bytes]]:
+    n, flags, parts = len(t), 0, []
+    for i, name in enumerate(FIELDS):
+        v = getattr(t, name)
+        if v is None:
+            continue
+        flags |= 1 << i
+        if name == "ids":
+            parts += _planes(np.asarray(v, dtype="<u4"))
+        elif name in INT_FIELDS:
+            parts += _planes(_diff(np.asarray(v)))
+        elif name == "text":
+            raw = [s.encode("utf-8") for s in v]
+            parts += _planes(np.fromiter(map(len, raw), dtype="<u4", count=n))
+            parts.append(b"".join(raw))
+        elif name == "loss_mask":
+            parts.append(np.packbits(np.asarray(v, dtype=bool)).tobytes())
+        else:
+            a = np.asarray(v, dtype=np.float64)
+            if name == "trainer_logprobs" and t.sampler_logprobs is not None:
+                a = a - np.asarray(t.sampler_logprobs, dtype=np.float64)
+                flags |= TRAINER_AS_DELTA
+            parts += _planes(_f16(a))
+    return flags, parts
+
+
+def encode(t: TokenArrays) -> bytes:
+    """The blob of `t` (validated: values in range, every array of length n)."""
+    flags, streams = _streams(t)
+    frames = [_CODEC.compress(s, asbytes=True) if s else b"" for s in streams]
+    sizes = np.array([(len(s), len(f)) for s, f in zip(streams, frames, strict=True)], dtype="<u4")
+    return HEADER.pack(MAGIC, VERSION, flags, len(t)) + sizes.tobytes() + b"".join(frames)
+
+
+def _read_streams(blob: bytes, count: int) -> list[bytes]:
+    sizes = np.frombuffer(blob, dtype="<u4", count=2 * count, offset=HEADER.size).reshape(count, 2)
+    pos, out = HEADER.size + sizes.nbytes, []
+    for raw, packed in sizes.tolist():
+        frame = blob[pos : pos + packed]
+        out.append(_CODEC.decompress(frame, raw, asbytes=True) if raw else b"")
+        pos += packed
+    return out
+
+
+def _count(flags: int) -> int:
+    """How many streams a blob with these fields holds (see _streams)."""
+    per = {"ids": 4, "offsets": 4, "turn": 4, "text": 5, "loss_mask": 1}
+    return sum(per.get(f, 2) for i, f in enumerate(FIELDS) if flags & (1 << i))
+
+
+def decode(blob: bytes) -> TokenArrays:
+    """The arrays of a blob written by `encode`; floats as float32, ints as int64."""
+    magic, version, flags, n = HEADER.unpack_from(blob)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"not a token blob (magic {magic!r}, version {version})")
+    streams = _read_streams(blob, _count(flags))
+    out: dict[str, object] = {}
+    for i, name in enumerate(FIELDS):
+        if not flags & (1 << i):
+            continue
+        if name == "ids":
+            out[name] = _unplanes(streams, n, "<u4").astype(np.int64)
+        elif name in INT_FIELDS:
+            out[name] = np.cumsum(_unplanes(streams, n, "<i4"), dtype=np.int64)
+        elif name == "text":
+            lengths = _unplanes(streams, n, "<u4").tolist()
+            raw, pos, words = streams.pop(0), 0, []
+            for k in lengths:
+                words.append(raw[pos : pos + k].decode("utf-8"))
+                pos += k
+            out[name] = words
+        elif name == "loss_mask":
+            bits = np.frombuffer(streams.pop(0), dtype=np.uint8)
+            out[name] = np.unpackbits(bits, count=n).astype(bool)
+        else:
+            out[name] = _unplanes(streams, n, "<f2").astype(np.float32)
+    if flags & TRAINER_AS_DELTA:
+        out["trainer_logprobs"] = out["trainer_logprobs"] + out["sampler_logprobs"]
+    return TokenArrays(**out)  # type: ignore[arg-type]
