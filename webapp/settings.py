@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "webapp.annotations",
     "webapp.api",
     "webapp.replays",
+    "webapp.behaviours",
 ]
 
 MIDDLEWARE = [
