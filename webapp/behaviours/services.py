@@ -239,6 +239,26 @@ def update_run(run: Run) -> dict[str, str]:
     return out
 
 
+UPDATE_TASK = "workers.tasks.update_behaviours"  # sent by name: webapp never imports workers
+DEBOUNCE_S = 5  # a live run's batches within this long share one update task
+
+
+def after_ingest(run: Run) -> None:
+    """Queue the behaviours' update on the run's new steps once the batch commits (the default
+    queue), at most one per DEBOUNCE_S per run; nothing when the environment has no behaviour.
+    A dashboard read brings stale steps up to date itself, so a lost task costs only latency."""
+    if not behaviours_of(run).exists():
+        return
+    from django.core.cache import cache
+
+    from webapp.celery import app
+
+    if cache.add(f"behaviours-queued:{run.id}", 1, DEBOUNCE_S):
+        transaction.on_commit(
+            lambda: app.send_task(UPDATE_TASK, args=[run.id], queue="default", countdown=DEBOUNCE_S)
+        )
+
+
 def series(b: Behaviour, run: Run, refresh: bool = True) -> tb.BehaviourSeries:
     """The behaviour's per-step sums on the run (brought up to date first unless refresh=False)."""
     if refresh:
