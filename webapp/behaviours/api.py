@@ -9,6 +9,8 @@
     GET  behaviours/<id>/runs/<run_id>/          -> per step: rollouts, matches, rate, mean
                                                     advantage of matches and rest; onset; findings
     GET  behaviours/<id>/overlay/                -> the rate per step on every run of its env.
+    GET  replays/<id>/behaviours/               -> per behaviour of the run's environment: the mean
+                                                    advantage of its replayed rollouts, before/after
     POST runs/<run_id>/behaviours/propose/  {"label": slug} | {"rollouts": [ids]}
                                                  -> find more like this: proposed queries, each with
                                                     matches, recall of the labelled, a sample
@@ -190,3 +192,17 @@ def propose(request: Request, run_id: int) -> Response:
     if label is not None and not isinstance(label, str):
         raise FieldError("label", "must be a label slug")
     return Response(likeness.propose(run, likeness.labelled_ids(run, label, ids)))
+
+
+@extend_schema(
+    summary="How a reward replay changes the advantages of each behaviour's rollouts",
+    responses={200: dict, 404: dict},
+)
+@api_view(["GET"])
+def replay_effects(request: Request, replay_id: int) -> Response:
+    from webapp.behaviours.replays import effects
+    from webapp.replays.models import Replay
+
+    replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
+    get_run_for(request, replay.run_id)
+    return Response({"replay": replay.id, "behaviours": effects(replay)})

@@ -17,5 +17,6 @@ urlpatterns = [
         api.behaviour_overlay,
         name="api-behaviour-overlay",
     ),
+    path("replays/<int:replay_id>/behaviours/", api.replay_effects, name="api-replay-behaviours"),
     path("runs/<int:run_id>/behaviours/propose/", api.propose, name="api-behaviours-propose"),
 ]

@@ -10,4 +10,5 @@ urlpatterns = [
     path("runs/<int:run_id>/series.json", views.run_series, name="behaviours-series"),
     path("runs/<int:run_id>/new/", views.behaviour_new, name="behaviours-new"),
     path("runs/<int:run_id>/like/", views.find_like, name="behaviours-like"),
+    path("replays/<int:replay_id>/", views.replay_effects, name="behaviours-replay"),
 ]

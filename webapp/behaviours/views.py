@@ -126,3 +126,13 @@ def find_like(request: HttpRequest, run_id: int) -> HttpResponse:
         error = e
     ctx = {"run": run, "label": label, "doc": doc, "error": error}
     return render(request, "behaviours/like.html", ctx, status=400 if error else 200)
+
+
+def replay_effects(request: HttpRequest, replay_id: int) -> HttpResponse:
+    """The replay page's section: each behaviour's replayed advantages, before and after."""
+    from webapp.behaviours.replays import effects
+    from webapp.replays.models import Replay
+
+    replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
+    get_run_for(request, replay.run_id)
+    return render(request, "behaviours/_replay.html", {"rows": effects(replay)})
