@@ -1,6 +1,6 @@
 """Behaviours at scale: recomputing a behaviour over a run of realistic rollouts (the data of
-bench/realistic.py, seeded through the one ingestion service), one new step incrementally, the dashboard chart's
-read, and find more like this from 20 labelled rollouts. Each figure is printed beside an in-run
+bench/realistic.py, seeded through the one ingestion service), one new step incrementally, the
+dashboard chart's read, and find more like this from 20 labelled rollouts. Each figure is printed beside an in-run
 baseline: a plain per-step aggregate of the run's rollouts (one index scan, the floor of any
 per-step computation), as a ratio.
 
