@@ -1,8 +1,8 @@
 """Behaviours at scale: recomputing a behaviour over a run of realistic rollouts (the data of
 bench/realistic.py, seeded through the one ingestion service), one new step incrementally, the
-dashboard chart's read, and find more like this from 20 labelled rollouts. Each figure is printed beside an in-run
-baseline: a plain per-step aggregate of the run's rollouts (one index scan, the floor of any
-per-step computation), as a ratio.
+dashboard chart's read, and find more like this from 20 labelled rollouts. Each figure is printed
+beside an in-run baseline: a plain per-step aggregate of the run's rollouts (one index scan, the
+floor of any per-step computation), as a ratio.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_behav_bench \
         .venv/bin/python -m bench.behaviours --rollouts 50000
@@ -12,7 +12,7 @@ more like this on 20 labelled < 2 s. Seeding a million realistic rollouts takes 
 the shared 2-core machine: run it at the size you can afford; the linear extrapolation to 1M is
 printed beside each figure (recompute is linear in the run's rollouts and in the matches; the
 chart read and the incremental step do not grow with the run; find more like this reads a fixed
-sample and counts each proposal through the word index).
+sample, and counts each proposal's matches: linear is its bound).
 """
 
 from __future__ import annotations
