@@ -11,7 +11,7 @@
     GET  behaviours/<id>/overlay/                -> the rate per step on every run of its env.
     GET  replays/<id>/behaviours/               -> per behaviour of the run's environment: the mean
                                                     advantage of its replayed rollouts, before/after
-    POST runs/<run_id>/behaviours/propose/  {"label": slug} | {"rollouts": [ids]}
+    POST runs/<run_id>/behaviours/propose/  {"label": slug} | {"rollouts": [ids]} (annotator)
                                                  -> find more like this: proposed queries, each with
                                                     matches, recall of the labelled, a sample
 
@@ -72,6 +72,7 @@ def behaviour_json(b: Behaviour) -> dict[str, Any]:
 @api_view(["GET", "POST"])
 def behaviours(request: Request) -> Response:
     if request.method == "GET":
+        require_role(request, "viewer")
         qs = Behaviour.objects.all()
         env = request.query_params.get("environment")
         if env:
@@ -145,6 +146,7 @@ def _rate(body: dict) -> float | None:
 @extend_schema(summary="A behaviour", responses={200: dict, 404: dict})
 @api_view(["GET"])
 def behaviour_detail(request: Request, behaviour_id: int) -> Response:
+    require_role(request, "viewer")
     return Response(behaviour_json(get_object_or_404(Behaviour, id=behaviour_id)))
 
 
@@ -164,6 +166,7 @@ def behaviour_run(request: Request, behaviour_id: int, run_id: int) -> Response:
 @extend_schema(summary="A behaviour's rate on every run of its environment", responses={200: dict})
 @api_view(["GET"])
 def behaviour_overlay(request: Request, behaviour_id: int) -> Response:
+    require_role(request, "viewer")
     b = get_object_or_404(Behaviour, id=behaviour_id)
     runs = list(services.runs_of(b)[:50])
     doc = {"behaviour": behaviour_json(b), "runs": services.overlay(b, runs)}
@@ -179,7 +182,7 @@ def behaviour_overlay(request: Request, behaviour_id: int) -> Response:
 )
 @api_view(["POST"])
 def propose(request: Request, run_id: int) -> Response:
-    run = get_run_for(request, run_id)
+    run = get_run_for(request, run_id, "annotator")  # the first step of saving a behaviour
     body = parse_body(request)
     if not isinstance(body, dict) or set(body) - {"label", "rollouts"}:
         raise FieldError("body", "must be a JSON object with label or rollouts")

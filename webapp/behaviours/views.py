@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
 from webapp.accounts.roles import has_role, require_role
 from webapp.behaviours import charts, likeness, services
@@ -21,12 +21,16 @@ from webapp.runs.access import get_run_for
 MAX_OVERLAY_RUNS = 20
 
 
+@require_safe
 def behaviour_list(request: HttpRequest) -> HttpResponse:
+    require_role(request, "viewer")
     qs = Behaviour.objects.select_related("environment").order_by("environment__name", "name")
     return render(request, "behaviours/list.html", {"behaviours": qs})
 
 
+@require_safe
 def behaviour_detail(request: HttpRequest, behaviour_id: int) -> HttpResponse:
+    require_role(request, "viewer")
     b = get_object_or_404(Behaviour.objects.select_related("environment"), id=behaviour_id)
     runs = list(services.runs_of(b).order_by("-id")[:MAX_OVERLAY_RUNS])[::-1]
     rows = services.overlay(b, runs)
@@ -59,6 +63,7 @@ def _panel_docs(run: Any) -> list[dict[str, Any]]:
     return [charts.run_document(b, run) for b in services.behaviours_of(run)]
 
 
+@require_safe
 def run_panel(request: HttpRequest, run_id: int) -> HttpResponse:
     """The dashboard's behaviours section (loaded after the page): one chart per behaviour."""
     run = get_run_for(request, run_id)
@@ -71,6 +76,7 @@ def run_panel(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "behaviours/_run_panel.html", ctx)
 
 
+@require_safe
 def run_series(request: HttpRequest, run_id: int) -> JsonResponse:
     """The panel's figures, for a live dashboard's poll."""
     run = get_run_for(request, run_id)
@@ -115,6 +121,7 @@ def _saved_message(preview: dict[str, Any]) -> str:
     return text + (f" ({preview['warning']})." if preview["warning"] else ".")
 
 
+@require_safe
 def find_like(request: HttpRequest, run_id: int) -> HttpResponse:
     """Find more like this: queries describing the rollouts of the run with a label."""
     run = get_run_for(request, run_id)
@@ -128,6 +135,7 @@ def find_like(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "behaviours/like.html", ctx, status=400 if error else 200)
 
 
+@require_safe
 def replay_effects(request: HttpRequest, replay_id: int) -> HttpResponse:
     """The replay page's section: each behaviour's replayed advantages, before and after."""
     from webapp.behaviours.replays import effects
