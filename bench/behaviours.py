@@ -100,7 +100,8 @@ def incremental(run: Any, base: float, repeat: int) -> None:
     last = BehaviourStep.objects.filter(behaviour=b, run=run).order_by("-step").first()
 
     def one_step() -> int:
-        BehaviourStep.objects.filter(id=last.id).update(n_rollouts=-1)  # the step grew
+        # The last step grew (its rows are rewritten by each update: found by step, not id).
+        BehaviourStep.objects.filter(behaviour=b, run=run, step=last.step).update(n_rollouts=-1)
         return services.update(b, run)
 
     s, n = timed(one_step, repeat)
