@@ -269,3 +269,11 @@ def test_it_says_when_the_environment_has_no_runs(api, personas, env3):
     assert r.status_code == 201 and "has no runs yet" in r.json()["preview"]["warning"]
     doc = api(personas["viewer"]).get(f"/api/v1/behaviours/{r.json()['id']}/overlay/").json()
     assert doc["runs"] == [] and "has no runs yet" in doc["note"]
+
+
+def test_it_follows_labels_added_after_ingestion(run, personas):
+    seed_planted(run)
+    b = services.define(run.environment, name="labelled", query={"label": "reward-hacking"})
+    assert services.series(b, run).k.sum() == 0
+    label_hacks(run, personas["annotator"], n=3)
+    assert services.series(b, run).k.sum() == 3  # the stored steps did not hide the new labels

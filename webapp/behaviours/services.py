@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db import transaction
 from django.db.models import Count, F, QuerySet, Sum
+from django.urls import reverse
 
 from training import behaviours as tb
 from webapp.behaviours.models import PAGE_PARAMS, Behaviour, BehaviourStep
@@ -28,6 +30,7 @@ from webapp.runs.models import Run
 log = logging.getLogger(__name__)
 
 QUERY_KEYS_MAX = 40
+ANNOTATION_PARAMS = {"label", "annotated"}  # filters whose matches change after ingestion
 PATTERN_BATCH = 500  # candidates whose text is read at once for the pattern check
 
 
@@ -207,13 +210,16 @@ def _step_row(
 
 def stale_steps(b: Behaviour, run: Run) -> list[int]:
     """Steps whose rollouts changed since they were computed (new steps, steps that grew, another
-    version of the behaviour), from the per-step counts ingestion keeps (StepStat)."""
+    version of the behaviour), from the per-step counts ingestion keeps (StepStat). A behaviour
+    filtered by annotations is stale everywhere: labels change after ingestion."""
     now = dict(StepStat.objects.filter(run=run, component_id=0).values_list("step", "n_rollouts"))
     stored = dict(
         BehaviourStep.objects.filter(behaviour=b, run=run, version=b.version).values_list(
             "step", "n_rollouts"
         )
     )
+    if ANNOTATION_PARAMS & set(b.query):  # annotations change without the rollouts changing
+        return sorted(now)
     return sorted(s for s, n in now.items() if stored.get(s) != n)
 
 
@@ -235,6 +241,7 @@ def update_run(run: Run) -> dict[str, str]:
         try:
             out[b.name] = f"{update(b, run)} steps"
         except BehaviourError as e:
+            log.warning("behaviour %s on run %s: %s", b.id, run.id, e)
             out[b.name] = f"error: {e}"
     return out
 
@@ -338,10 +345,6 @@ def explorer_link(
 ) -> str:
     """The explorer showing the behaviour's query on the run (a pattern is not an explorer filter:
     the view shows its candidates)."""
-    from urllib.parse import urlencode
-
-    from django.urls import reverse
-
     params = {**b.query, "sort": "advantage", "order": "desc"}
     if step_min is not None:
         params["step_min"] = str(step_min)
