@@ -143,7 +143,9 @@ def _rate(body: dict) -> float | None:
     return float(v)
 
 
-@extend_schema(summary="A behaviour", responses={200: dict, 404: dict})
+@extend_schema(
+    summary="A behaviour", operation_id="behaviour_retrieve", responses={200: dict, 404: dict}
+)
 @api_view(["GET"])
 def behaviour_detail(request: Request, behaviour_id: int) -> Response:
     require_role(request, "viewer")
