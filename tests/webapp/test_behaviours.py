@@ -277,3 +277,14 @@ def test_it_follows_labels_added_after_ingestion(run, personas):
     assert services.series(b, run).k.sum() == 0
     label_hacks(run, personas["annotator"], n=3)
     assert services.series(b, run).k.sum() == 3  # the stored steps did not hide the new labels
+
+
+def test_it_reports_a_query_that_no_longer_applies_instead_of_failing(api, personas, run):
+    seed_planted(run)
+    b = services.define(run.environment, name="old", query={"q": "skipped", "min_format": "0.5"})
+    run.environment.components.filter(name="format").update(name="style")
+    doc = api(personas["viewer"]).get(f"/api/v1/behaviours/{b.id}/runs/{run.id}/").json()
+    assert "no longer applies: min_format" in doc["error"]
+    diag = api(personas["viewer"]).get(f"/api/v1/runs/{run.id}/diagnostics/")
+    assert diag.status_code == 200
+    assert any(f["code"] == "behaviour_error" for f in diag.json()["findings"])

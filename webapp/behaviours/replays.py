@@ -12,6 +12,7 @@ import numpy as np
 from webapp.behaviours import services
 from webapp.behaviours.models import Behaviour
 from webapp.behaviours.patterns import Checker, PatternTimeout, compile_pattern
+from webapp.errors import FieldError
 from webapp.replays.models import Replay
 from webapp.replays.services import load_results
 from webapp.rollouts.models import Rollout
@@ -20,7 +21,13 @@ from webapp.rollouts.models import Rollout
 def matching_ids(b: Behaviour, run: Any) -> np.ndarray:
     """The ids of the run's rollouts showing the behaviour (its query, then its pattern)."""
     comps = run.components()
-    parts = services.matching_rollouts(run, services.explorer_query(b, comps), comps)
+    try:
+        q = services.explorer_query(b, comps)
+    except FieldError as e:
+        raise services.BehaviourError(
+            f"its query no longer applies: {e.field}: {e.message}"
+        ) from None
+    parts = services.matching_rollouts(run, q, comps)
     ids = [i for p in parts for i in p.order_by().values_list("id", flat=True)]
     pattern = compile_pattern(b.pattern)
     if pattern is not None:

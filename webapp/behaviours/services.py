@@ -101,7 +101,15 @@ def define(
 
 
 def explorer_query(b: Behaviour, components: list[RewardComponent]) -> ExplorerQuery:
-    return ExplorerQuery.from_params(b.query, [c.name for c in components])
+    """The behaviour's query for a run with these components; FieldError naming a saved filter the
+    explorer would now ignore (a component renamed or removed): never a silently wider query."""
+    q = ExplorerQuery.from_params(b.query, [c.name for c in components])
+    unknown = sorted(set(b.query) - set(q.params()))
+    if unknown:
+        raise FieldError(
+            unknown[0], "is not a filter of this run (a component renamed or removed?)"
+        )
+    return q
 
 
 # ---------------------------------------------------------------------------------- computation
@@ -155,7 +163,10 @@ def compute(b: Behaviour, run: Run, steps: list[int] | None = None) -> int:
     """Compute and store the behaviour's sums on `steps` of the run (None: every step); returns
     the steps written. BehaviourError when its pattern times out on too many rollouts."""
     comps = run.components()
-    q = explorer_query(b, comps)
+    try:
+        q = explorer_query(b, comps)
+    except FieldError as e:  # e.g. a component the query filters on was removed since
+        raise BehaviourError(f"its query no longer applies: {e.field}: {e.message}") from None
     totals = _sums(_step_filter(Rollout.objects.filter(run=run), steps))
     parts = [_step_filter(p, steps) for p in matching_rollouts(run, q, comps)]
     pattern = compile_pattern(b.pattern)
