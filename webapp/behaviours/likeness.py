@@ -174,20 +174,26 @@ def _z_scores(lab: Counter, n_lab: int, bg: Counter, n_bg: int) -> dict[str, flo
 
 def _phrase(docs: list[str], top: list[str], n_lab: int) -> str | None:
     """The longest run of 2-4 consecutive distinctive words that most labelled rollouts hold
-    verbatim (separated by one space, as a quoted search term matches it)."""
+    verbatim (separated by one space, as a quoted search term matches it). Only the stretches of
+    consecutive distinctive words are windowed: a ~10 KB document holds few."""
     wanted = set(top)
-    upper = [doc.upper() for doc in docs]
+    counts: dict[int, Counter] = {2: Counter(), 3: Counter(), 4: Counter()}
+    for doc in docs:
+        upper = doc.upper()
+        grams: set[tuple[int, str]] = set()
+        run: list[str] = []
+        for tok in [*re.findall(r"[A-Z0-9]+", upper), ""]:  # "": ends the last stretch
+            if tok in wanted:
+                run.append(tok)
+                continue
+            for n in (2, 3, 4):
+                grams.update((n, " ".join(run[i : i + n])) for i in range(len(run) - n + 1))
+            run = []
+        for n, g in grams:
+            if g in upper:
+                counts[n][g] += 1
     for n in (4, 3, 2):
-        counts: Counter = Counter()
-        for doc in upper:
-            toks = re.findall(r"[A-Z0-9]+", doc)
-            grams = {
-                " ".join(toks[i : i + n])
-                for i in range(len(toks) - n + 1)
-                if all(t in wanted for t in toks[i : i + n])
-            }
-            counts.update(g for g in grams if g in doc)
-        best = [(c, g) for g, c in counts.items() if c >= max(2, MIN_SHARE * n_lab)]
+        best = [(c, g) for g, c in counts[n].items() if c >= max(2, MIN_SHARE * n_lab)]
         if best:
             return max(best)[1]
     return None
