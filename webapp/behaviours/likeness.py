@@ -224,7 +224,8 @@ def propose(run: Run, ids: list[int]) -> dict[str, Any]:
     lab = Counter(w for ws in lab_words.values() for w in ws)
     n_lab = len(lab_words)
     candidates = [w for w, c in lab.items() if c >= MIN_SHARE * n_lab and _wordlike(w)]
-    bg, n_bg = _background(run, _sample_ids(run, set(ids)), candidates)
+    sample = _sample_ids(run, set(ids))
+    bg, n_bg = _background(run, sample, candidates)
     z = _z_scores(Counter({w: lab[w] for w in candidates}), n_lab, bg, n_bg)
     top = sorted(z, key=lambda w: -z[w])[: TOP_WORDS * 3]
     proposals = [Proposal({"q": w.lower()}, w.lower(), z[w]) for w in top[:TOP_WORDS]]
@@ -243,7 +244,7 @@ def propose(run: Run, ids: list[int]) -> dict[str, Any]:
         StepStat.objects.filter(run=run, component_id=0).values_list("n_rollouts", flat=True)
     )
     for p in proposals:
-        measure(run, p, ids, comps, size)
+        measure(run, p, ids, comps, size, sample)
     # Best first: the most labelled rollouts recalled, then the fewest other matches.
     proposals.sort(key=lambda p: (-p.recall, p.matches == 0, p.matches))
     return {
@@ -261,20 +262,27 @@ def _none_note(n: int) -> str:
     )
 
 
-def measure(run: Run, p: Proposal, ids: list[int], comps: list, size: int) -> None:
-    """The proposal's matches on the run, its recall of `ids`, a sample of other matches."""
+def measure(
+    run: Run, p: Proposal, ids: list[int], comps: list, size: int, spread: list[int] = ()
+) -> None:
+    """The proposal's matches on the run, its recall of `ids`, a sample of other matches: those
+    among `spread` (the background sample, over the run's steps) first, then any."""
     q = ExplorerQuery.from_params(p.query, [c.name for c in comps])
     parts = matching_rollouts(run, q, comps)
     p.matches = _count(run, q, parts)
     p.recall = sum(part.filter(id__in=ids).count() for part in parts)
     p.labelled = len(ids)
-    for part in parts:
-        rows = (
-            part.exclude(id__in=ids)
-            .order_by()
-            .values("id", "step", "advantage", "preview_head")[: SAMPLE_MATCHES - len(p.sample)]
-        )
-        p.sample += [{**r, "preview_head": (r["preview_head"] or "")[:200]} for r in rows]
+    fields = ("id", "step", "advantage", "preview_head")
+    for where in ({"id__in": list(spread)}, {}):
+        for part in parts:
+            seen = [r["id"] for r in p.sample]
+            want = SAMPLE_MATCHES - len(p.sample)
+            if want <= 0:
+                break
+            rows = part.filter(**where).exclude(id__in=[*ids, *seen]).order_by().values(*fields)
+            p.sample += [
+                {**r, "preview_head": (r["preview_head"] or "")[:200]} for r in rows[:want]
+            ]
     if p.matches == 0:
         p.warning = "matches no rollout of this run"
     elif size and p.matches >= size:
