@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "webapp.api",
     "webapp.replays",
     "webapp.tokens",
+    "webapp.behaviours",
 ]
 
 MIDDLEWARE = [

@@ -23,5 +23,6 @@ urlpatterns = [
     path("annotations/", include("webapp.annotations.urls")),
     path("jobs/", include("webapp.runs.job_urls")),
     path("replays/", include("webapp.replays.urls")),
+    path("behaviours/", include("webapp.behaviours.urls")),
     path("", include("webapp.runs.urls")),
 ]

@@ -50,6 +50,20 @@ def recompute_run_stats(run_id: int) -> str:
     return f"run {run_id}: recomputed {out['groups']} groups, {out['rollouts']} rollouts"
 
 
+@app.task(name="workers.tasks.update_behaviours", queue="default")
+def update_behaviours(run_id: int) -> str:
+    """The run's behaviours brought up to date on its new steps (webapp/behaviours)."""
+    from webapp.behaviours.services import update_run
+    from webapp.runs.models import Run
+
+    try:
+        run = Run.objects.get(id=run_id)
+    except Run.DoesNotExist:
+        return f"run {run_id} no longer exists"
+    out = update_run(run)
+    return f"run {run_id}: " + (", ".join(f"{k}: {v}" for k, v in out.items()) or "no behaviours")
+
+
 def _child_command(run, gpus_here: int | None = None) -> list[str]:
     """`python -m workers.job RUN_ID`, under `accelerate launch --multi_gpu` (TRL's own
     multi-GPU path, one process per GPU) when the run asks for several GPUs. A ValueError names

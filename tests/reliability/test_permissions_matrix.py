@@ -97,6 +97,20 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-replay": ("viewer", NONE),
     "api-replay-regress": ("viewer", NONE),
     "api-replay-train": (NONE, "trainer"),
+    "behaviours-list": ("viewer", NONE),
+    "behaviours-detail": ("viewer", NONE),
+    "behaviours-limit": (NONE, "annotator"),
+    "behaviours-panel": ("viewer", NONE),
+    "behaviours-series": ("viewer", NONE),
+    "behaviours-new": ("annotator", "annotator"),
+    "behaviours-like": ("viewer", NONE),
+    "behaviours-replay": ("viewer", NONE),
+    "api-behaviours": ("viewer", "annotator"),
+    "api-behaviour": ("viewer", NONE),
+    "api-behaviour-run": ("viewer", NONE),
+    "api-behaviour-overlay": ("viewer", NONE),
+    "api-replay-behaviours": ("viewer", NONE),
+    "api-behaviours-propose": (NONE, "annotator"),
 }
 # Cells that differ from the role ladder on purpose.
 OVERRIDES = {
@@ -194,6 +208,9 @@ def world(run, personas, make_user):
     Replay.objects.filter(id=replay.id).update(
         results=replays.pack_results(replays.compute_results(replay))
     )
+    from webapp.behaviours.services import define
+
+    behaviour = define(run.environment, name="answers", query={"q": "answer"})
     outsider = make_user("outsider", "annotator")
     token = Token.objects.create(user=outsider)
     return {
@@ -210,6 +227,7 @@ def world(run, personas, make_user):
         "kind": "grpo",
         "token": token.key,
         "replay_id": replay.id,
+        "behaviour_id": behaviour.id,
     }
 
 

@@ -21,4 +21,5 @@ urlpatterns = [
     path("ablations/<int:ablation_id>/", diagnostics_api.ablation_detail, name="api-ablation"),
     path("", include("webapp.replays.api_urls")),
     path("", include("webapp.tokens.api_urls")),
+    path("", include("webapp.behaviours.api_urls")),
 ]

@@ -40,11 +40,15 @@ def parse_window(raw: str | None) -> int | None:
 def run_report(run: Run, window: int | None = services.DEFAULT_WINDOW) -> dict[str, Any]:
     d = services.diagnose_run(run, window)
     h = d["health"]
+    findings = _with_behaviours(run, links.with_links(run.id, d["findings"]), h["step_min"])
+    status = d.get("status", "healthy")
+    if status != "not_enough_data" and any(f["severity"] == "critical" for f in findings):
+        status = "critical"  # a critical behaviour past its rate
     return {
         "run": run.id,
         "run_name": run.name,
         "window": window,
-        "status": d.get("status", "healthy"),
+        "status": status,
         "note": d.get("note"),
         "steps": {"min": h["step_min"], "max": h["step_max"]},
         "n_rollouts": h["n_rollouts"],
@@ -52,9 +56,18 @@ def run_report(run: Run, window: int | None = services.DEFAULT_WINDOW) -> dict[s
         "reward_zero_std_frac": h["reward_zero_std_frac"],
         "components": h["components"],
         "inferred_kinds": d.get("inferred_kinds") or {},
-        "findings": links.with_links(run.id, d["findings"]),
+        "findings": findings,
         "over_time": d.get("over_time") or {},
     }
+
+
+def _with_behaviours(run: Run, findings: list[dict], step_min: int | None) -> list[dict]:
+    """The findings of the environment's behaviours (webapp/behaviours) over the same window, merged
+    in severity order."""
+    from webapp.behaviours.services import run_findings
+
+    merged = findings + run_findings(run, step_min)
+    return sorted(merged, key=lambda f: -SEVERITY_RANK.get(f["severity"], 0))
 
 
 def fails(report: dict[str, Any], level: str | None) -> bool:

@@ -56,7 +56,12 @@ def ingest_groups(run: Run, body: Any) -> IngestResult:
     groups = validate_batch(body, {c.name for c in comps}, vocab_size(run.config))
     for attempt in range(RETRIES):
         try:
-            return _store(run, groups, comps)
+            result = _store(run, groups, comps)
+            if result.groups:
+                from webapp.behaviours.services import after_ingest  # behaviours build on rollouts
+
+                after_ingest(run)
+            return result
         except (IntegrityError, OperationalError) as e:
             # A concurrent batch with some of the same groups committed first (unique violation) or
             # wrote them in another order (deadlock): our transaction rolled back whole, and the

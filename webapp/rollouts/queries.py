@@ -959,3 +959,30 @@ def _hydrate(
         for rid, v in hits
         if rid in by_id
     ]
+
+
+def matching_rollouts(
+    run: Run, q: ExplorerQuery, components: list[RewardComponent]
+) -> list[QuerySet]:
+    """Every rollout of the run that the query's filters and search hold (its sort, order, cursor,
+    limit and replay ignored), as disjoint Rollout querysets whose union is the answer (a behaviour,
+    webapp/behaviours, counts them per step). The same search as the pages: on Postgres the word
+    index's hits (rechecked unless the plan is exact) plus the rollouts stored without words; the
+    trigram or plain text condition otherwise."""
+    comps = {c.name: c for c in components}
+    base = Rollout.objects.filter(run=run).filter(_filters(run, q, comps, ""))
+    for ex in [
+        *_range_exists(q.ranges, RewardScore.objects.all(), comps, "id"),
+        *_annotation_filters(q, "id"),
+    ]:
+        base = base.filter(ex)
+    if q.search is None:
+        return [base]
+    plan = _word_plan(run, q.search)
+    if plan is None:
+        return [base.filter(_search_q(q.search, ""))]
+    parts = [base.filter(search_words__isnull=True).filter(_search_q(q.search, ""))]
+    if plan.tsquery:
+        hits = base.filter(_words_match(plan))
+        parts.append(hits if plan.exact else hits.filter(_search_q(q.search, "")))
+    return parts

@@ -18,6 +18,7 @@ from training.demo_stories import story_groups
 from training.demo_tokens import add_tokens
 from training.environments import get_environment
 from webapp.accounts.roles import set_role
+from webapp.behaviours import demo as behaviour_demo
 from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, RewardScore
@@ -153,6 +154,11 @@ class Command(BaseCommand):
         replay = _replay_story(run, user)
         if replay is not None:
             self.stdout.write(f"reward replay {replay.id}: /replays/{replay.id}/  {replay.summary}")
+        behaviour = behaviour_demo.seed(run, user)
+        if behaviour is not None:
+            self.stdout.write(
+                f"behaviour {behaviour.id} ({behaviour.name}): /behaviours/{behaviour.id}/"
+            )
         self.stdout.write(
             f"demo logins: {DEMO_USER} / {DEMO_PASSWORD} (admin), {ANNOTATOR} / "
             f"{ANNOTATOR_PASSWORD}"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BehavioursConfig(AppConfig):
+    name = "webapp.behaviours"
+    label = "behaviours"
