@@ -152,3 +152,26 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
     assert out["training"] == str(work / "training" / "__init__.py")  # the user's stays theirs
     assert out["found"] == {"id": 7, "name": "wanted"}
     assert out["groups"] == 1 and out["settings"] == {"distinct": 1.0}
+
+
+def test_nothing_inside_training_imports_training_by_its_checkout_name():
+    """Installed, the package is reward_debugger: an absolute `training` import inside it would
+    reach the user's own training package (or nothing)."""
+    import ast
+
+    absolute = []
+    for path in sorted((ROOT / "training").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            absolute += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for n in names
+                if n == "training" or n.startswith("training.")
+            ]
+    assert absolute == []
