@@ -18,7 +18,7 @@ from typing import Any
 class JobKind:
     kind: str
     title: str  # what the pages call it
-    module: str  # importable module holding the config class and main(); "" for imports
+    module: str  # module with the config class and main() (".sft": in this package); "" for imports
     config_name: str
     cpu_when_scripted: bool = False  # a scripted teacher needs no GPU: it goes to the default queue
     produces_model: bool = False  # its output is a model another job can start from ("run:<id>")
@@ -27,10 +27,10 @@ class JobKind:
     launchable: bool = True  # a job the workers run; False for runs fed from elsewhere
 
     def config_class(self) -> type:
-        return getattr(importlib.import_module(self.module), self.config_name)
+        return getattr(importlib.import_module(self.module, __package__), self.config_name)
 
     def main(self) -> Callable[..., dict[str, Any]]:
-        return importlib.import_module(self.module).main
+        return importlib.import_module(self.module, __package__).main
 
 
 RUN_KINDS: dict[str, JobKind] = {
@@ -39,7 +39,7 @@ RUN_KINDS: dict[str, JobKind] = {
         JobKind(
             "teacher",
             "Teacher trajectories",
-            "training.teacher",
+            ".teacher",
             "TeacherJobConfig",
             cpu_when_scripted=True,
             no_verdict="Teacher trajectories are filtered by reward, not trained on it: there is "
@@ -48,7 +48,7 @@ RUN_KINDS: dict[str, JobKind] = {
         JobKind(
             "sft",
             "SFT",
-            "training.sft",
+            ".sft",
             "SFTJobConfig",
             produces_model=True,
             no_verdict="SFT runs train on a dataset and store no rollouts by design: there is no "
@@ -57,7 +57,7 @@ RUN_KINDS: dict[str, JobKind] = {
         JobKind(
             "grpo",
             "GRPO",
-            "training.grpo",
+            ".grpo",
             "GRPOJobConfig",
             produces_model=True,
             records_rollouts=True,
@@ -65,17 +65,17 @@ RUN_KINDS: dict[str, JobKind] = {
         JobKind(
             "dpo",
             "DPO",
-            "training.dpo",
+            ".dpo",
             "DPOJobConfig",
             produces_model=True,
             no_verdict="DPO runs train on preference pairs and store no rollouts by design: there "
             "is no reward-health verdict.",
         ),
-        JobKind("eval", "Eval", "training.eval", "EvalJobConfig", records_rollouts=True),
+        JobKind("eval", "Eval", ".eval", "EvalJobConfig", records_rollouts=True),
         JobKind(
             "probe",
             "Signal probe",
-            "training.probe",
+            ".probe",
             "ProbeJobConfig",
             no_verdict="A probe samples once to judge the signal: its verdict is at the top of the "
             "page.",

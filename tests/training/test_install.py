@@ -3,9 +3,10 @@
 A wheel is built from pyproject.toml (from a copy of the sources, so no build/ folder lands in the
 checkout), installed into a fresh virtualenv with --no-deps, and that venv sees the project venv's
 site-packages through a .pth file: its dependencies are "already installed", nothing is downloaded.
-A script run from a folder outside the checkout then imports the client, sinks, importers and the
-OpenRLHF wrapper (Django must not be imported), talks to a stand-in API, and records a real TRL GRPO
-step on the tiny model through the recorder's JSONL sink.
+A script run from a user's project outside the checkout, which has a `training/` package of its own
+(as most RL repositories do), imports the installed `reward_debugger` client, sinks, importers and
+OpenRLHF wrapper (Django must not be imported) beside the user's `training`, talks to a stand-in
+API, and records a real TRL GRPO step on the tiny model through the recorder's JSONL sink.
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys
-import training, training.client, training.sinks, training.importers, training.openrlhf_reward
+import training  # the user's own package, found first (the script runs in their project)
+assert training.USERS_OWN, training.__file__
+import reward_debugger, reward_debugger.client, reward_debugger.sinks, reward_debugger.importers
+import reward_debugger.openrlhf_reward
 assert "django" not in sys.modules, "the training side imported Django"
-from training.client import Client
+from reward_debugger.client import Client
 found = Client(sys.argv[1], "KEY", retries=0).find_run("wanted")
 
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
-from training.recorder import RolloutRecorder
-from training.sinks import read_jsonl_sink
+from reward_debugger.recorder import RolloutRecorder
+from reward_debugger.sinks import read_jsonl_sink
 
 def distinct(prompts, completions, **kw):
     return [len(set(c)) / 20.0 for c in completions]
@@ -47,7 +51,8 @@ trainer = GRPOTrainer(model=sys.argv[2], reward_funcs=[distinct], args=args,
                       callbacks=[RolloutRecorder(jsonl="rollouts.jsonl")])
 trainer.train()
 data = read_jsonl_sink("rollouts.jsonl")
-print(json.dumps({"training": training.__file__, "found": found, "groups": len(data["groups"]),
+print(json.dumps({"installed": reward_debugger.__file__, "training": training.__file__,
+                  "found": found, "groups": len(data["groups"]),
                   "settings": data["settings"][0]["weights"]}))
 """
 
@@ -89,6 +94,12 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
         timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("reward_debugger-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "reward_debugger/recorder.py" in names and not any(
+        n.startswith("training/") for n in names
+    )
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
@@ -114,7 +125,9 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Runs)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     work = tmp_path / "elsewhere"
-    work.mkdir()
+    (work / "training").mkdir(parents=True)  # the user's project has its own training package
+    (work / "training" / "__init__.py").write_text("USERS_OWN = True\n")
+    (work / "training" / "client.py").write_text("raise ImportError('the user module')\n")
     try:
         done = subprocess.run(
             [str(python), "-c", SCRIPT, f"http://127.0.0.1:{server.server_port}", tiny_model],
@@ -135,6 +148,30 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
         server.server_close()
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["training"].startswith(str(site))  # the installed copy, not the checkout
+    assert out["installed"].startswith(str(site))  # the installed copy, not the checkout
+    assert out["training"] == str(work / "training" / "__init__.py")  # the user's stays theirs
     assert out["found"] == {"id": 7, "name": "wanted"}
     assert out["groups"] == 1 and out["settings"] == {"distinct": 1.0}
+
+
+def test_nothing_inside_training_imports_training_by_its_checkout_name():
+    """Installed, the package is reward_debugger: an absolute `training` import inside it would
+    reach the user's own training package (or nothing)."""
+    import ast
+
+    absolute = []
+    for path in sorted((ROOT / "training").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            absolute += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for n in names
+                if n == "training" or n.startswith("training.")
+            ]
+    assert absolute == []

@@ -1,6 +1,7 @@
 """Environment registry. Imports are lazy so listing names never pulls in an environment's deps.
 
-Add an environment by mapping its name to "module:attribute" (a class or factory taking no args).
+Add an environment by mapping its name to "module:attribute" (a class or factory taking no args;
+a module name starting with "." is relative to this package).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import importlib
 from training.environments.base import Environment
 
 _REGISTRY: dict[str, str] = {
-    "diagram": "training.environments.diagram:DiagramEnvironment",
-    "ask_to_code": "training.environments.ask_to_code:AskToCodeEnv",
+    "diagram": ".diagram:DiagramEnvironment",  # relative to this package (installed, it is
+    "ask_to_code": ".ask_to_code:AskToCodeEnv",  # reward_debugger.environments)
 }
 
 
@@ -27,4 +28,4 @@ def get_environment(name: str) -> Environment:
         known = ", ".join(available_environments())
         raise KeyError(f"unknown environment {name!r}; known: {known}") from None
     module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)()
+    return getattr(importlib.import_module(module_name, __package__), attr)()
