@@ -111,6 +111,9 @@ EXPECTED: dict[str, tuple[str | None, str | None]] = {
     "api-behaviour-overlay": ("viewer", NONE),
     "api-replay-behaviours": ("viewer", NONE),
     "api-behaviours-propose": (NONE, "annotator"),
+    "rollouts-tokens": ("viewer", NONE),
+    "api-rollout-tokens": ("viewer", NONE),
+    "api-run-token-stats": ("viewer", NONE),
 }
 # Cells that differ from the role ladder on purpose.
 OVERRIDES = {
@@ -169,6 +172,20 @@ def world(run, personas, make_user):
         },
     )
     rollout = Rollout.objects.filter(run=run).order_by("id").first()
+    import numpy as np
+
+    from webapp.tokens import codec
+    from webapp.tokens.models import RolloutTokens
+
+    arrays = codec.TokenArrays(ids=np.arange(3), sampler_logprobs=np.array([-0.1, -0.2, -0.3]))
+    RolloutTokens.objects.create(
+        rollout=rollout,
+        run=run,
+        step=rollout.step,
+        n_tokens=3,
+        fields="ids,sampler_logprobs",
+        data=codec.encode(arrays),
+    )
     label = Label.objects.create(slug="hack", name="Reward hack")
     annotation, _ = services.save_annotation(rollout, personas["annotator"], label=label, note="n")
     queue = services.create_queue(
