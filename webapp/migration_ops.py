@@ -55,7 +55,9 @@ def drop_invalid_index(schema_editor: BaseDatabaseSchemaEditor, name: str) -> No
         schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
-def create_index_concurrently(schema_editor: BaseDatabaseSchemaEditor, name: str, rest: str) -> None:
+def create_index_concurrently(
+    schema_editor: BaseDatabaseSchemaEditor, name: str, rest: str
+) -> None:
     """`CREATE INDEX CONCURRENTLY IF NOT EXISTS <name> <rest>` on Postgres (rest: `ON table USING
     ...`), after dropping an invalid leftover; `CREATE INDEX IF NOT EXISTS` elsewhere."""
     if _postgres(schema_editor):
@@ -108,9 +110,7 @@ class RemoveIndexOnline(migrations.RemoveIndex):
     def database_forwards(self, app_label, schema_editor, from_state, to_state) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(
-                self.name
-            )
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
             _remove(schema_editor, model, index)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state) -> None:
