@@ -3,7 +3,7 @@ the real HTTP API (a runserver process): no ingest request waits more than a sec
 
 The rollouts app is migrated back to 0010 (the oldest state the current ingestion code can write:
 0011 only changes indexes), the run is filled to FILL_ROLLOUTS realistic rollouts, and `manage.py
-migrate` (a child process, as an operator runs it) applies 0011 forward while a thread posts batches.
+migrate` (a child process, as an operator runs it) applies 0011 while a thread posts batches.
 As first shipped, 0011 built its five indexes with a plain CREATE INDEX in one transaction: every
 score and rollout insert waited for all of them (12 s at 1M rollouts; ~2-4 s at this size here).
 """
@@ -133,7 +133,8 @@ def test_it_applies_the_migrations_with_data_while_a_client_ingests(app_server, 
     assert max(s for _, s in ingester.times) < MAX_WAIT_S, sorted(s for _, s in ingester.times)[-5:]
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "SELECT c.relname, i.indisvalid FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
             "WHERE c.relname IN ('score_step', 'rollout_run_reward', 'rollout_run_adv', "
             "'rollout_run_length', 'rollout_run_step') OR c.relname LIKE '%%\\_new'"
         )
