@@ -188,7 +188,7 @@ def compare(request: HttpRequest) -> HttpResponse:
         "jobs/compare.html",
         {
             "runs": runs,
-            "all_runs": Run.objects.order_by("-created_at")[:200],
+            "all_runs": Run.objects.live().order_by("-created_at")[:200],
             "selected": ids,
             "figures": figures,
             "evals": evals,

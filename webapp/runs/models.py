@@ -11,6 +11,12 @@ from django.utils import timezone
 LOG_TAIL_CHARS = 20_000  # the run page shows the tail; full logs live in the run's output folder
 
 
+class RunQuerySet(models.QuerySet):
+    def live(self) -> RunQuerySet:
+        """Runs not marked deleted (webapp/runs/deletion.py): what pages and lists show."""
+        return self.filter(deleted_at__isnull=True)
+
+
 class Run(models.Model):
     class Kind(models.TextChoices):
         SFT = "sft"
@@ -74,6 +80,10 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by deletion.request_delete: the run is hidden, refused by ingestion, reaped in batches.
+    deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
