@@ -200,13 +200,13 @@ def _analyze(rels: list[tuple[type[models.Model], str]]) -> None:
 def _finish(run: Run, report: ReapReport) -> None:
     from webapp.runs.signals import output_folder, remove_output
 
-    folder = output_folder(run)
+    folder, run_id = output_folder(run), run.id
     with transaction.atomic():
         # Rows written since the batches (a metric, a late log line) go with the run row.
         run.delete()
     remove_output(folder)
     report.finished = True
-    log.info("run %s reaped: %s", run.id, report.rows)
+    log.info("run %s reaped: %s", run_id, report.rows)
 
 
 def _delete_batches(model, fk, run_id, report, started, budget_s, pause_s) -> bool:
