@@ -150,3 +150,18 @@ def test_every_cascade_the_reaper_follows_has_an_index_on_its_column(db):
                 seen.add(child)
                 todo.append(child)
     assert missing == []
+
+
+def test_it_deletes_from_the_admin_list_action_by_marking(db, run, client_as):
+    """The admin's bulk "delete selected" marks each run; its confirmation page lists the runs, not
+    their rollouts (collecting a million of them would time the page out)."""
+    fill(run, 4)
+    admin = client_as("admin")
+    data = {"action": "delete_selected", "_selected_action": [run.id]}
+    page = admin.post("/admin/runs/run/", data)
+    assert page.status_code == 200 and "removed in the background" in page.content.decode()
+    assert f"(run {run.id} step" not in page.content.decode()  # no rollout listed
+    res = admin.post("/admin/runs/run/", dict(data, post="yes"))
+    assert res.status_code == 302
+    run.refresh_from_db()
+    assert run.deleted_at is not None and run.cancel_requested
