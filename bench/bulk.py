@@ -109,6 +109,8 @@ def fill_run(cursor, run_id: int, copies: int, first_step: int = 1) -> int:
         [first_step, first_step + copies - 1, run_id],
     )
     added = cursor.rowcount
+    cursor.execute("ANALYZE rollouts_group")  # fresh statistics, or the next join is planned blind
+    cursor.execute("ANALYZE rollouts_rollout")
     s_cols = _columns(cursor, "rollouts_rewardscore")
     names, values = _select(s_cols, "ts", {"rollout_id": "nr.id", "step": "nr.step"})
     cursor.execute(
@@ -118,7 +120,7 @@ def fill_run(cursor, run_id: int, copies: int, first_step: int = 1) -> int:
         "JOIN rollouts_group ng ON ng.run_id = tg.run_id AND ng.key = tg.key "
         "AND ng.step BETWEEN %s AND %s "
         "JOIN rollouts_rollout nr ON nr.group_id = ng.id AND nr.index = tr.index "
-        "WHERE ts.run_id = %s",
+        "WHERE ts.run_id = %s AND ts.step = 0",
         [first_step, first_step + copies - 1, run_id],
     )
     return added
