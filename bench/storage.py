@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         if b + toast < total / 500:
             continue  # under 0.2% of the total
         what = f"{table} ({'table' if kind == 'heap' else 'index ' + kind})"
-        extra = f", TOAST {toast / stored:,.0f} B" if toast else ""
+        extra = f" (of which TOAST {toast / stored:,.0f} B)" if toast else ""
         print(f"  {what:<66} {(b + toast) / stored:>9,.0f} B{extra}")
     print(f"  {'all tables and indexes':<66} {total / stored:>9,.0f} B")
     print(
