@@ -10,8 +10,15 @@ database's own catalogue, so a column someone adds later is copied too.
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 TOOLS = ("run_tests", "read_file", "search_docs")
 
@@ -124,3 +131,23 @@ def fill_run(cursor, run_id: int, copies: int, first_step: int = 1) -> int:
         [first_step, first_step + copies - 1, run_id],
     )
     return added
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        description="Copy a run's stored step 0 into more steps (Postgres), to grow it fast."
+    )
+    p.add_argument("--run", type=int, required=True, help="run id (its step 0 is the template)")
+    p.add_argument("--copies", type=int, required=True, help="steps to add")
+    args = p.parse_args(argv)
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        print(f"added {fill_run(cur, args.run, args.copies):,} rollouts to run {args.run}")
+
+
+if __name__ == "__main__":
+    main()
