@@ -21,6 +21,8 @@ from workers.celery import app
 log = logging.getLogger(__name__)
 CANCEL_GRACE_SECONDS = 20  # after SIGTERM, the child gets this long to unwind before SIGKILL
 LOG_TAIL_BYTES = 4000
+REAP_BUDGET_SECONDS = 300
+REAP_SWEEP_BEATS = 6  # every this many heartbeats, a worker re-queues the reaper of deleted runs
 
 
 def child_env() -> dict[str, str]:
@@ -157,8 +159,8 @@ def run_job(self, run_id: int) -> str:
     _set_current(run_id)
     rc = _watch(run_id, proc)
     _set_current(None)
-    if not Run.objects.filter(id=run_id).exists():
-        return _deleted(run_id, out)
+    if not Run.objects.filter(id=run_id, deleted_at__isnull=True).exists():
+        return _deleted(run, out)
     run.refresh_from_db()
     if run.cancel_requested:
         run.mark_cancelled()
@@ -205,13 +207,36 @@ def _watch(run_id: int, proc: subprocess.Popen) -> int:
         time.sleep(0.5)
 
 
-def _deleted(run_id: int, out: Path) -> str:
-    """The run was deleted while its job ran: the job is stopped (see _watch); its folder goes too.
-    Its queued children were failed by the delete itself (webapp.runs.signals)."""
+def _deleted(run, out: Path) -> str:
+    """The run was deleted while its job ran (marked by webapp.runs.deletion, or its row removed):
+    the job is stopped (see _watch), the run ends cancelled, its folder goes, and the reaper is
+    queued to remove its rows. Its queued children were failed by the delete itself."""
     from webapp.runs.signals import remove_output
 
+    run.mark_cancelled()  # a no-op when the row is gone
     remove_output(out)
-    return f"run {run_id} was deleted while running: job stopped, output folder removed"
+    reap_deleted_run.delay(run.id)
+    return f"run {run.id} was deleted while running: job stopped, output folder removed"
+
+
+@app.task(name="workers.tasks.reap_deleted_run", queue="default")
+def reap_deleted_run(run_id: int) -> str:
+    """Remove a run marked deleted, in batches (webapp/runs/deletion.py). Re-queues itself after
+    REAP_BUDGET_SECONDS so one huge run does not hold a worker process for an hour."""
+    from django.db import close_old_connections
+
+    from webapp.runs.deletion import reap
+
+    close_old_connections()
+    report = reap(run_id, budget_s=REAP_BUDGET_SECONDS)
+    if report.finished:
+        return f"run {run_id} reaped: {report.rows}"
+    if report.waiting_for_job:
+        return f"run {run_id}: rows reaped, waiting for its job to stop"
+    if report.batches:
+        reap_deleted_run.delay(run_id)
+        return f"run {run_id}: {report.batches} batches reaped, continuing"
+    return f"run {run_id}: another reaper holds it, or it is not marked deleted"
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -253,6 +278,7 @@ def _beat(name: str, queues: str) -> None:
     from webapp.runs.services import device_name, reap_stale_runs
 
     device = device_name()
+    beats = 0
     while not _stop.is_set():
         try:
             close_old_connections()
@@ -268,9 +294,21 @@ def _beat(name: str, queues: str) -> None:
             )
             reap_stale_runs()
             resume_stalled()  # reward replays whose workers died: re-queued once per stale limit
+            if beats % REAP_SWEEP_BEATS == 0:
+                _sweep_deleted()
+            beats += 1
         except Exception:  # the database may be restarting; the next beat tries again
             log.exception("heartbeat failed")
         _stop.wait(settings.WORKER_HEARTBEAT_SECONDS)
+
+
+def _sweep_deleted() -> None:
+    """Queue the reaper of every run still marked deleted (its first task may have been lost with
+    a broker or worker restart); a second reaper of one run returns at once."""
+    from webapp.runs.deletion import pending
+
+    for run_id in pending():
+        reap_deleted_run.delay(run_id)
 
 
 @worker_ready.connect

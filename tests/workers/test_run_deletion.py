@@ -186,3 +186,68 @@ def test_it_ends_an_import_cleanly_when_its_run_is_deleted_mid_import(
             stderr=io.StringIO(),
         )
     assert not Run.objects.filter(name="vanishing").exists()
+
+
+# ---- a real job writing while its run is deleted from the admin (issue 30) --------------------
+
+
+@pytest.fixture
+def slow_watch(monkeypatch):
+    """The worker looks at its run every 4 s (WORKER_HEARTBEAT_SECONDS / 2): the job trains on for
+    a few steps after the delete is marked, so its writes really race the delete."""
+    monkeypatch.setenv("WORKER_HEARTBEAT_SECONDS", "8")
+
+
+@pytest.mark.slow
+@pytest.mark.broker
+def test_it_deletes_a_run_from_the_admin_while_its_real_job_writes(
+    slow_watch, worker_process, client_as
+):
+    """A GRPO job on the tiny model, run by a real Celery worker, records groups step by step; the
+    admin deletes its run. Before: a 500 (ForeignKeyViolation on rollouts_group at commit), the job
+    trained on, its folder stayed, the chained eval stayed queued. Now: the delete answers at once,
+    the run is hidden, every batch the job sends afterwards is refused, the job is stopped, the
+    chained run fails with the reason, and the reaper removes every row and the folder."""
+    from tests.workers.test_jobs_e2e import TINY_GRPO, _launch
+    from webapp.rollouts.models import Group
+    from webapp.runs.deletion import dependents
+
+    trainer = client_as("trainer")
+    run = _launch(trainer, "grpo", **dict(TINY_GRPO, cfg_max_steps=200, cfg_log_completions=False))
+    chained = create_run(
+        name="eval after",
+        kind="eval",
+        environment=run.environment,
+        config={"start_after_parent": True},
+        parent=run,
+    )
+    wait_for(lambda: Group.objects.filter(run_id=run.id).count() >= 4, timeout=400, interval=0.5)
+    run.refresh_from_db()
+    pid, folder, step_at_delete = run.pid, Path(run.output_dir), run.current_step
+    assert pid and folder.is_dir()
+
+    res = client_as("admin").post(f"/admin/runs/run/{run.id}/delete/", {"post": "yes"})
+    assert res.status_code == 302
+    groups_at_delete = Group.objects.filter(run_id=run.id).count()
+    assert trainer.get(f"/runs/{run.id}/").status_code == 404
+    chained.refresh_from_db()
+    assert chained.status == "failed"
+    assert f"its parent run {run.id} ({run.name}) was deleted" in chained.error
+
+    # The job trains on until its worker's next look; what it records meanwhile is refused.
+    def refused_while_training() -> bool:
+        row = Run.objects.filter(id=run.id).values_list("current_step", "log_tail").first()
+        return bool(row) and row[0] > step_at_delete and f"run {run.id} was deleted" in row[1]
+
+    wait_for(refused_while_training, timeout=60, interval=0.2)
+    assert Group.objects.filter(run_id=run.id).count() <= groups_at_delete
+
+    wait_for(lambda: not Run.objects.filter(id=run.id).exists(), timeout=180, interval=0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not folder.exists()
+    for model, fk in dependents():
+        assert not model._base_manager.filter(**{fk: run.id}).exists(), model
+    log = worker_process.read_text(errors="replace")
+    assert "ForeignKeyViolation" not in log and "IntegrityError" not in log
+    assert f"run {run.id} reaped" in log

@@ -75,7 +75,7 @@ def _run_json(run: Run) -> dict[str, Any]:
 @api_view(["GET", "POST"])
 def runs(request: Request) -> Response:
     if request.method == "GET":
-        qs = Run.objects.select_related("environment").order_by("-created_at")
+        qs = Run.objects.live().select_related("environment").order_by("-created_at")
         name = request.query_params.get("name")
         if name is not None:  # exact name, any age: the client's find_run
             qs = qs.filter(name=name.strip())

@@ -35,6 +35,7 @@ from webapp.rollouts.ingest_write import (
 )
 from webapp.rollouts.models import Group, RewardComponent, Rollout
 from webapp.rollouts.validation import GroupIn, validate_batch
+from webapp.runs.deletion import hold_for_ingest
 from webapp.runs.models import Run
 from webapp.tokens import ingest as tokens_ingest
 from webapp.tokens.validation import vocab_size
@@ -85,6 +86,7 @@ def _lost_race(e: Exception) -> bool:
 
 @transaction.atomic
 def _store(run: Run, groups: list[GroupIn], comps: list[RewardComponent]) -> IngestResult:
+    hold_for_ingest(run.id)  # waits for a delete being marked; refuses a run marked deleted
     new = _unstored(run, groups)
     if not new:
         return IngestResult(groups=0, rollouts=0, skipped_groups=len(groups))

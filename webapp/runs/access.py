@@ -27,7 +27,7 @@ def get_run_for(
     (a hot read path that needs neither the run's JSON nor its log); () loads them all."""
     runs = (
         Run.objects.select_related(*related) if related else Run.objects.all()
-    )  # (): no join at all
+    ).live()  # (): no join at all; a run marked deleted is gone for every page and the API
     if fields:
         runs = runs.only(*fields)
     if has_role(request.user, role):

@@ -167,7 +167,7 @@ class LaunchForm(forms.Form):
         self.kind = kind
         self.config_cls = config_class(kind)
         self.fields["environment"].choices = [(e, e) for e in available_environments()]
-        self.fields["parent"].queryset = Run.objects.exclude(
+        self.fields["parent"].queryset = Run.objects.live().exclude(
             status__in=[Run.Status.FAILED, Run.Status.CANCELLED]
         )
         hints = typing.get_type_hints(self.config_cls)

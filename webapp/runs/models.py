@@ -13,6 +13,12 @@ from training.jobs import RUN_KINDS
 LOG_TAIL_CHARS = 20_000  # the run page shows the tail; full logs live in the run's output folder
 
 
+class RunQuerySet(models.QuerySet):
+    def live(self) -> RunQuerySet:
+        """Runs not marked deleted (webapp/runs/deletion.py): what pages and lists show."""
+        return self.filter(deleted_at__isnull=True)
+
+
 class Run(models.Model):
     # training.jobs.RUN_KINDS is the one table of kinds: Run.Kind.GRPO == "grpo", labels its titles
     Kind = models.TextChoices("Kind", [(k.upper(), (k, job.title)) for k, job in RUN_KINDS.items()])
@@ -70,6 +76,10 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by deletion.request_delete: the run is hidden, refused by ingestion, reaped in batches.
+    deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]

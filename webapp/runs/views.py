@@ -45,7 +45,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     reap_stale_runs()  # a run whose worker died shows as failed, not running forever (one UPDATE)
     kind, kind_error = _choice(request, "kind", Run.Kind.choices)
     status, status_error = _choice(request, "status", Run.Status.choices)
-    runs = Run.objects.select_related("environment").order_by("-created_at")
+    runs = Run.objects.live().select_related("environment").order_by("-created_at")
     if kind:
         runs = runs.filter(kind=kind)
     if status:

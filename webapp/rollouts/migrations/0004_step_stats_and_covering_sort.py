@@ -3,8 +3,14 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from webapp.migration_ops import ReplaceIndexOnline
+
 
 class Migration(migrations.Migration):
+    # Online (issue 30): score_sort is rebuilt CONCURRENTLY under a temporary name and swapped in
+    # (webapp/migration_ops.py); as first shipped, a plain DROP + CREATE INDEX in one transaction
+    # blocked every score insert for the build. Databases that applied it keep the same end state.
+    atomic = False
 
     dependencies = [
         ('rollouts', '0003_lean_indexes_and_constraints'),
@@ -28,11 +34,7 @@ class Migration(migrations.Migration):
                 ('sum_squares', models.FloatField(default=0.0)),
             ],
         ),
-        migrations.RemoveIndex(
-            model_name='rewardscore',
-            name='score_sort',
-        ),
-        migrations.AddIndex(
+        ReplaceIndexOnline(
             model_name='rewardscore',
             index=models.Index(fields=['run', 'component', 'value', 'rollout'], include=('step',), name='score_sort'),
         ),

@@ -6,13 +6,14 @@ whatever webapp/rollouts/text.py later becomes."""
 
 import json
 
-from django.db import migrations, models
+from django.db import migrations, models, transaction
+
+from webapp.migration_ops import create_index_concurrently, drop_index_concurrently
 
 BATCH = 500  # rollouts per batch
 PREVIEW_CHARS = 300
 PROMPT_ROLES = ("system", "user", "developer")
-INDEX_SQL = ("CREATE INDEX IF NOT EXISTS rollout_search_trgm ON rollouts_rollout "
-             "USING gin (UPPER(search_text) gin_trgm_ops)")
+INDEX = ("rollout_search_trgm", "ON rollouts_rollout USING gin (UPPER(search_text) gin_trgm_ops)")
 
 
 def _texts(m):
@@ -51,19 +52,28 @@ def backfill(apps, schema_editor) -> None:
     fields = ["preview_head", "preview_tail", "n_turns", "n_tool_calls", "text_chars", "search_text"]
     last = 0
     while True:
-        batch = list(Rollout.objects.filter(id__gt=last).order_by("id").select_related("group")
-                     .only("id", "transcript", "group__prompt", "group__prompt_text")[:BATCH])
-        if not batch:
+        with transaction.atomic(using=schema_editor.connection.alias):
+            last = _backfill_batch(Rollout, RewardScore, fields, last)
+        if last is None:
             return
-        last = batch[-1].id
-        reasons: dict[int, list[str]] = {}
-        for rid, reason in (RewardScore.objects.filter(rollout_id__gte=batch[0].id, rollout_id__lte=last)
-                            .exclude(reason="").order_by("rollout_id", "component_id").values_list("rollout_id", "reason")):
-            reasons.setdefault(rid, []).append(reason)
-        for r in batch:
-            for k, v in _build(r.transcript, r.group.prompt, r.group.prompt_text, reasons.get(r.id, [])).items():
-                setattr(r, k, v)
-        Rollout.objects.bulk_update(batch, fields)
+
+
+def _backfill_batch(Rollout, RewardScore, fields, last):
+    """One batch after id `last`, in the caller's transaction; the batch's last id, None at the end."""
+    batch = list(Rollout.objects.filter(id__gt=last).order_by("id").select_related("group")
+                 .only("id", "transcript", "group__prompt", "group__prompt_text")[:BATCH])
+    if not batch:
+        return None
+    last = batch[-1].id
+    reasons: dict[int, list[str]] = {}
+    for rid, reason in (RewardScore.objects.filter(rollout_id__gte=batch[0].id, rollout_id__lte=last)
+                        .exclude(reason="").order_by("rollout_id", "component_id").values_list("rollout_id", "reason")):
+        reasons.setdefault(rid, []).append(reason)
+    for r in batch:
+        for k, v in _build(r.transcript, r.group.prompt, r.group.prompt_text, reasons.get(r.id, [])).items():
+            setattr(r, k, v)
+    Rollout.objects.bulk_update(batch, fields)
+    return last
 
 
 def create_extension(apps, schema_editor) -> None:
@@ -74,15 +84,19 @@ def create_extension(apps, schema_editor) -> None:
 
 def create_index(apps, schema_editor) -> None:
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(INDEX_SQL)
+        create_index_concurrently(schema_editor, *INDEX)
 
 
 def drop_index(apps, schema_editor) -> None:
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP INDEX IF EXISTS rollout_search_trgm")
+        drop_index_concurrently(schema_editor, INDEX[0])
 
 
 class Migration(migrations.Migration):
+    # Online (issue 30): each operation commits by itself and the backfill batch by
+    # batch (the ADD COLUMNs' ACCESS EXCLUSIVE lock was held through the whole backfill, stopping every
+    # read and write of rollouts); the trigram index is built CONCURRENTLY. Databases that applied the first version keep the same end state.
+    atomic = False
 
     dependencies = [
         ("rollouts", "0006_group_packed_scores"),

@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(_0006.backfill, migrations.RunPython.noop, atomic=True, elidable=True),
+        migrations.RunPython(_0006.backfill, migrations.RunPython.noop, elidable=True),  # per batch
         migrations.AlterField(
             model_name="group",
             name="packed_scores",

@@ -7,7 +7,9 @@ demo's search scans).
 The word builder is copied here rather than imported: a migration must keep writing what it shipped
 with, whatever text.py later becomes."""
 
-from django.db import migrations, models
+from django.db import migrations, models, transaction
+
+from webapp.migration_ops import create_index_concurrently, drop_index_concurrently
 
 import webapp.rollouts.models
 
@@ -17,11 +19,9 @@ _WORD_BYTES = bytes(c if 48 <= c <= 57 or 65 <= c <= 90 else 32 for c in range(2
 INDEXES = (
     # Lexemes carry their run ("63xWORD"): run-scoped with no run_id column, which the planner
     # would otherwise pick for a plain run filter.
-    "CREATE INDEX IF NOT EXISTS rollout_search_words ON rollouts_rollout USING gin (search_words)",
-    "CREATE INDEX IF NOT EXISTS rollout_unindexed_words ON rollouts_rollout (run_id) "
-    "WHERE search_words IS NULL",
-    "CREATE INDEX IF NOT EXISTS searchword_run_trgm ON rollouts_searchword "
-    "USING gin (run_id, word gin_trgm_ops)",
+    ("rollout_search_words", "ON rollouts_rollout USING gin (search_words)"),
+    ("rollout_unindexed_words", "ON rollouts_rollout (run_id) WHERE search_words IS NULL"),
+    ("searchword_run_trgm", "ON rollouts_searchword USING gin (run_id, word gin_trgm_ops)"),
 )
 
 
@@ -38,9 +38,12 @@ def _words(doc):
 def backfill(apps, schema_editor) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
-    with schema_editor.connection.cursor() as cur:
-        last = 0
-        while True:
+    connection = schema_editor.connection
+    last = 0
+    while True:
+        # One transaction per batch (the migration is not atomic): a rollout row is locked for one
+        # batch, never for the whole backfill, and ingestion goes on beside it.
+        with transaction.atomic(using=connection.alias), connection.cursor() as cur:
             cur.execute("SELECT id, run_id, search_text FROM rollouts_rollout WHERE id > %s "
                         "ORDER BY id LIMIT %s", [last, BATCH])
             rows = cur.fetchall()
@@ -63,17 +66,22 @@ def backfill(apps, schema_editor) -> None:
 
 def create_indexes(apps, schema_editor) -> None:
     if schema_editor.connection.vendor == "postgresql":
-        for sql in INDEXES:
-            schema_editor.execute(sql)
+        for name, rest in INDEXES:
+            create_index_concurrently(schema_editor, name, rest)
 
 
 def drop_indexes(apps, schema_editor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         for name in ("rollout_search_words", "rollout_unindexed_words", "searchword_run_trgm"):
-            schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+            drop_index_concurrently(schema_editor, name)
 
 
 class Migration(migrations.Migration):
+    # Online (issue 30): each operation commits by itself, the backfill batch by batch, and the
+    # indexes are built CONCURRENTLY. As first shipped it ran in one transaction: the ADD COLUMN's
+    # ACCESS EXCLUSIVE lock was held through the whole backfill, stopping every read and write of
+    # rollouts. Databases that applied it keep the same end state.
+    atomic = False
 
     dependencies = [
         ("rollouts", "0009_group_packed_scores_not_null"),
