@@ -204,7 +204,9 @@ def compare(request: HttpRequest) -> HttpResponse:
         "jobs/compare.html",
         {
             "runs": runs,
-            "all_runs": Run.objects.live().select_related("environment").order_by("-created_at")[:200],
+            "all_runs": Run.objects.live()
+            .select_related("environment")
+            .order_by("-created_at")[:200],
             "selected": ids,
             "figures": figures,
             "evals": evals,
