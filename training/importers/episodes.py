@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     RecordError,
     component_name,
     group_key,

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training.importers.base import (
+from .base import (
     BadRecord,
     GroupingJsonlReader,
     GroupItem,
@@ -68,7 +68,7 @@ from training.importers.base import (
     prompt_value,
     split_numbers,
 )
-from training.importers.episodes import (
+from .episodes import (
     episode_rollout,
     first_trace,
     has_sampled_tokens,
