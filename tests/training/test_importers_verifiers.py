@@ -13,7 +13,7 @@ import pytest
 
 from tests.training.prime_fixtures import trace_record
 from tests.training.test_importers import items
-from training.importers import open_reader
+from training.importers import episodes, open_reader
 from training.importers.episodes import TOKENS_DROPPED
 
 WEIGHTS = {"correct_answer": 1.0, "format_reward": 0.2, "num_turns": 0.0}
@@ -226,3 +226,16 @@ def test_it_stores_an_eval_rollout_whose_arrays_disagree_without_its_tokens(tmp_
     assert e11["state"]["tokens_not_stored"] == "nodes[4].entropies: 3 values for 4 sampled tokens"
     assert reader.counts == {TOKENS_DROPPED: 2} and any("without tokens" in g for g in reader.gaps)
     assert "tokens" in groups[0].record["rollouts"][0]  # the other task's rollouts keep theirs
+
+
+def test_it_leaves_out_the_tokens_of_a_trace_past_the_ingestions_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(episodes, "MAX_TOKENS", len(V_IDS) - 1)  # 262,144 by default
+    write_v1(tmp_path / "run", token_episodes())
+    reader = open_reader("verifiers", tmp_path)
+    groups, bad, _ = items(reader)
+    rollouts = [r for g in groups for r in g.record["rollouts"]]
+    assert bad == [] and len(rollouts) == 4 and not any("tokens" in r for r in rollouts)
+    assert rollouts[0]["state"]["tokens_not_stored"] == (
+        "16 tokens; the ingestion's limit is 15 a rollout"
+    )
+    assert reader.counts == {TOKENS_DROPPED: 4}

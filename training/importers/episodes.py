@@ -20,7 +20,8 @@ concatenated, each per-sampled-token field (logprobs, advantages, reference_logp
 trainer_logprobs, entropies) spread onto its node's sampled positions with 0.0 elsewhere, as
 verifiers' `Branch.spread` does; `loss_mask` is the nodes' `mask`, `turn` the transcript index of
 each token's message. A malformed array (lengths that disagree, a non-finite value, a log-prob
-above 0) stores the rollout without tokens and says why in its state (`tokens_not_stored`).
+above 0) or more tokens than the ingestion's per-rollout limit stores the rollout without tokens
+and says why in its state (`tokens_not_stored`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ SPREAD = (
     ("advantages", "advantages", "number"),
 )
 MAX_ID = 2**31 - 1
+MAX_TOKENS = 262_144  # the ingestion's default per-rollout limit (TOKENS_MAX_PER_ROLLOUT)
 LOGPROB_TOL = 1e-3  # as the ingestion service: bf16 rounding above 0
 
 
@@ -130,6 +132,8 @@ def trace_tokens(trace: dict[str, Any]) -> dict[str, list] | None:
         turn += [t] * len(tid)
     if not ids:
         return None
+    if len(ids) > MAX_TOKENS:
+        raise TokenProblem(f"{len(ids)} tokens; the ingestion's limit is {MAX_TOKENS} a rollout")
     out: dict[str, list] = {"ids": ids, "loss_mask": mask, "turn": turn}
     for src, dst, kind in SPREAD:
         values = _spread(nodes, [i for _, i in kept], src, kind)
