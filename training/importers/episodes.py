@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     RecordError,
     component_name,
     group_key,

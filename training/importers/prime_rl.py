@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training.importers.base import (
+from .base import (
     BadRecord,
     GroupingJsonlReader,
     GroupItem,
@@ -72,7 +72,7 @@ from training.importers.base import (
     prompt_value,
     split_numbers,
 )
-from training.importers.episodes import (
+from .episodes import (
     TOKENS_DROPPED,
     TOKENS_GAP,
     attach_tokens,

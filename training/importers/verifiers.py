@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from training.importers.base import (
+from .base import (
     GroupingJsonlReader,
     Item,
     Progress,
@@ -51,7 +51,7 @@ from training.importers.base import (
     prompt_value,
     split_numbers,
 )
-from training.importers.episodes import (
+from .episodes import (
     TOKENS_DROPPED,
     TOKENS_GAP,
     episode_rollout,
