@@ -52,6 +52,8 @@ from .base import (
     split_numbers,
 )
 from .episodes import (
+    TOKENS_DROPPED,
+    TOKENS_GAP,
     episode_rollout,
     first_trace,
     record_key,
@@ -192,6 +194,10 @@ class VerifiersReader(GroupingJsonlReader):
                 "some groups do not have the run's rollouts per example (an interrupted or "
                 "resumed evaluation): stored as they are; see counts"
             )
+        for r in rollouts:
+            if (r.get("state") or {}).get("tokens_not_stored"):
+                self._count(TOKENS_DROPPED)
+                self._gap(TOKENS_GAP)
         fill_advantages(rollouts, scale=False)
 
     # ---- one record
