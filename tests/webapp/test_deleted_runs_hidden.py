@@ -56,3 +56,11 @@ def test_a_deleted_sft_run_is_no_default_base_model(env3, personas):
     assert latest_sft_output(env3.name) == sft
     assert request_delete(sft)
     assert latest_sft_output(env3.name) is None
+
+
+def test_a_review_queue_cannot_be_made_from_a_deleted_run(doomed):
+    from webapp.annotations.forms import QueueForm
+
+    assert request_delete(doomed)
+    form = QueueForm({"name": "q", "run": doomed.id, "source": "random"})
+    assert not form.is_valid() and "run" in form.errors
