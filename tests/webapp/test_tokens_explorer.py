@@ -99,3 +99,16 @@ def test_the_sort_menu_leaves_the_token_sorts_out_of_a_run_without_tokens(run, c
     ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 1}, {"correct": 0}])]})
     html = client_as("viewer").get(f"/runs/{run.id}/rollouts/").content.decode()
     assert "tokens.mismatch" not in html
+
+
+def test_a_token_sort_shows_the_summary_sorted_by_in_a_column(run_with_tokens, client_as):
+    import re
+
+    c = client_as("viewer")
+    html = c.get(f"/runs/{run_with_tokens.id}/rollouts/?sort=tokens.mismatch&order=desc")
+    html = html.content.decode()
+    assert re.search(r'<th class="num sorted token-sort"[^>]*>tokens.mismatch</th>', html)
+    cells = re.findall(r'<td class="num sorted token-sort">([^<]*)</td>', html)
+    assert cells == ["—", "0.4000", "0.2000", "0.0500"]  # rollout 4: wholly masked, no mismatch
+    plain = c.get(f"/runs/{run_with_tokens.id}/rollouts/?sort=reward").content.decode()
+    assert "token-sort" not in plain

@@ -91,6 +91,7 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
         "sort_links": _sort_links(q, components),
         # the Sort menu offers the token sorts where the run has tokens (or one is in use)
         "token_sorts": TOKEN_SORTS if q.sort in TOKEN_SORTS or has_tokens(run.id) else (),
+        "token_sorted": q.sort in TOKEN_SORTS,  # a column shows the summary sorted by
         "sorted_component": next((c for c in components if c.name == q.sort), None),
         "labels": _labels(),
         "ranges": {c.name: q.ranges.get(c.name, (None, None)) for c in components},
