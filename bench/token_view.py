@@ -52,8 +52,12 @@ def twin_without_tokens(rollout_id: int) -> int:
     return Rollout.objects.get(run=run).id
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     import django
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
 
     django.setup()
     from django.contrib.auth import get_user_model

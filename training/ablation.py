@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from training import stats
-from training.diagnostics import (
+from . import stats
+from .diagnostics import (
     ComponentInfo,
     RunArrays,
     _json_float,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from training.diagnostics import Finding, Thresholds
+from .diagnostics import Finding, Thresholds
 
 
 @dataclass(frozen=True)

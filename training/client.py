@@ -1,7 +1,7 @@
 """A dependency-free Python client for the web app's REST API v1 (stdlib urllib only), for training
 scripts on other machines, notebooks, and the HTTP sink.
 
-    from training.client import Client
+    from .client import Client
     api = Client("http://host:8000", token="...")
     run_id = api.create_run("grpo-7b", environment="math", components=["correct", "format"])
     api.post_groups(run_id, [{"step": 0, "key": "p1", "prompt": "...", "rollouts": [...]}])

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.environments.base import Environment
-    from training.sinks import Sink
+    from .environments.base import Environment
+    from .sinks import Sink
 
 ProgressFn = Callable[[int, int], None]  # (step, total)
 
@@ -109,7 +109,7 @@ def save_final(trainer, tokenizer, output_dir: str | os.PathLike) -> None:
 
 def get_env(name: str) -> Environment:
     """A fresh instance of the registered environment `name` (KeyError naming the known ones)."""
-    from training.environments import get_environment
+    from .environments import get_environment
 
     return get_environment(name)
 

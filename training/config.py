@@ -138,7 +138,7 @@ class TrainJobConfig(JobConfig):
 
     def trainer_kwargs(self, device: str, default_lr: float) -> dict[str, Any]:
         """TrainingArguments fields shared by SFTConfig / GRPOConfig / DPOConfig."""
-        from training.common import trainer_device_kwargs
+        from .common import trainer_device_kwargs
 
         return dict(
             output_dir=self.output_dir,
@@ -180,7 +180,7 @@ def cli(
     config = config_cls.from_json(args.config)
     sink = None
     if args.jsonl_sink:
-        from training.sinks import JsonlSink
+        from .sinks import JsonlSink
 
         sink = JsonlSink(args.jsonl_sink)
     try:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from training.environments.base import Environment, Prompt, Score
+from .environments.base import Environment, Prompt, Score
 
 MAX_TRAIN_POOL = 256  # prompts are revisited across steps, as epochs over a dataset would
 
@@ -86,7 +86,7 @@ def linear_schedule(start: float, end: float, steps: int) -> Callable[[int], flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.environments import get_environment
+    from .environments import get_environment
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="diagram")

@@ -134,8 +134,8 @@ def demo_chain_configs(env: str = "diagram") -> list[tuple[str, dict[str, Any]]]
 
 
 def _job(kind: str):
-    from training import eval as eval_job
-    from training import grpo, sft, teacher
+    from . import eval as eval_job
+    from . import grpo, sft, teacher
 
     module = {"teacher": teacher, "sft": sft, "grpo": grpo, "eval": eval_job}[kind]
     config_cls = {
@@ -156,7 +156,7 @@ def run_chain(
 ) -> list[dict[str, Any]]:
     """Run every stage in-process under `out`; returns one row per stage
     (name, seconds, summary)."""
-    from training.tiny import ensure_tiny_model
+    from .tiny import ensure_tiny_model
 
     out = Path(out)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from training.environments.ask_to_code import (
+from .environments.ask_to_code import (
     STYLES,
     AskToCodeEnv,
     ScriptedAskPolicy,

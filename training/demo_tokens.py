@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from training import stats
+from . import stats
 
 PIECE = re.compile(r"\s+|\w+|[^\w\s]")
 VOCAB = 32_000

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from training import stats
+from . import stats
 
 SEMANTIC_KINDS = ("outcome", "process")  # what the task is about: depends on the prompt
 SYNTAX_KINDS = ("behavioural",)  # form and validity: satisfiable without reading the prompt

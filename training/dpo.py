@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common import (
+from .common import (
     ProgressFn,
     load_model,
     load_records,
@@ -25,8 +25,8 @@ from training.common import (
     resolve_device,
     save_final,
 )
-from training.config import TrainJobConfig, cli, help_field
-from training.sinks import Sink
+from .config import TrainJobConfig, cli, help_field
+from .sinks import Sink
 
 DPO_DEFAULT_LR = 1e-6  # TRL's DPOConfig default for full fine-tuning
 LORA_LR_FACTOR = 10
@@ -73,7 +73,7 @@ def main(
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from training.grpo import resolve_model_dir
+    from .grpo import resolve_model_dir
 
     device = resolve_device(config.device)
     out = Path(config.output_dir)

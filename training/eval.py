@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training import stats
-from training.common import (
+from . import stats
+from .common import (
     ProgressFn,
     chat_prompt,
     env_prompts,
@@ -22,13 +22,13 @@ from training.common import (
     resolve_device,
     sample_completions,
 )
-from training.config import JobConfig, cli, help_field, require_at_least, require_choice
-from training.rewards import score_value
-from training.sinks import Sink
+from .config import JobConfig, cli, help_field, require_at_least, require_choice
+from .rewards import score_value
+from .sinks import Sink
 
 if TYPE_CHECKING:
-    from training.common import Sample
-    from training.environments.base import Environment, Prompt
+    from .common import Sample
+    from .environments.base import Environment, Prompt
 
 
 @dataclass
@@ -154,7 +154,7 @@ def eval_checks(
 def main(
     config: EvalJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
-    from training.grpo import resolve_model_dir
+    from .grpo import resolve_model_dir
 
     device = resolve_device(config.device)
     config.save(config.output_dir, kind="eval")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training import stats
-from training.common import (
+from . import stats
+from .common import (
     ProgressFn,
     chat_prompt,
     env_prompts,
@@ -31,8 +31,8 @@ from training.common import (
     resolve_device,
     save_final,
 )
-from training.config import TrainJobConfig, cli, help_field, require_choice
-from training.sinks import BatchingSink, Sink
+from .config import TrainJobConfig, cli, help_field, require_choice
+from .sinks import BatchingSink, Sink
 
 GRPO_DEFAULT_LR = 1e-6  # TRL's GRPOConfig default for full fine-tuning
 LORA_LR_FACTOR = 10  # LoRA wants ~10x the full-FT learning rate
@@ -205,9 +205,9 @@ def main(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from training.multiturn import is_multi_turn, make_rollout_func, transcript_reward_funcs
-    from training.recorder import RolloutRecorder
-    from training.rewards import environment_reward_funcs
+    from .multiturn import is_multi_turn, make_rollout_func, transcript_reward_funcs
+    from .recorder import RolloutRecorder
+    from .rewards import environment_reward_funcs
 
     device = resolve_device(config.device)
     out = Path(config.output_dir)
@@ -218,7 +218,7 @@ def main(
     if (
         config.reward_versions
     ):  # "train with this reward": the replayed functions replace the deployed ones
-        from training.reward_versions import apply_versions
+        from .reward_versions import apply_versions
 
         env = apply_versions(
             env, [{**v, "component": c} for c, v in config.reward_versions.items()]

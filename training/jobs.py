@@ -101,6 +101,6 @@ def config_class(kind: str) -> type:
 def runs_on_several_gpus(kind: str) -> bool:
     """The trainers (TrainJobConfig: SFT, GRPO, DPO) can run one process per GPU; eval, teacher and
     probe jobs would run N identical copies."""
-    from training.config import TrainJobConfig
+    from .config import TrainJobConfig
 
     return issubclass(config_class(kind), TrainJobConfig)

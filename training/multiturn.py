@@ -43,11 +43,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from training.common import chat_prompt
-from training.rewards import environment_reward_funcs
+from .common import chat_prompt
+from .rewards import environment_reward_funcs
 
 if TYPE_CHECKING:
-    from training.environments.base import Environment, Prompt
+    from .environments.base import Environment, Prompt
 
 # (contexts: token ids per running row, max_new_tokens, rows: those rows' batch positions) ->
 # the new tokens per row, cut after the first eos. The default sampler ignores `rows`; a

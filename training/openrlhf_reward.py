@@ -5,7 +5,7 @@ OpenRLHF writes no rollout dump, but a run with `--reward.remote_url reward_func
 prompts, labels)`, where `queries` are prompt + response texts. Wrap that function in the same file:
 
     # reward_func.py, passed to OpenRLHF as --reward.remote_url reward_func.py
-    from training.openrlhf_reward import wrap_reward_func
+    from .openrlhf_reward import wrap_reward_func
 
     def my_reward(queries, prompts, labels):
         ...
@@ -83,10 +83,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from training.client import ApiError, Client
-from training.importers.base import component_name, fill_advantages, finite_or_none, stable_hash
-from training.importers.weights import WeightPlan, plan_weights
-from training.sinks import storable  # NUL and lone surrogates would be refused by Postgres
+from .client import ApiError, Client
+from .importers.base import component_name, fill_advantages, finite_or_none, stable_hash
+from .importers.weights import WeightPlan, plan_weights
+from .sinks import storable  # NUL and lone surrogates would be refused by Postgres
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from training.common import (
+from .common import (
     ProgressFn,
     chat_prompt,
     get_env,
@@ -25,9 +25,9 @@ from training.common import (
     resolve_device,
     sample_completions,
 )
-from training.config import JobConfig, cli, help_field, require_at_least, require_choice
-from training.eval import score_groups
-from training.sinks import Sink
+from .config import JobConfig, cli, help_field, require_at_least, require_choice
+from .eval import score_groups
+from .sinks import Sink
 
 
 @dataclass
@@ -92,7 +92,7 @@ def component_health(matrix: np.ndarray, group_size: int) -> dict[str, float | N
 def main(
     config: ProbeJobConfig, sink: Sink | None = None, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
-    from training.grpo import resolve_model_dir
+    from .grpo import resolve_model_dir
 
     device = resolve_device(config.device)
     config.save(config.output_dir, kind="probe")

@@ -2,7 +2,7 @@
 and reason, group, advantage) and every metric TRL logs, into a sink. Works for our jobs and for
 anyone's TRL script:
 
-    from training.recorder import RolloutRecorder
+    from .recorder import RolloutRecorder
     recorder = RolloutRecorder(url="http://app:8000", token="KEY", run="42")
     trainer = GRPOTrainer(..., callbacks=[recorder])
 
@@ -60,10 +60,10 @@ from typing import Any
 import numpy as np
 from transformers import Trainer, TrainerCallback
 
-from training.common import numeric_metrics
-from training.rewards import REASON_PREFIX
-from training.sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sink
-from training.token_capture import TokenCapture
+from .common import numeric_metrics
+from .rewards import REASON_PREFIX
+from .sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sink
+from .token_capture import TokenCapture
 
 KEY_COLUMN = "recorder/key"
 LENGTH_COLUMN = "recorder/length"

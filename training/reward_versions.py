@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.environments.base import Prompt, Score
+from .environments.base import Prompt, Score
 
 DEFAULT_TIMEOUT_S = 10.0  # per rollout: the sandboxed ask_to_code tests take up to ~2.5 s
 MAX_REASON = 500
@@ -213,7 +213,7 @@ def register(
 
 
 def _register_environment(env_name: str) -> None:
-    from training.environments import get_environment
+    from .environments import get_environment
 
     env = get_environment(env_name)
     for comp in env.components:
@@ -230,7 +230,7 @@ def load(extra_modules: str | None = None) -> None:
     global _loaded
     if _loaded and extra_modules is None:
         return
-    from training.environments import available_environments
+    from .environments import available_environments
 
     for env_name in available_environments():
         _register_environment(env_name)
@@ -377,7 +377,7 @@ def score_one(
 
 @functools.lru_cache(maxsize=64)
 def _rebuilder(environment: str) -> Callable[[str, Any], Prompt | None] | None:
-    from training.environments import get_environment
+    from .environments import get_environment
 
     try:
         env = get_environment(environment)

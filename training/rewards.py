@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.environments.base import Component, Environment, Prompt, Score
+    from .environments.base import Component, Environment, Prompt, Score
 
 REASON_PREFIX = "reason/"
 

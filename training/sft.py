@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common import (
+from .common import (
     ProgressFn,
     load_model,
     load_records,
@@ -27,8 +27,8 @@ from training.common import (
     resolve_device,
     save_final,
 )
-from training.config import TrainJobConfig, cli, help_field
-from training.sinks import Sink
+from .config import TrainJobConfig, cli, help_field
+from .sinks import Sink
 
 SFT_DEFAULT_LR = 2e-5  # TRL's SFTConfig default for full fine-tuning
 LORA_LR_FACTOR = 10

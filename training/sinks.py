@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from training.client import ApiError, Client
+from .client import ApiError, Client
 
 logger = logging.getLogger(__name__)
 

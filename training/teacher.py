@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.common import ProgressFn, Sample, chat_prompt, env_prompts, get_env, write_jsonl
-from training.config import JobConfig, cli, help_field
-from training.eval import score_groups
-from training.sinks import Sink
+from .common import ProgressFn, Sample, chat_prompt, env_prompts, get_env, write_jsonl
+from .config import JobConfig, cli, help_field
+from .eval import score_groups
+from .sinks import Sink
 
 
 @dataclass
@@ -97,7 +97,7 @@ class TeacherJobConfig(JobConfig):
     def _checked_faults(self) -> dict[str, float]:
         """The faults as the environment's scripted policy reads them; a ValueError names this
         field."""
-        from training.environments import get_environment
+        from .environments import get_environment
 
         if self.teacher != "scripted":
             raise ValueError("scripted_faults: only for teacher 'scripted'")
@@ -144,8 +144,8 @@ def scripted_teacher(env, config: TeacherJobConfig) -> Answerer:
 
 
 def model_teacher(config: TeacherJobConfig) -> Answerer:
-    from training.common import load_model, load_tokenizer, resolve_device, sample_completions
-    from training.grpo import resolve_model_dir
+    from .common import load_model, load_tokenizer, resolve_device, sample_completions
+    from .grpo import resolve_model_dir
 
     device = resolve_device(config.device)
     source = resolve_model_dir(config.teacher)

@@ -147,7 +147,7 @@ def build_tiny_model(
 def env_texts(env_name: str, n_prompts: int = 200) -> list[str]:
     """The environment's own text: prompts of both splits, their chat form
     and reference solutions."""
-    from training.common import get_env
+    from .common import get_env
 
     env = get_env(env_name)
     prompts = env.prompts("train", n_prompts, seed=0) + env.prompts(

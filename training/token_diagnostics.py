@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from training.diagnostics import (
+from .diagnostics import (
     Finding,
     StepTable,
     Thresholds,

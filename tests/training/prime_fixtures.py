@@ -36,10 +36,11 @@ def node(parent: int | None, message: dict[str, Any], *, sampled: bool, n: int) 
         "message": message,
         "sampled": sampled,
         "timestamp": 1754000000.0,
-        "token_ids": list(range(100, 100 + n)),
-        "mask": [sampled] * n,
+        "token_ids": list(range(100 + 7 * n, 100 + 8 * n)),
+        # a sampled message: its role header is template scaffold (mask False), the rest sampled
+        "mask": [False] + [True] * (n - 1) if sampled else [False] * n,
         "is_content": [],
-        "logprobs": [-0.25] * n if sampled else [],
+        "logprobs": [-0.03125 * (k + 1) for k in range(n - 1)] if sampled else [],
     }
 
 
@@ -198,7 +199,7 @@ class PrimeRun:
             shipped = json.loads(json.dumps(t))
             for n in shipped["nodes"]:
                 if any(n["mask"]):
-                    n["advantages"] = [a] * sum(n["mask"])
+                    n["advantages"] = [a] * sum(n["mask"])  # one per sampled token
             copies.append({**ep, "traces": [shipped]})
             j = self.truth[gid]["episodes"].index(ep)
             self.truth[gid]["trained_step"][j] = self.step

@@ -5,6 +5,7 @@ sampled, with the steps, rewards and advantages it trained on."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from tests.training.prime_fixtures import default_run
 from tests.training.test_importers import items
 from training.importers import open_reader
+from training.importers.episodes import TOKENS_DROPPED
 
 
 def by_name(run, groups) -> dict[str, dict]:
@@ -192,3 +194,54 @@ def test_it_skips_the_group_of_a_truncated_last_line_whole(tmp_path):
     stored = by_name(run, groups)
     assert "H" not in stored and all(len(g["rollouts"]) == 4 for g in stored.values())
     assert reader.counts["incomplete_groups_not_stored"] == 1
+
+
+# ---- per-token arrays (issue #27): the transcript's nodes (assistant 8, tool 3, assistant 5)
+
+SAMPLER = [-0.03125 * (k + 1) for k in range(7)]
+A_IDS = list(range(156, 164)) + list(range(121, 124)) + list(range(135, 140))  # fixture's nodes
+A_MASK = [0] + [1] * 7 + [0] * 3 + [0] + [1] * 4  # role header, tool output: not trained
+A_TURN = [0] * 8 + [1] * 3 + [2] * 5
+A_SAMPLER = [0.0, *SAMPLER, 0.0, 0.0, 0.0, 0.0, *SAMPLER[:4]]
+
+
+def test_it_emits_each_rollouts_token_arrays_with_the_advantages_prime_rl_shipped(tmp_path):
+    run = default_run(tmp_path)
+    reader = open_reader("prime-rl", tmp_path)
+    a = by_name(run, items(reader)[0])["A"]["rollouts"]  # advantages .5, -.5 shipped; 0, 0 not
+    for r, adv in zip(a, (0.5, -0.5, None, None), strict=True):
+        want = {"ids": A_IDS, "loss_mask": A_MASK, "turn": A_TURN, "sampler_logprobs": A_SAMPLER}
+        if adv is not None:  # the effective copy: one advantage per sampled token
+            want["advantages"] = [adv * m for m in A_MASK]
+        assert r["tokens"] == want
+    # PRIME-RL's files carry no trainer log-probs, entropies or reference log-probs: none made up
+    assert not {"trainer_logprobs", "entropy", "ref_logprobs"} & set(a[0]["tokens"])
+    e = by_name(run, items(reader)[0])["E"]["rollouts"]
+    assert "tokens" not in e[1] and e[3]["tokens"]["ids"] == A_IDS  # no trace; errored trace
+    assert TOKENS_DROPPED not in reader.counts
+
+
+def edit_episode(root: Path, subset: str, episode_id: str, edit) -> None:
+    for f in (root / "rollouts").rglob(f"train/{subset}/traces.jsonl"):
+        eps = [json.loads(x) for x in f.read_text().splitlines()]
+        for ep in eps:
+            if ep["id"] == episode_id:
+                edit(ep["traces"][0]["nodes"])
+        f.write_text("".join(json.dumps(ep) + "\n" for ep in eps))
+
+
+def test_it_stores_a_rollout_with_malformed_token_arrays_without_its_tokens(tmp_path):
+    run = default_run(tmp_path)
+    edit_episode(tmp_path, "all", "ep-A-2", lambda n: n[4]["logprobs"].pop())  # 3 for 4 tokens
+    edit_episode(tmp_path, "all", "ep-A-3", lambda n: n[2]["logprobs"].__setitem__(0, math.nan))
+    edit_episode(tmp_path, "effective", "ep-A-0", lambda n: n[4]["mask"].pop())
+    reader = open_reader("prime-rl", tmp_path)
+    groups, bad, _ = items(reader)
+    a = by_name(run, groups)["A"]["rollouts"]
+    assert bad == [] and len(a) == 4 and [r["reward"] for r in a] == pytest.approx([1, 0, 0.5, 0.5])
+    assert [("tokens" in r) for r in a] == [False, True, False, False]
+    assert a[0]["state"]["tokens_not_stored"] == "nodes[4].mask: 4 values for 5 token_ids"
+    assert a[2]["state"]["tokens_not_stored"] == "nodes[4].logprobs: 3 values for 4 sampled tokens"
+    assert a[3]["state"]["tokens_not_stored"] == "nodes[2].logprobs[0]: nan is not a finite number"
+    assert reader.counts[TOKENS_DROPPED] == 3
+    assert any("stored without tokens" in g for g in reader.gaps)

@@ -13,7 +13,8 @@ import pytest
 
 from tests.training.prime_fixtures import trace_record
 from tests.training.test_importers import items
-from training.importers import open_reader
+from training.importers import episodes, open_reader
+from training.importers.episodes import TOKENS_DROPPED
 
 WEIGHTS = {"correct_answer": 1.0, "format_reward": 0.2, "num_turns": 0.0}
 
@@ -147,3 +148,94 @@ def test_it_reads_v1_traces_grouped_by_task(tmp_path):
     assert r["reward"] == pytest.approx(1.0 + 0.5) and r["advantage"] == pytest.approx(0.5)
     assert reader.settings()["weights"] == {"correct": 1.0, "format": 0.5}
     assert reader.settings()["group_size"] == 2
+
+
+# ---- per-token arrays (issue #27). The transcript's nodes: assistant (8 tokens, 7 sampled), tool
+# (3), assistant (5, 4 sampled). Per-sampled-token node fields as verifiers' Trace/Branch spread
+# them (v1/trace.py Branch.spread): logprobs, reference_logprobs, trainer_logprobs, entropies.
+
+SAMPLED = (2, 4)  # the assistant nodes
+
+
+def scored_nodes(trace: dict[str, Any]) -> None:
+    """A trace whose sampled nodes also carry reference and trainer log-probs and entropies."""
+    for i in SAMPLED:
+        k = sum(trace["nodes"][i]["mask"])
+        trace["nodes"][i]["reference_logprobs"] = [-0.5 - 0.0625 * j for j in range(k)]
+        trace["nodes"][i]["trainer_logprobs"] = [-0.015625 * (j + 1) for j in range(k)]
+        trace["nodes"][i]["entropies"] = [0.125 * (j + 1) for j in range(k)]
+
+
+def write_v1(folder: Path, eps: list[dict[str, Any]]) -> Path:
+    (folder / "configs").mkdir(parents=True)
+    (folder / "configs" / "eval.json").write_text(json.dumps({"num_rollouts": 2, "model": "m"}))
+    (folder / "traces.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    return folder
+
+
+def token_episodes() -> list[dict[str, Any]]:
+    eps = [v1_episode(t, j) for j in range(2) for t in range(2)]
+    scored_nodes(eps[0]["traces"][0])
+    return eps
+
+
+V_IDS = list(range(156, 164)) + list(range(121, 124)) + list(range(135, 140))
+V_MASK = [0] + [1] * 7 + [0] * 3 + [0] + [1] * 4
+V_TURN = [0] * 8 + [1] * 3 + [2] * 5
+
+
+def spread(values: list[float]) -> list[float]:
+    """7 + 4 per-sampled-token values on the transcript's 16 tokens: 0.0 where not sampled."""
+    return [0.0, *values[:7], 0.0, 0.0, 0.0, 0.0, *values[:4]]
+
+
+def test_it_emits_the_token_arrays_a_v1_trace_carries(tmp_path):
+    write_v1(tmp_path / "calc-env--m--abc", token_episodes())
+    reader = open_reader("verifiers", tmp_path)
+    groups, bad, _ = items(reader)
+    assert bad == []
+    scored, plain = groups[0].record["rollouts"]  # task 0: episode e00 (scored), e01
+    assert scored["tokens"] == {
+        "ids": V_IDS,
+        "loss_mask": V_MASK,
+        "turn": V_TURN,
+        "sampler_logprobs": spread([-0.03125 * (k + 1) for k in range(7)]),
+        "trainer_logprobs": spread([-0.015625 * (k + 1) for k in range(7)]),
+        "ref_logprobs": spread([-0.5 - 0.0625 * k for k in range(7)]),
+        "entropy": spread([0.125 * (k + 1) for k in range(7)]),
+    }  # an evaluation: no advantages in the file, none per token
+    assert set(plain["tokens"]) == {"ids", "loss_mask", "turn", "sampler_logprobs"}
+    assert "counts" not in reader.notes()
+
+
+def test_it_stores_an_eval_rollout_whose_arrays_disagree_without_its_tokens(tmp_path):
+    eps = token_episodes()  # eps[1]: e10, eps[3]: e11 (task 1)
+    for e in (eps[1], eps[3]):
+        scored_nodes(e["traces"][0])
+    eps[1]["traces"][0]["nodes"][2]["reference_logprobs"][3] = 0.25  # a log-prob above 0
+    eps[3]["traces"][0]["nodes"][4]["entropies"].pop()  # 3 entropies for 4 sampled tokens
+    write_v1(tmp_path / "run", eps)
+    reader = open_reader("verifiers", tmp_path)
+    groups, bad, _ = items(reader)
+    e10, e11 = groups[1].record["rollouts"]
+    assert bad == [] and "tokens" not in e10 and "tokens" not in e11
+    assert [e10["reward"], e11["reward"]] == pytest.approx([0.5, 1.5])  # stored all the same
+    assert e10["state"]["tokens_not_stored"] == (
+        "nodes[2].reference_logprobs[3]: 0.25 is out of range for a logprob"
+    )
+    assert e11["state"]["tokens_not_stored"] == "nodes[4].entropies: 3 values for 4 sampled tokens"
+    assert reader.counts == {TOKENS_DROPPED: 2} and any("without tokens" in g for g in reader.gaps)
+    assert "tokens" in groups[0].record["rollouts"][0]  # the other task's rollouts keep theirs
+
+
+def test_it_leaves_out_the_tokens_of_a_trace_past_the_ingestions_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(episodes, "MAX_TOKENS", len(V_IDS) - 1)  # 262,144 by default
+    write_v1(tmp_path / "run", token_episodes())
+    reader = open_reader("verifiers", tmp_path)
+    groups, bad, _ = items(reader)
+    rollouts = [r for g in groups for r in g.record["rollouts"]]
+    assert bad == [] and len(rollouts) == 4 and not any("tokens" in r for r in rollouts)
+    assert rollouts[0]["state"]["tokens_not_stored"] == (
+        "16 tokens; the ingestion's limit is 15 a rollout"
+    )
+    assert reader.counts == {TOKENS_DROPPED: 4}

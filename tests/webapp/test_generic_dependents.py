@@ -67,6 +67,7 @@ def test_retention_drops_a_new_apps_per_rollout_rows_with_the_transcript(token_l
     stored(run, token_layer)
     assert token_layer in [m for m, _ in retention.layers()]
     plan = retention.retain(run, 0.0, dry_run=True)
-    assert plan.layers == {"rollouts.TokenLayer": 96} and token_layer.objects.count() == 96
+    assert plan.layers["rollouts.TokenLayer"] == 96 and token_layer.objects.count() == 96
+    assert set(plan.layers) - {"rollouts.TokenLayer"} <= {"tokens.RolloutTokens"}  # real, empty
     plan = retention.retain(run, 0.0, dry_run=False)
     assert plan.prune == 96 and token_layer.objects.count() == 0

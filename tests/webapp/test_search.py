@@ -357,7 +357,11 @@ def test_it_backfills_previews_and_search_text_of_existing_rows(run):
         preview_head="", preview_tail="", n_turns=0, n_tool_calls=0, text_chars=0, search_text=""
     )
     migration = importlib.import_module("webapp.rollouts.migrations.0007_rollout_preview_search")
-    migration.backfill(apps, None)
+    from types import SimpleNamespace
+
+    from django.db import connection
+
+    migration.backfill(apps, SimpleNamespace(connection=connection))  # it reads the alias only
     assert (
         list(
             Rollout.objects.filter(run=run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from training.environments.base import Environment
+from .base import Environment
 
 _REGISTRY: dict[str, str] = {
     "diagram": ".diagram:DiagramEnvironment",  # relative to this package (installed, it is

@@ -34,15 +34,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from training.environments.ask_to_code_tasks import (
+from ..sandbox import SandboxResult, run_tests
+from .ask_to_code_tasks import (
     HOLDOUT_FAMILIES,
     IRRELEVANT_QUESTIONS,
     TASKS,
     TASKS_BY_KEY,
     Task,
 )
-from training.environments.base import Component, Environment, Prompt, Score, Split
-from training.sandbox import SandboxResult, run_tests
+from .base import Component, Environment, Prompt, Score, Split
 
 MAX_TURNS = 4  # agent turns per episode; a question on the last turn ends it without code
 LOOP_SIMILARITY = 0.8  # difflib ratio above which the last two agent turns count as a loop

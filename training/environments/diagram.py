@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from training.environments.base import Component, Environment, Prompt, Score, Split
+from .base import Component, Environment, Prompt, Score, Split
 
 CANVAS_W = 800
 CANVAS_H = 600

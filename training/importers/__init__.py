@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.importers.art import ARTReader
-from training.importers.base import (
+from .art import ARTReader
+from .base import (
     BadRecord,
     GroupItem,
     Item,
@@ -20,12 +20,12 @@ from training.importers.base import (
     SettingsItem,
     SkippedGroup,
 )
-from training.importers.byoo import ByooReader
-from training.importers.jsonl import JsonlReader
-from training.importers.prime_rl import PrimeRLReader
-from training.importers.trl import TRLReader
-from training.importers.verifiers import VerifiersReader
-from training.importers.verl import VerlReader
+from .byoo import ByooReader
+from .jsonl import JsonlReader
+from .prime_rl import PrimeRLReader
+from .trl import TRLReader
+from .verifiers import VerifiersReader
+from .verl import VerlReader
 
 READERS: dict[str, type[Reader]] = {
     "jsonl": JsonlReader,

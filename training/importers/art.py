@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     BadRecord,
     GroupItem,
     Item,

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from training import stats
-from training.sinks import storable
+from .. import stats
+from ..sinks import storable
 
 # Same set as webapp/rollouts/ingest.py ROLES (training/ cannot import it): checked here too so the
 # error names the source line instead of a position in a batch.

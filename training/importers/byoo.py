@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     RecordError,
     RolloutRow,
     group_key,
@@ -43,7 +43,7 @@ from training.importers.base import (
     split_numbers,
     stable_hash,
 )
-from training.importers.weights import PlannedJsonlReader
+from .weights import PlannedJsonlReader
 
 KNOWN = (
     "episode_id",

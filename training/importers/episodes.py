@@ -14,14 +14,22 @@ The rollout is the episode's first trainable trace: its transcript is the last b
 message graph from the first sampled message on (the messages before it are the prompt), each
 reward a component (value = score), the aggregate the trace's `reward` (verifiers: the sum of score
 x weight over the rewards that scored), metrics, the agent, the stop condition and errors in the
-state. Per-token arrays (token_ids, mask, logprobs, advantages) are not stored here.
+state. Its per-token arrays become the rollout's `tokens` object (`trace_tokens`; docs/tokens.md):
+the nodes of the transcript's messages (the same branch, from the first sampled message on)
+concatenated, each per-sampled-token field (logprobs, advantages, reference_logprobs,
+trainer_logprobs, entropies) spread onto its node's sampled positions with 0.0 elsewhere, as
+verifiers' `Branch.spread` does; `loss_mask` is the nodes' `mask`, `turn` the transcript index of
+each token's message. A malformed array (lengths that disagree, a non-finite value, a log-prob
+above 0) or more tokens than the ingestion's per-rollout limit stores the rollout without tokens
+and says why in its state (`tokens_not_stored`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     RecordError,
     component_name,
     group_key,
@@ -59,6 +67,14 @@ def first_trace(obj: dict[str, Any]) -> dict[str, Any] | None:
 
 def conversation(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(prompt, transcript) from the last branch of the trace's message graph."""
+    nodes, path, first = _branch(trace)
+    msgs = messages([nodes[i].get("message") for i in path], "traces[0].nodes.message")
+    return msgs[:first], msgs[first:] or msgs[-1:]
+
+
+def _branch(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int], int]:
+    """(nodes, the last branch's node indexes root to leaf, the position in it of the first
+    sampled node: where the transcript starts)."""
     nodes = trace.get("nodes")
     if not isinstance(nodes, list) or not nodes or not all(isinstance(n, dict) for n in nodes):
         raise RecordError("traces[0].nodes: must be a non-empty list of message nodes")
@@ -73,11 +89,107 @@ def conversation(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
         path.append(i)
         i = nodes[i].get("parent")
     path.reverse()
-    msgs = messages([nodes[i].get("message") for i in path], "traces[0].nodes.message")
     first = next((k for k, i in enumerate(path) if nodes[i].get("sampled")), len(path))
     if first == 0:
         raise RecordError("traces[0].nodes: the first message is sampled; there is no prompt")
-    return msgs[:first], msgs[first:] or msgs[-1:]
+    return nodes, path, first
+
+
+class TokenProblem(ValueError):
+    """A trace's per-token arrays cannot be stored (the rollout is, without them)."""
+
+
+# node field -> (tokens field, kind): per sampled token, spread onto the node's sampled positions
+SPREAD = (
+    ("logprobs", "sampler_logprobs", "logprob"),
+    ("trainer_logprobs", "trainer_logprobs", "logprob"),
+    ("reference_logprobs", "ref_logprobs", "logprob"),
+    ("entropies", "entropy", "entropy"),
+    ("advantages", "advantages", "number"),
+)
+MAX_ID = 2**31 - 1
+MAX_TOKENS = 262_144  # the ingestion's default per-rollout limit (TOKENS_MAX_PER_ROLLOUT)
+LOGPROB_TOL = 1e-3  # as the ingestion service: bf16 rounding above 0
+
+
+def trace_tokens(trace: dict[str, Any]) -> dict[str, list] | None:
+    """The rollout's `tokens` object from a trace's message nodes (module docstring), or None when
+    the transcript's nodes carry no token ids. Raises TokenProblem naming the node and field."""
+    nodes, path, first = _branch(trace)
+    kept = [(t, i) for t, i in enumerate(path[first:] or path[-1:]) if nodes[i].get("token_ids")]
+    ids: list[int] = []
+    mask: list[int] = []
+    turn: list[int] = []
+    for t, i in kept:
+        tid, m = nodes[i]["token_ids"], nodes[i].get("mask")
+        if not isinstance(tid, list) or not all(_is_id(x) for x in tid):
+            raise TokenProblem(f"nodes[{i}].token_ids: must be a list of ids in [0, 2^31)")
+        if not isinstance(m, list) or len(m) != len(tid):
+            got = len(m) if isinstance(m, list) else type(m).__name__
+            raise TokenProblem(f"nodes[{i}].mask: {got} values for {len(tid)} token_ids")
+        ids += tid
+        mask += [1 if x else 0 for x in m]
+        turn += [t] * len(tid)
+    if not ids:
+        return None
+    if len(ids) > MAX_TOKENS:
+        raise TokenProblem(f"{len(ids)} tokens; the ingestion's limit is {MAX_TOKENS} a rollout")
+    out: dict[str, list] = {"ids": ids, "loss_mask": mask, "turn": turn}
+    for src, dst, kind in SPREAD:
+        values = _spread(nodes, [i for _, i in kept], src, kind)
+        if values is not None:
+            out[dst] = values
+    return out
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_ID
+
+
+def _spread(nodes: list[dict[str, Any]], kept: list[int], src: str, kind: str) -> list | None:
+    """One per-sampled-token field widened to the token ids (0.0 at unsampled positions); None
+    when no node has it, or a node with sampled tokens lacks it (the field is then unknown, not
+    zero)."""
+    if all(nodes[i].get(src) is None for i in kept):
+        return None
+    out: list[float] = []
+    for i in kept:
+        m, v = nodes[i]["mask"], nodes[i].get(src) or []
+        sampled = sum(1 for x in m if x)
+        if len(v) != sampled:
+            if not v:
+                return None
+            raise TokenProblem(f"nodes[{i}].{src}: {len(v)} values for {sampled} sampled tokens")
+        for k, x in enumerate(v):
+            if not is_number(x) or not math.isfinite(x):
+                raise TokenProblem(f"nodes[{i}].{src}[{k}]: {x!r} is not a finite number")
+            if kind == "logprob" and x > LOGPROB_TOL or kind == "entropy" and x < -LOGPROB_TOL:
+                raise TokenProblem(f"nodes[{i}].{src}[{k}]: {x!r} is out of range for a {kind}")
+        it = iter(v)
+        out += [float(next(it)) if x else 0.0 for x in m]
+    return out
+
+
+def attach_tokens(rollout: dict[str, Any], trace: dict[str, Any]) -> None:
+    """Set the rollout's `tokens` from the trace, or record in its state why they are not stored
+    (`tokens_not_stored`); a rollout whose nodes carry no token ids has neither."""
+    rollout.pop("tokens", None)
+    rollout["state"].pop("tokens_not_stored", None)
+    try:
+        tokens = trace_tokens(trace)
+    except TokenProblem as e:
+        rollout["state"]["tokens_not_stored"] = str(e)
+        return
+    if tokens is not None:
+        rollout["tokens"] = tokens
+
+
+TOKENS_DROPPED = "rollouts stored without tokens (malformed token arrays; see state)"
+TOKENS_GAP = (
+    "some traces' token arrays are malformed (lengths that disagree, non-finite values or "
+    "log-probs above 0): those rollouts are stored without tokens; see counts and each "
+    "rollout's state.tokens_not_stored"
+)
 
 
 def trace_rewards(trace: dict[str, Any]) -> tuple[dict[str, float | None], float | None]:
@@ -177,6 +289,7 @@ def episode_rollout(
         "reward": total,
         "state": episode_state(obj, trace),
     }
+    attach_tokens(rollout, trace)
     return prompt, rollout
 
 

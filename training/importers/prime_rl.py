@@ -32,6 +32,10 @@ state saying why. The advantage of a trained trace is the one it shipped with (t
 non-zero token advantages, `scalar_advantage`); of an untrained scored trace, reward minus the
 group mean, which is what GRPO assigned it (checked against the trained members of the same
 group; without the config, an unchecked group is flagged).
+Each rollout carries its trace's per-token arrays as its `tokens` (training/importers/episodes.py
+`trace_tokens`): from the shipped `effective` copy when there is one (it adds the per-token
+advantages), else from the `all` record (ids, loss mask, sampler log-probs, turns). The trainer's
+log-probs and entropies are not in PRIME-RL's files and are left out, not made up.
 Everything the files cannot tell is listed in `gaps` (stored on the run's import summary).
 
 Records without "traces" are read in the flat format of earlier versions of this reader
@@ -49,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from training.importers.base import (
+from .base import (
     BadRecord,
     GroupingJsonlReader,
     GroupItem,
@@ -68,7 +72,10 @@ from training.importers.base import (
     prompt_value,
     split_numbers,
 )
-from training.importers.episodes import (
+from .episodes import (
+    TOKENS_DROPPED,
+    TOKENS_GAP,
+    attach_tokens,
     episode_rollout,
     first_trace,
     has_sampled_tokens,
@@ -403,6 +410,7 @@ class PrimeRLReader(GroupingJsonlReader):
                 steps.append(loc.step)
                 if shipped is None:
                     shipped = token_advantage(same)
+                    attach_tokens(rollout, same)  # the shipped copy adds per-token advantages
         if kind == "train":
             state["trained"] = bool(steps)
             if steps:
@@ -465,6 +473,9 @@ class PrimeRLReader(GroupingJsonlReader):
             self._count("traces PRIME-RL did not score (error or no sampled tokens): no reward")
         if e["kind"] == "train" and e["scored"] and e["shipped"] is None:
             self._count("scored train rollouts not trained (advantage: reward - group mean)")
+        if r["state"].get("tokens_not_stored"):
+            self._count(TOKENS_DROPPED)
+            self._gap(TOKENS_GAP)
 
     def _count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n

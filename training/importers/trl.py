@@ -52,7 +52,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.importers.base import (
+from ..sinks import SETTINGS_FILE
+from .base import (
     BadRecord,
     GroupItem,
     Item,
@@ -70,7 +71,6 @@ from training.importers.base import (
     stable_hash,
     weighted_reward,
 )
-from training.sinks import SETTINGS_FILE
 
 KNOWN = ("step", "prompt", "completion", "advantage")
 RECORDER_EXTRA = (

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from training.importers.base import (
+from .base import (
     GroupingJsonlReader,
     Item,
     Progress,
@@ -51,7 +51,9 @@ from training.importers.base import (
     prompt_value,
     split_numbers,
 )
-from training.importers.episodes import (
+from .episodes import (
+    TOKENS_DROPPED,
+    TOKENS_GAP,
     episode_rollout,
     first_trace,
     record_key,
@@ -192,6 +194,10 @@ class VerifiersReader(GroupingJsonlReader):
                 "some groups do not have the run's rollouts per example (an interrupted or "
                 "resumed evaluation): stored as they are; see counts"
             )
+        for r in rollouts:
+            if (r.get("state") or {}).get("tokens_not_stored"):
+                self._count(TOKENS_DROPPED)
+                self._gap(TOKENS_GAP)
         fill_advantages(rollouts, scale=False)
 
     # ---- one record

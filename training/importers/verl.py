@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from training.importers.base import (
+from .base import (
     RecordError,
     RolloutRow,
     fill_advantages,
@@ -50,7 +50,7 @@ from training.importers.base import (
     split_numbers,
     stable_hash,
 )
-from training.importers.weights import PlannedJsonlReader
+from .weights import PlannedJsonlReader
 
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from training.importers.base import (
+from .base import (
     GroupingJsonlReader,
     Item,
     Progress,

@@ -1,4 +1,4 @@
-"""Reading tokens back: one rollout's arrays as JSON-ready lists, a run's per-step token statistics.
+"""Reading tokens back: one rollout's arrays, a run's per-step token statistics.
 The pages (the token view, the run charts) and the API call these; neither reads the tables itself.
 """
 
@@ -16,9 +16,10 @@ SUMMARY_FIELDS = ("mismatch", "max_mismatch", "mean_entropy", "masked_fraction",
 
 
 def rollout_tokens(rollout_id: int) -> dict[str, Any] | None:
-    """{"n": n, "fields": [...], "arrays": {field: list}, "summary": {...}} of a rollout, or None
-    when it has no tokens. Floats are as stored (float16, 2-3 significant digits, trainer as
-    sampler + delta); loss_mask as 0/1."""
+    """{"rollout", "n", "fields": [...], "arrays": {field: numpy array, or list of str for text},
+    "summary": {...}} of a rollout, or None when it has no tokens. Floats are float32 as stored
+    (float16 precision, 2-3 significant digits; trainer = sampler + stored delta); ints int64;
+    loss_mask uint8 0/1. `rollout_tokens_json` serialises it for the API."""
     row = RolloutTokens.objects.filter(rollout_id=rollout_id).first()
     if row is None:
         return None

@@ -18,7 +18,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('rollouts', '0011_step_range_indexes'),
+        ('rollouts', '0010_search_words'),  # not 0011 (indexes only): tests/integration/test_online_migrations.py migrates rollouts back to 0010 with this app in place
         ('runs', '0003_run_reward_settings'),
     ]
 
