@@ -82,3 +82,33 @@ def test_the_page_and_the_transcripts_neighbours_follow_a_token_sort(run_with_to
     assert f"/rollouts/{ids[0]}/" in res.content.decode()
     no_tokens = _ids_of([2])[0]
     assert c.get(f"/rollouts/{no_tokens}/?sort=tokens.mismatch").status_code == 200
+
+
+def test_the_sort_menu_offers_the_token_sorts_and_keeps_the_one_in_use(run_with_tokens, client_as):
+    """A finding links to ?sort=tokens.mismatch: the page's Sort menu must show that sort (not
+    'reward', which a change of any other filter would then submit), and offer the others."""
+    c = client_as("viewer")
+    page = c.get(f"/runs/{run_with_tokens.id}/rollouts/?sort=tokens.mismatch&order=desc")
+    html = page.content.decode()
+    assert '<option value="tokens.mismatch" selected>' in html
+    assert '<option value="tokens.mean_entropy">' in html
+    assert '<option value="reward" selected>' not in html
+
+
+def test_the_sort_menu_leaves_the_token_sorts_out_of_a_run_without_tokens(run, client_as):
+    ingest_groups(run, {"groups": [make_group(0, "p", [{"correct": 1}, {"correct": 0}])]})
+    html = client_as("viewer").get(f"/runs/{run.id}/rollouts/").content.decode()
+    assert "tokens.mismatch" not in html
+
+
+def test_a_token_sort_shows_the_summary_sorted_by_in_a_column(run_with_tokens, client_as):
+    import re
+
+    c = client_as("viewer")
+    html = c.get(f"/runs/{run_with_tokens.id}/rollouts/?sort=tokens.mismatch&order=desc")
+    html = html.content.decode()
+    assert re.search(r'<th class="num sorted token-sort"[^>]*>mismatch</th>', html)
+    cells = re.findall(r'<td class="num sorted token-sort">([^<]*)</td>', html)
+    assert cells == ["—", "0.4000", "0.2000", "0.0500"]  # rollout 4: wholly masked, no mismatch
+    plain = c.get(f"/runs/{run_with_tokens.id}/rollouts/?sort=reward").content.decode()
+    assert "token-sort" not in plain

@@ -662,4 +662,4 @@ def launch_training(
 
 
 def runs_from(dataset: Dataset) -> list[Run]:
-    return list(Run.objects.filter(config__dataset_id=dataset.id).order_by("-created_at"))
+    return list(Run.objects.live().filter(config__dataset_id=dataset.id).order_by("-created_at"))

@@ -68,7 +68,7 @@ def check_assignees(form: forms.Form, data: dict[str, Any]) -> None:
 
 class QueueForm(forms.Form):
     name = forms.CharField(max_length=200)
-    run = forms.ModelChoiceField(queryset=Run.objects.all())
+    run = forms.ModelChoiceField(queryset=Run.objects.live())
     source = forms.ChoiceField(choices=ReviewQueue.Source.choices)
     params = forms.CharField(
         required=False,
@@ -157,7 +157,7 @@ class ExportForm(forms.Form):
         "rejected one's by this much (blank: any unflagged sibling)",
     )
     source = forms.ChoiceField(choices=SOURCES)
-    run = forms.ModelChoiceField(queryset=Run.objects.all(), required=False)
+    run = forms.ModelChoiceField(queryset=Run.objects.live(), required=False)
     queue = forms.ModelChoiceField(queryset=ReviewQueue.objects.all(), required=False)
     label = forms.ModelChoiceField(
         queryset=Label.objects.all(), to_field_name="slug", required=False

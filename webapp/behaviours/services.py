@@ -365,7 +365,7 @@ def explorer_link(
 
 
 def runs_of(b: Behaviour) -> QuerySet:
-    return Run.objects.filter(environment_id=b.environment_id).order_by("id")
+    return Run.objects.live().filter(environment_id=b.environment_id).order_by("id")
 
 
 def overlay(b: Behaviour, runs: Iterable[Run]) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
 from webapp.rollouts.queries import (
     TOKEN_PREFIX,
+    TOKEN_SORTS,
     ExplorerQuery,
     decode_cursor,
     encode_cursor,
@@ -38,6 +39,7 @@ from webapp.rollouts.templatetags.rollout_tags import bar, preview
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 from webapp.tokens import pages as token_pages
+from webapp.tokens.services import has_tokens
 
 NO_SIGNAL_PAGE = 50
 FOLD_CHARS, FOLD_HEAD = (
@@ -87,6 +89,9 @@ def explorer(request: HttpRequest, run_id: int) -> HttpResponse:
         if page and page.next_cursor
         else "",
         "sort_links": _sort_links(q, components),
+        # the Sort menu offers the token sorts where the run has tokens (or one is in use)
+        "token_sorts": TOKEN_SORTS if q.sort in TOKEN_SORTS or has_tokens(run.id) else (),
+        "token_sorted": q.sort in TOKEN_SORTS,  # a column shows the summary sorted by
         "sorted_component": next((c for c in components if c.name == q.sort), None),
         "labels": _labels(),
         "ranges": {c.name: q.ranges.get(c.name, (None, None)) for c in components},

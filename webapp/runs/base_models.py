@@ -24,7 +24,8 @@ UNTRAINED_ADVICE = "untrained base: expect no signal, run the probe first"
 def latest_sft_output(env: str) -> Run | None:
     """The environment's latest SFT run that succeeded (its model is `run:<id>`)."""
     return (
-        Run.objects.filter(kind=Run.Kind.SFT, status=Run.Status.SUCCEEDED, environment__name=env)
+        Run.objects.live()
+        .filter(kind=Run.Kind.SFT, status=Run.Status.SUCCEEDED, environment__name=env)
         .order_by(F("finished_at").desc(nulls_last=True), "-id")
         .first()
     )
@@ -68,7 +69,8 @@ def check_base(kind: str, env: str, base_model: str) -> BaseCheck | None:
     if kind != Run.Kind.GRPO or not is_untrained(base_model or ""):
         return None
     probe = (
-        Run.objects.filter(
+        Run.objects.live()
+        .filter(
             kind=Run.Kind.PROBE,
             status=Run.Status.SUCCEEDED,
             environment__name=env,

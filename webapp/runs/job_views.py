@@ -190,7 +190,7 @@ def compare(request: HttpRequest) -> HttpResponse:
         ids = [int(x) for x in request.GET.getlist("run") if x]
     except ValueError:
         return render(request, "jobs/compare.html", {"error": "run: must be run ids"}, status=400)
-    runs = list(Run.objects.filter(id__in=ids).select_related("environment"))
+    runs = list(Run.objects.live().filter(id__in=ids).select_related("environment"))
     runs.sort(
         key=lambda r: ids.index(r.id)
     )  # the order asked for: before / after reads left to right

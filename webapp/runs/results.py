@@ -190,11 +190,15 @@ def _ordered(members: list[Run]) -> Chain:
 
 def chain_for(run: Run) -> Chain:
     """The chain an eval belongs to, read from the runs of its environment queued around it."""
-    near = Run.objects.filter(
-        environment_id=run.environment_id,
-        created_at__gte=run.created_at - CHAIN_SPAN,
-        created_at__lte=run.created_at + CHAIN_SPAN,
-    ).order_by("-created_at")[:500]
+    near = (
+        Run.objects.live()
+        .filter(
+            environment_id=run.environment_id,
+            created_at__gte=run.created_at - CHAIN_SPAN,
+            created_at__lte=run.created_at + CHAIN_SPAN,
+        )
+        .order_by("-created_at")[:500]
+    )
     runs = {r.id: r for r in near}
     runs[run.id] = run
     ancestor = run
