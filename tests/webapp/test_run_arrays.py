@@ -169,15 +169,15 @@ def test_it_unpacks_the_group_rows_postgres_returns():
 
 
 def _migrate_rollouts(target: str | None = None) -> None:
-    """Migrate the rollouts app to `target` (None: its latest migration)."""
+    """Migrate the rollouts app to `target` (None: every app to its latest migration)."""
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
-    target = target or max(
-        name for app, name in executor.loader.graph.leaf_nodes() if app == "rollouts"
-    )
-    executor.migrate([("rollouts", target)])
+    if target is None:  # every app's latest: going back unapplied the apps that depend on rollouts
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    else:
+        executor.migrate([("rollouts", target)])
 
 
 @pytest.mark.django_db(
