@@ -155,6 +155,7 @@ def test_it_shows_the_weights_the_user_typed_after_the_trainer_reports_them(
     page.goto(f"{live_server.url}/jobs/launch/grpo/?environment=diagram")
     page.fill('input[name="name"]', "grpo with the default weights")
     assert page.input_value('input[name="weight_json_valid"]') == "0.2"
+    page.check('input[name="launch_anyway"]')  # the untrained tiny model, on purpose
     page.click('button[type="submit"].primary')
     page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
     run = Run.objects.get(name="grpo with the default weights")
