@@ -25,6 +25,7 @@ class JobKind:
     records_rollouts: bool = False  # stores rollouts, so the run page has a reward-health verdict
     no_verdict: str = ""  # why a kind without rollouts has no verdict (shown in its place)
     launchable: bool = True  # a job the workers run; False for runs fed from elsewhere
+    one_step: bool = False  # its result is one step's: the run page shows a table, not charts
 
     def config_class(self) -> type:
         return getattr(importlib.import_module(self.module, __package__), self.config_name)
@@ -42,6 +43,7 @@ RUN_KINDS: dict[str, JobKind] = {
             ".teacher",
             "TeacherJobConfig",
             cpu_when_scripted=True,
+            one_step=True,
             no_verdict="Teacher trajectories are filtered by reward, not trained on it: there is "
             "no reward-health verdict.",
         ),
@@ -71,7 +73,7 @@ RUN_KINDS: dict[str, JobKind] = {
             no_verdict="DPO runs train on preference pairs and store no rollouts by design: there "
             "is no reward-health verdict.",
         ),
-        JobKind("eval", "Eval", ".eval", "EvalJobConfig", records_rollouts=True),
+        JobKind("eval", "Eval", ".eval", "EvalJobConfig", records_rollouts=True, one_step=True),
         JobKind(
             "probe",
             "Signal probe",

@@ -25,7 +25,6 @@ from webapp.runs.services import reap_stale_runs
 
 RUNS_PER_PAGE = 200
 LAUNCH_KINDS = [(kind, job.title) for kind, job in JOBS.items()]
-ONE_STEP_KINDS = (Run.Kind.EVAL, Run.Kind.TEACHER)  # results of one step: a table, not charts
 DIAG_SLOT_KEY = "diag-slot:{}"  # webapp.diagnostics.services.slot_summary's cache key
 
 
@@ -132,7 +131,7 @@ def run_dashboard(request: HttpRequest, run_id: int) -> HttpResponse:
         "no_verdict": kind.no_verdict,
         "live_version": "" if run.is_finished else live_version(run),  # only a live page polls
         # An eval's or a teacher's answer is a table, not per-step charts of one dot each.
-        "one_step_results": run.kind in ONE_STEP_KINDS and len(data.reward.steps) <= 1,
+        "one_step_results": kind.one_step and len(data.reward.steps) <= 1,
         "eval_results": results.eval_results(run)
         if run.kind == Run.Kind.EVAL and data.n_rollouts
         else None,
