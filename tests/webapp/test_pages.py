@@ -1021,3 +1021,19 @@ def test_it_refreshes_the_runs_table_only_while_a_job_runs(client_as, env3):
         'hx-select="#runs-table"'
         not in client_as("viewer").get(reverse("runs-list")).content.decode()
     )
+
+
+def test_it_lists_finished_children_as_started_not_queued_and_hides_deleted_ones(client_as, env3):
+    from django.utils import timezone
+
+    parent = _job(env3, status="succeeded")
+    waiting = _job(env3, name="waits", kind="eval", status="queued", parent=parent)
+    done = _job(env3, name="done-child", kind="grpo", status="succeeded", parent=parent)
+    gone = _job(env3, name="gone-child", kind="eval", status="failed", parent=parent)
+    Run.objects.filter(id=gone.id).update(deleted_at=timezone.now())
+    body = client_as("viewer").get(reverse("jobs-detail", args=[parent.id])).content.decode()
+    queued_part = body.split("Queued behind this run", 1)[1].split("</ul>", 1)[0]
+    started_part = body.split("Started from this run", 1)[1].split("</ul>", 1)[0]
+    assert f"run {waiting.id} waits" in queued_part and "done-child" not in queued_part
+    assert f"run {done.id} done-child" in started_part and "waits" not in started_part
+    assert "gone-child" not in body

@@ -129,12 +129,16 @@ def job_context(run: Run, open_log: bool = True) -> dict:
 @require_safe
 def detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_run_for(request, run_id, related=("environment", "parent", "owner"))
+    children = list(run.children.live().order_by("id"))
     return render(
         request,
         "jobs/detail.html",
         {
             **job_context(run),
-            "children": run.children.all(),
+            # Runs chained behind this one: those still waiting, and those already started or
+            # finished from its output (a finished child is not "queued behind" anything).
+            "children": [c for c in children if c.status == Run.Status.QUEUED],
+            "started_children": [c for c in children if c.status != Run.Status.QUEUED],
             "config_json": json.dumps(run.config or {}, indent=2, sort_keys=True, default=str),
         },
     )
