@@ -141,7 +141,8 @@ def find_like(run: Any, size: int, base: float, repeat: int) -> None:
     run's size; counting each proposal's matches grows with them (linear is its bound)."""
     from webapp.behaviours import likeness
     from webapp.behaviours.models import Behaviour
-    from webapp.rollouts.queries import ExplorerQuery, matching_rollouts
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import matching_rollouts
 
     comps = run.components()
     q = ExplorerQuery.from_params({"q": WORDS["rare-ish (1.4%)"]}, [c.name for c in comps])
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     from django.core.management import call_command
 
     from bench.realistic import seed, vacuum
-    from webapp.rollouts.queries import _run_size
+    from webapp.explorer.search.base import run_size as _run_size
 
     call_command("migrate", verbosity=0)
     run, _ = seed("realistic", args.rollouts, args.seeders)

@@ -229,8 +229,10 @@ def main(argv: list[str] | None = None) -> None:
 
     call_command("migrate", verbosity=0)
     from webapp.accounts.roles import set_role
+    from webapp.explorer.paging import encode_cursor
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import _hydrate, explore
     from webapp.rollouts.models import Group, RewardComponent, RewardScore, Rollout
-    from webapp.rollouts.queries import ExplorerQuery, _hydrate, encode_cursor, explore
 
     run = seed(args.rollouts)
     n = Rollout.objects.filter(run=run).count()

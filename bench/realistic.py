@@ -542,7 +542,8 @@ def word_shares(run: Any, sample: int = 2000) -> None:
 
 def count_hits(run: Any) -> None:
     """Search finds every planted word the expected number of times (and only in its run)."""
-    from webapp.rollouts.queries import ExplorerQuery, explore
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import explore
 
     for word, (rate, place) in RARE_WORDS.items():
         found, cursor = 0, None
@@ -585,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {}
     for kind in ("oneline", "realistic"):
         if args.no_seed:
-            from webapp.rollouts.queries import _run_size
+            from webapp.explorer.search.base import run_size as _run_size
             from webapp.runs.models import Run
 
             runs[kind] = Run.objects.get(name=f"bench-{kind}-{args.rollouts}")
