@@ -13,7 +13,7 @@ from django.utils.module_loading import import_string
 
 from webapp.explorer.search.base import SearchBackend
 
-# connection.vendor -> the backend's class; any other vendor gets DEFAULT.
+# A database vendor -> its backend's class; any other vendor gets DEFAULT.
 BACKENDS = {"postgresql": "webapp.explorer.search.postgres.PostgresSearch"}
 DEFAULT = "webapp.explorer.search.sqlite.SQLiteSearch"
 

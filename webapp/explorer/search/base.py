@@ -95,9 +95,18 @@ class SearchBackend:
         ids: list[int],
         size: int,
     ) -> Hits:
-        """The page of `ids` (every hit of a search) in keyset order."""
-        found = qs.filter(**{f"{id_field}__in": ids})
-        return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
+        """The page of `ids` (every hit of a search) in keyset order. `size`: the run's size
+        (plan_size)."""
+        found, settings = self.narrow(qs, id_field, ids, size)
+        with self.plan(**settings):
+            return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
+
+    def narrow(
+        self, qs: QuerySet, id_field: str, ids: list[int], size: int
+    ) -> tuple[QuerySet, dict[str, str]]:
+        """qs narrowed to the rows whose `id_field` is in `ids`, and the planner settings to read
+        it under."""
+        return qs.filter(**{f"{id_field}__in": ids}), {}
 
     def search_page(
         self, run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery

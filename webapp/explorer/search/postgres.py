@@ -18,7 +18,6 @@ from django.db.models import BigIntegerField, BooleanField, QuerySet, Sum, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
-from webapp.explorer.paging import keyset_fetch
 from webapp.explorer.params import ExplorerQuery
 from webapp.explorer.search import base
 from webapp.explorer.search.base import Hits, SearchBackend, run_search, run_size, search_q
@@ -28,7 +27,7 @@ from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery
 from webapp.runs.models import Run
 
 SEARCH_INDEX = "rollout_search_run_trgm"  # migration 0008: GIN (run_id, UPPER(search_text) trgm)
-WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for them (hits_page)
+WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for them (narrow)
 RANGE_SHARE = 0.2  # a step range of at most this share of the run is read whole (range_first)
 
 # The word index (migration 0010): each rollout's distinct words (text.search_words), prefixed by
@@ -143,15 +142,9 @@ class PostgresSearch(SearchBackend):
         with self.plan(enable_bitmapscan="off", enable_seqscan="off"):  # never the trigram index
             return super().recheck(ids, search)
 
-    def hits_page(
-        self,
-        qs: QuerySet,
-        value_field: str,
-        id_field: str,
-        q: ExplorerQuery,
-        ids: list[int],
-        size: int,
-    ) -> Hits:
+    def narrow(
+        self, qs: QuerySet, id_field: str, ids: list[int], size: int
+    ) -> tuple[QuerySet, dict[str, str]]:
         """Few hits: each is looked up and the lot sorted (~25 us a hit at a million realistic
         rollouts: a heap visit). Many: the sort index is walked with the ids as a hashed filter,
         ~51 x run size / hits entries (~1 us each), the cheaper past ~2 x sqrt(run size) hits
@@ -166,9 +159,7 @@ class PostgresSearch(SearchBackend):
         table = connection.ops.quote_name(qs.model._meta.db_table)
         sql = f"{table}.{column}{plus} = ANY(%s::bigint[])"
         found = qs.filter(RawSQL(sql, (list(ids),), output_field=BooleanField()))
-        settings = {"enable_bitmapscan": "off"} if walk else {}
-        with self.plan(**settings):
-            return keyset_fetch(found, value_field, id_field, q.order, q.cursor, q.limit + 1)
+        return found, ({"enable_bitmapscan": "off"} if walk else {})
 
     def search_page(
         self, run: Run, qs: QuerySet, value_field: str, id_field: str, q: ExplorerQuery
