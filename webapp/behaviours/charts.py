@@ -12,7 +12,7 @@ from webapp.behaviours import services
 from webapp.behaviours.models import Behaviour
 from webapp.diagnostics.charts import PALETTE, _layout
 from webapp.runs import queries as run_queries
-from webapp.runs.charts import escaped, line_trace
+from webapp.figures import escaped, line_trace
 from webapp.runs.models import Run
 
 Figure = dict[str, Any]

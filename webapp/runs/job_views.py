@@ -18,7 +18,7 @@ from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
 from webapp.runs.access import get_run_for
 from webapp.runs.base_models import check_base, default_base_model
-from webapp.runs.charts import escape_figure, escaped
+from webapp.figures import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat
