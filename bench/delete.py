@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import random
 import statistics
 import sys
@@ -26,7 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+from bench.bulk import AGENT_COMPONENTS  # noqa: E402
+from bench.harness import load_average, setup_django, with_load  # noqa: E402
 
 TABLES = (
     "rollouts_group",
@@ -34,22 +35,16 @@ TABLES = (
     "rollouts_rewardscore",
     "rollouts_groupcomponentstat",
 )
-COMPONENTS = ("correct", "format", "penalty")
 
 
 def _setup() -> None:
-    from bench.pages import production_like_env
-
-    production_like_env()
-    import django
-
-    django.setup()
+    setup_django(postgres=False, migrate=False)
 
 
 def _env():
     from webapp.rollouts.services import ensure_environment
 
-    return ensure_environment("bench-delete", [{"name": c} for c in COMPONENTS])
+    return ensure_environment("bench-delete", [{"name": c} for c in AGENT_COMPONENTS])
 
 
 def seed(name: str, n_rollouts: int):
@@ -133,10 +128,6 @@ def drain(q, samples) -> None:
         samples.append(q.get())
 
 
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
-
-
 def timed_phase(label: str, q, samples, action) -> float:
     start = time.time()
     action()
@@ -144,8 +135,11 @@ def timed_phase(label: str, q, samples, action) -> float:
     time.sleep(0.5)
     drain(q, samples)
     print(
-        f"{label}: {end - start:.1f} s; {summary(samples, start, end, 'ingest')}; "
-        f"{summary(samples, start, end, 'read')}; load {loadavg()}"
+        with_load(
+            f"{label}: {end - start:.1f} s; {summary(samples, start, end, 'ingest')}; "
+            f"{summary(samples, start, end, 'read')}"
+        ),
+        flush=True,
     )
     return end - start
 
@@ -156,13 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baseline", type=float, default=10.0, help="seconds of quiet measurement")
     p.add_argument("--cascade", action="store_true", help="also time one Run.delete() cascade")
     args = p.parse_args(argv)
-    from bench.pages import _require_postgres
-
-    _require_postgres()
-    _setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_django()
     from webapp.rollouts.services import create_run
     from webapp.runs import deletion
     from webapp.runs.models import Run
@@ -233,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     deletion.reap(refill.id)
     deletion.request_delete(other)
     deletion.reap(other.id)
-    print(f"load average {loadavg()} (shared 2-core machine)")
+    print(f"load average: {load_average()} (shared machine)")
 
 
 if __name__ == "__main__":

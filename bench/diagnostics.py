@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/diagnostics.py` too
+from bench.harness import with_load  # noqa: E402
 from training import diagnostics as dg  # noqa: E402
 
 C = dg.ComponentInfo
@@ -337,10 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         f"healthy runs: {critical}/{args.healthy} with a critical finding (false alarms), "
         f"{warned}/{args.healthy} with any finding {dict(sorted(codes.items()))}"
     )
-    print(
-        f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on "
-        f"{os.cpu_count()} CPUs"
-    )
+    print(with_load(f"{time.perf_counter() - t0:.1f} s on {os.cpu_count()} CPUs"))
     return 1 if critical or missed_any else 0
 
 

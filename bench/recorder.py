@@ -22,8 +22,14 @@ import argparse
 import itertools
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import load_line, ratio, report  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -162,10 +168,10 @@ def main() -> None:
     off, on = runs[False], runs[True]
     print(f"steps per side: {len(off['wall'])}")
     for k in ("wall", "cpu"):
-        print(
+        report(
             f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on "
-            f"{statistics.fmean(on[k]):.4f}s  ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
-            f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})"
+            f"{statistics.fmean(on[k]):.4f}s  ratio {ratio(sum(on[k]), sum(off[k]), 3)}  (median "
+            f"ratio {ratio(statistics.median(on[k]), statistics.median(off[k]), 3)})"
         )
     inside = sum(on["recorder"]) / len(on["recorder"])
     print(
@@ -173,6 +179,7 @@ def main() -> None:
         f"{inside / statistics.fmean(on['wall']):.4%} of the step -> ratio bound "
         f"{1 + inside / statistics.fmean(off['wall']):.4f}"
     )
+    print(load_line())
 
 
 if __name__ == "__main__":
