@@ -1,18 +1,12 @@
-"""Behaviours at scale: recomputing a behaviour over a run of realistic rollouts (the data of
-bench/realistic.py, seeded through the one ingestion service), one new step incrementally, the
-dashboard chart's read, and find more like this from 20 labelled rollouts. Each figure is printed
-beside an in-run baseline: a plain per-step aggregate of the run's rollouts (one index scan, the
-floor of any per-step computation), as a ratio.
+"""Behaviours at scale: recomputing a behaviour over a run of realistic rollouts
+(bench/realistic.py's data), one new step incrementally, the dashboard chart's read, and find
+more like this from 20 labelled rollouts, each as a ratio to an in-run baseline (a plain
+per-step aggregate).
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_behav_bench \
-        .venv/bin/python -m bench.behaviours --rollouts 50000
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_behav_bench
+    .venv/bin/python -m bench.behaviours --rollouts 50000
 
-Targets (at 1,000,000 realistic rollouts): recompute < 10 s, dashboard chart read < 100 ms, find
-more like this on 20 labelled < 2 s. Seeding a million realistic rollouts takes about an hour on
-the shared 2-core machine: run it at the size you can afford; the linear extrapolation to 1M is
-printed beside each figure (recompute is linear in the run's rollouts and in the matches; the
-chart read and the incremental step do not grow with the run; find more like this reads a fixed
-sample, and counts each proposal's matches: linear is its bound).
+Targets and how figures scale to 1M: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations

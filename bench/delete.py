@@ -3,15 +3,9 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench_delete .venv/bin/python bench/delete.py
     ... bench/delete.py --rollouts 1000000 --cascade
 
-Seeds run A with N realistic multi-turn rollouts (one step ingested through the service, then
-copied in SQL: bench/bulk.py), starts two child processes on run B, an ingester (4 groups x 8
-rollouts per batch through webapp.rollouts.ingest.ingest_groups) and a reader (the explorer's top 50
-by reward, and a group's rollouts), measures them for a quiet baseline, then deletes run A the
-production way (deletion.request_delete + deletion.reap, batched) while they go on. Prints the
-delete's time and rate, its batches, and per phase the ingest and read p50 / p95 / max with the
-load average. --cascade also deletes a second copy of A the old way (one Run.delete() transaction)
-for comparison. Then the disk: the tables' size before, after the delete, after VACUUM, and after
-ingesting as many rollouts again (reused space: the tables do not grow back past their old size).
+Seeds run A (bench/bulk.py), runs an ingester and a reader on run B, and prints their latencies
+during a quiet baseline and during the batched delete of A (--cascade: also one Run.delete()),
+then the table sizes before and after. Details: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -4,13 +4,8 @@ every page is timed on both in the same process and reported as a ratio (realist
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/realistic.py
     ... python -m bench.realistic --rollouts 50000 --repeat 7
-    (bench/search_compare.py measures tsvector GIN against pg_trgm GIN on the same documents)
 
-A realistic rollout: a system message and a task message, 2-40 agent turns (assistant text with tool
-calls, tool results), sizes drawn from a log-normal with a median near 9 KB and a tail past 150 KB,
-a small environment state, reward reasons. Rare words are planted at known rates (RARE_WORDS), so
-the number of hits a search must return is known. Seeded runs are found again by name and reused; an
-interrupted seed resumes at the first missing step. The database is created when missing.
+Seeded runs are reused by name. The rollouts' shape: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations

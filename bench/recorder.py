@@ -2,18 +2,9 @@
 
     HF_HUB_OFFLINE=1 python -m bench.recorder [--rounds 8 --steps 6]
 
-GRPO on the tiny offline model with the diagram environment's components, same seed and config,
-with and without the recorder (writing to a JSONL sink through its background thread). Runs
-alternate (off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time
-is the gap between consecutive `on_step_begin` events, so it includes generation, reward functions,
-the update, every callback (the recorder's included) and logging. The first step of each run is
-warm-up and dropped.
-
-Both runs of a pair use the same seed, so they generate the same completions and do the same work;
-the only difference is the recorder. On a shared machine the wall-clock ratio is noisy, so the bench
-also reports process CPU time per step (includes the sink's writer thread) and, most directly, the
-time spent inside the recorder itself (its callbacks and reward-function wrappers) as a fraction of
-the step time.
+GRPO on the tiny offline model, same seed and config, with and without the recorder, alternating
+so load drift hits both sides. Prints wall and CPU time per step and the time spent inside the
+recorder itself. How a step is timed and why: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations
