@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 from bench.harness import (  # noqa: E402
     ROLLOUT_TABLES,
     bench_run,
+    components,
     load_line,
     production_like_env,
     progress,
@@ -39,20 +40,11 @@ from bench.harness import (  # noqa: E402
 G = 8
 STEPS = 250
 BATCH_ROLLOUTS = 800  # realistic batches are smaller than one-line ones: ~7 MB of JSON each
-# An agent environment's components, not bench.harness's one-line ones: the seeded million-rollout
-# runs (reused by name) and the pages timed on them carry these names.
-COMPONENTS = [
-    {"name": "tests_pass", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
-    {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
-    {"name": "tool_use", "weight": 0.3, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {
-        "name": "length_penalty",
-        "weight": 0.1,
-        "kind": "penalty",
-        "min_value": -1.0,
-        "max_value": 0.0,
-    },
-]
+# The standard components under an agent environment's names: the seeded million-rollout runs
+# (reused by name) and the pages timed on them carry these names.
+COMPONENTS = components(
+    correct={"name": "tests_pass"}, coverage={"name": "tool_use", "weight": 0.3}
+)
 # word -> planted rate per rollout, and where it is planted (every part of a rollout is searched).
 RARE_WORDS = {
     "quokkaflux": (1e-3, "tool_result"),
