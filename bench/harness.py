@@ -144,13 +144,13 @@ def bench_run(
     **fields: Any,
 ) -> Any:
     """The run called `name` (found again, so a rerun reuses what is seeded), else a new one in
-    `environment` with `comps` (default COMPONENTS); `fields` go to create_run (kind, config...)."""
-    from webapp.rollouts.services import create_run, ensure_environment
-    from webapp.runs.models import Run
+    `environment` with `comps` (default COMPONENTS); `fields` go to get_or_create_run (kind,
+    config, base_model...)."""
+    from webapp.rollouts.services import ensure_environment, get_or_create_run
 
     env = ensure_environment(environment, COMPONENTS if comps is None else comps)
-    fields = {"kind": "grpo", "config": {}, "status": "running", **fields}
-    return Run.objects.filter(name=name).first() or create_run(name=name, environment=env, **fields)
+    fields = {"kind": "grpo", "config": {}, **fields}
+    return get_or_create_run(name=name, environment=env, **fields)[0]
 
 
 def ingest_batches(run: Any, batches: Iterable[list[dict]], rollouts: int, desc: str) -> float:

@@ -30,6 +30,26 @@ def test_it_creates_and_drops_a_database_by_name():
     harness.drop_database(name)  # dropping what is gone is fine
 
 
+def test_it_finds_a_seeded_run_again_by_name(db):
+    run = harness.bench_run("bench-harness-test", "bench-harness", config={"num_generations": 8})
+    assert harness.bench_run("bench-harness-test", "bench-harness") == run
+    assert [c.name for c in run.components()] == list(harness.COMPONENT_NAMES)
+    assert (run.kind, run.status) == ("grpo", "running")
+
+
+def test_it_ingests_batches_with_progress(db, capsys):
+    import numpy as np
+
+    from bench.pages import STEPS, synthetic_step
+
+    run = harness.bench_run("bench-harness-ingest", "bench-4c", harness.COMPONENTS)
+    rng = np.random.default_rng(0)
+    batches = ([*synthetic_step(s, 2, rng)] for s in (0, STEPS - 1))
+    assert harness.ingest_batches(run, batches, 32, "seeding") > 0
+    assert run.rollouts.count() == 32
+    assert capsys.readouterr().out.splitlines()[-1].startswith("seeding: 100% (32/32")
+
+
 def test_it_refuses_a_database_that_is_not_postgres(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "sqlite:///db.sqlite3")
     with pytest.raises(SystemExit, match="Postgres"):
