@@ -20,7 +20,6 @@ PENDING = (
     "training/records.py",
     "training/recorder.py",
     "training/importers/base.py",
-    "webapp/rollouts/queries.py",
     "webapp/rollouts/validation.py",
     "webapp/replays/services.py",
     "webapp/tokens/codec.py",

@@ -4,7 +4,9 @@ the API and a behaviour's matches; without the registration its parameter is ign
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +33,7 @@ class PositionFilter(filters.ExplorerFilter):
     def to_params(self, value: int) -> dict[str, str]:
         return {"position": str(value)}
 
-    def resolve(self, run: Run, value: int, q: ExplorerQuery) -> int:
+    def resolve(self, run: Run, value: int, sort: str) -> int:
         if value < 0:
             raise FieldError("position", "must be 0 or more")
         return value
@@ -99,3 +101,15 @@ def test_without_the_registration_the_parameter_is_ignored(scored):
     q = ExplorerQuery.from_params({"position": "1"}, [])
     assert q.filters == {} and "position" not in q.params()
     assert len(explore(scored, q).rows) == 12
+
+
+def test_the_explorer_never_imports_the_apps_that_register_filters():
+    root = Path(__file__).resolve().parents[2] / "webapp" / "explorer"
+    imported = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+    assert not {m for m in imported if m.startswith(("webapp.replays", "webapp.annotations"))}

@@ -12,7 +12,6 @@ from django.db.models import Exists, Expression, OuterRef
 from webapp.annotations.models import Label
 from webapp.errors import FieldError
 from webapp.explorer.filters import ExplorerFilter
-from webapp.explorer.params import ExplorerQuery
 from webapp.rollouts.models import RewardComponent, Rollout
 from webapp.runs.models import Run
 
@@ -26,7 +25,7 @@ class LabelFilter(ExplorerFilter):
     def to_params(self, value: str) -> dict[str, str]:
         return {"label": value}
 
-    def resolve(self, run: Run, value: str, q: ExplorerQuery) -> str:
+    def resolve(self, run: Run, value: str, sort: str) -> str:
         if not Label.objects.filter(slug=value).exists():
             slugs = ", ".join(Label.objects.values_list("slug", flat=True))
             raise FieldError("label", f"no label {value[:60]!r}; labels are: {slugs}")

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Exists, Expression, OuterRef, QuerySet
 
 if TYPE_CHECKING:
-    from webapp.explorer.params import ExplorerQuery
     from webapp.rollouts.models import RewardComponent
     from webapp.runs.models import Run
 
@@ -39,10 +38,10 @@ class ExplorerFilter:
         """Whether the filter serves the sort key `sort` (sort_rows then gives its rows)."""
         return False
 
-    def resolve(self, run: Run, value: Any, q: ExplorerQuery) -> Any:
-        """The value checked against the run (e.g. a row it names): a FieldError if it is not
-        there. What conditions and sort_rows receive. `value` is None when the query sorts by
-        a sort of this filter's but does not set it (built in code, not parsed)."""
+    def resolve(self, run: Run, value: Any, sort: str) -> Any:
+        """The value checked against the run (e.g. a row it names) and the query's sort: a
+        FieldError if it is not there. What conditions and sort_rows receive. `value` is None
+        when the query sorts by a sort of this filter's but does not set it (built in code)."""
         return value
 
     def conditions(

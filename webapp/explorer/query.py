@@ -71,7 +71,7 @@ def _resolved(
     """The query's registered filters, and the one serving its sort (its value None when the
     query has none), with their values checked against the run (FieldError)."""
     return [
-        (f, f.resolve(run, q.filters.get(f.key), q))
+        (f, f.resolve(run, q.filters.get(f.key), q.sort))
         for f in registered()
         if (f.key in q.filters or (f.sorts(q.sort, comps) and not matching))
         and (f.in_matching or not matching)

@@ -12,7 +12,7 @@ from django.db.models import Expression, QuerySet
 
 from webapp.errors import FieldError
 from webapp.explorer.filters import ExplorerFilter, Ranges, range_exists
-from webapp.explorer.params import ExplorerQuery, int_param, range_params, range_params_of
+from webapp.explorer.params import int_param, range_params, range_params_of
 from webapp.replays.models import Replay, ReplayScore
 from webapp.rollouts.models import RewardComponent
 from webapp.runs.models import Run
@@ -47,13 +47,11 @@ class ReplayFilter(ExplorerFilter):
     def to_params(self, value: ReplayChoice) -> dict[str, str]:
         return {"replay": str(value.id), **range_params(value.ranges, PREFIX)}
 
-    def resolve(
-        self, run: Run, value: ReplayChoice | None, q: ExplorerQuery
-    ) -> tuple[Replay, Ranges]:
+    def resolve(self, run: Run, value: ReplayChoice | None, sort: str) -> tuple[Replay, Ranges]:
         """The replay, checked: one of this run's, with stored values for what the query uses."""
         if value is None or value.id is None:
             raise FieldError("replay", REQUIRED)
-        used = set(value.ranges) | ({q.sort[len(PREFIX) :]} if q.sort.startswith(PREFIX) else set())
+        used = set(value.ranges) | ({sort[len(PREFIX) :]} if sort.startswith(PREFIX) else set())
         replay = Replay.objects.filter(id=value.id, run=run).first()
         if replay is None:
             raise FieldError("replay", f"no replay {value.id} of this run")
