@@ -84,6 +84,33 @@ def _conditions(
     return [c for f, resolved in filters for c in f.conditions(resolved, outer, comps)]
 
 
+UNSORTED = object()
+
+
+def sort_value(
+    run: Run, q: ExplorerQuery, comps_list: list[RewardComponent], rollout: Rollout
+) -> Any:
+    """The rollout's value under the query's sort, read where the listing reads it (a component's
+    score, a registered filter's rows, the token summary, the rollout's column); UNSORTED when
+    the rollout has none (so it is not in that listing). Raises FieldError as explore does."""
+    comps = {c.name: c for c in comps_list}
+    sorter = next(
+        ((f, r) for f, r in _resolved(run, q, list(comps)) if f.sorts(q.sort, list(comps))), None
+    )
+    if sorter is not None:
+        rows, _ = sorter[0].sort_rows(sorter[1], q.sort, comps)
+        found = list(rows.filter(rollout_id=rollout.id).values_list("value", flat=True)[:1])
+    elif q.sort in comps:
+        scores = RewardScore.objects.filter(rollout=rollout, component=comps[q.sort])
+        found = list(scores.values_list("value", flat=True)[:1])
+    elif q.sort in TOKEN_SORTS:
+        field = q.sort[len(TOKEN_PREFIX) :]
+        found = list(RolloutTokens.objects.filter(rollout=rollout).values_list(field, flat=True))
+    else:
+        return getattr(rollout, q.sort)
+    return found[0] if found else UNSORTED
+
+
 def _page_hits(
     run: Run, q: ExplorerQuery, comps_list: list[RewardComponent]
 ) -> tuple[list[tuple[int, Any]], str | None]:
