@@ -116,6 +116,10 @@ def search_document(
 
 
 def _words(s: str) -> set[str]:
+    return set(_word_list(s))
+
+
+def _word_list(s: str) -> list[str]:
     """Maximal runs of ASCII letters and digits, upper-cased, exactly as Postgres's UPPER (the
     search's definition) sees them: it upper-cases two non-ASCII letters to ASCII (dotless i to I,
     long s to S) and leaves every other non-ASCII character non-ASCII (ß stays ß, where Python
@@ -123,7 +127,7 @@ def _words(s: str) -> set[str]:
     if "ı" in s or "ſ" in s:
         s = s.replace("ı", "I").replace("ſ", "S")
     raw = s.encode("utf-8", "replace").upper().translate(_WORD_BYTES)  # bytes.upper: ASCII only
-    return set(raw.decode("ascii").split())
+    return raw.decode("ascii").split()  # in order of appearance
 
 
 def search_words(doc: str) -> set[str] | None:
@@ -153,7 +157,8 @@ def term_runs(term: str) -> list[str]:
     """The runs of ASCII letters and digits of a search term (as _words reads them), of
     MIN_TERM_CHARS or more, cut to WORD_STEP characters. A document containing the term has, for
     each run, a stored word containing it."""
-    return [w[:WORD_STEP] for w in _words(term) if len(w) >= MIN_TERM_CHARS]
+    runs = (w[:WORD_STEP] for w in _word_list(term) if len(w) >= MIN_TERM_CHARS)
+    return list(dict.fromkeys(runs))  # the term's order: a plan that never depends on hash seeds
 
 
 def is_one_word(term: str) -> bool:
