@@ -2,14 +2,14 @@
 
 A `LeaseQueue` names a model's status values (ready, held) and its lease fields: the holder, the
 token (the claim time: a row claimed again carries a new one, so a late holder's writes miss) and
-the beat (renewed while working; the token itself when nothing renews). A held row whose beat is
-older than `stale_seconds` is stale: queues with `reclaim` hand it out again, others leave the
-caller to fail it. Claiming the next row uses SELECT ... FOR UPDATE SKIP LOCKED where the database
-has it (Postgres): claimers never wait on each other's row. Elsewhere (SQLite, one writer at a
-time) a conditional UPDATE claims, retried on the next row when another claimer won.
+the beat (renewed while working). A held row whose beat is older than `stale_seconds` is stale:
+queues with `reclaim` hand it out again, others leave the caller to fail it. `claim_next` uses
+SELECT ... FOR UPDATE SKIP LOCKED where the database has it (Postgres), so claimers never wait on
+each other; elsewhere (SQLite, one writer at a time) a conditional UPDATE claims, and a lost race
+moves on to the next row.
 
-Queues: job runs (webapp/runs/models.py RUN_LEASES), replay chunks and replay summaries
-(webapp/replays/queue.py). docs/architecture.md shows how a new kind of work uses one.
+Users: job runs (webapp/runs/models.py), replay chunks and summaries (webapp/replays/queue.py).
+docs/architecture.md shows how a new kind of work uses it.
 """
 
 from __future__ import annotations

@@ -328,7 +328,7 @@ def _stop_heartbeat(**kwargs) -> None:
 
 @app.task(name="workers.tasks.run_replay", bind=True, queue="default")
 def run_replay(self, replay_id: int, spawn: bool = True) -> str:
-    """Score a reward replay's chunks until none is left (webapp/replays/services.py).
+    """Score a reward replay's chunks until none is left (webapp/replays/queue.py).
     The first copy queues more, so every free worker process claims chunks too; the last
     one out summarises."""
     from django.db import close_old_connections
