@@ -132,18 +132,22 @@ def load_results(replay: Replay) -> dict[str, np.ndarray] | None:
         return {k: z[k] for k in RESULT_KEYS}
 
 
-def summarise(replay: Replay) -> None:
-    """Store the result arrays, the headline numbers and the one-line summary; succeeded unless
-    a chunk failed."""
-    arrays = compute_results(replay)
+def _compare(replay: Replay, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     comps = replay.run.components()
-    report = analysis.compare(
+    return analysis.compare(
         arrays,
         [c.name for c in comps],
         replay.components(),
         run_weights(replay.run, comps),
         analysis.regression_labels(replay.run_id),
     )
+
+
+def summarise(replay: Replay) -> None:
+    """Store the result arrays, the headline numbers and the one-line summary; succeeded unless
+    a chunk failed."""
+    arrays = compute_results(replay)
+    report = _compare(replay, arrays)
     failed_chunks = list(
         ReplayChunk.objects.filter(replay=replay, status=ReplayChunk.Status.FAILED).values_list(
             "error", flat=True
@@ -175,14 +179,7 @@ def report(replay: Replay) -> dict[str, Any] | None:
     arrays = load_results(replay)
     if arrays is None:
         return None
-    comps = replay.run.components()
-    return analysis.compare(
-        arrays,
-        [c.name for c in comps],
-        replay.components(),
-        run_weights(replay.run, comps),
-        analysis.regression_labels(replay.run_id),
-    )
+    return _compare(replay, arrays)
 
 
 @dataclass
