@@ -153,7 +153,8 @@ def test_it_links_the_replay_page_to_the_explorer_sorted_by_the_replayed_values(
 
 
 def test_it_refuses_a_replay_sort_built_in_code_without_a_replay(replayed):
-    from webapp.rollouts.queries import ExplorerQuery, explore
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import explore
 
     with pytest.raises(FieldError) as e:
         explore(replayed.run, ExplorerQuery(sort="replay.semantic_coverage"))

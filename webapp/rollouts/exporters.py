@@ -18,8 +18,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.models import Group, RewardScore, Rollout
-from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.runs.models import Run
 
 CHUNK_GROUPS = 200  # groups per database round trip

@@ -1,17 +1,9 @@
-"""What a rollout shows on list pages and what search reads, built once at ingest.
-
-- The preview: the first and last PREVIEW_CHARS characters of the transcript's visible agent text
-  (every message after the prompt: assistant text, tool calls as `name(arguments)`, tool results),
-  the number of agent turns (assistant messages), tool calls and visible characters. List pages read
-  these columns, never the transcript or the state (Rollout.LIST_FIELDS).
-- The search document: the prompt, every message of the transcript (tool-call arguments and tool
-  results included) and the reward reasons, as one text column (Rollout.search_text). Postgres
-  indexes it twice: a pg_trgm GIN index on it, and a word index (search_words: its distinct words,
-  a GIN-indexed tsvector, with each run's vocabulary in SearchWord); SQLite scans it.
-  docs/performance.md says why both.
-
-A search query is parsed here, the same way for both databases: words and "quoted phrases" must all
-occur (case-insensitive substrings), -word must not. Highlighting escapes every piece of model text.
+"""What a rollout shows on list pages and what search reads, built once at ingest: the preview
+(head and tail of the visible agent text, turn, tool-call and character counts: the only columns
+list pages read) and the search document (prompt, every message, reward reasons), which Postgres
+indexes with pg_trgm and a word index and SQLite scans. Search queries are parsed here the same
+way for both databases; highlighting escapes all model text. More: docs/performance.md, "Module
+notes".
 """
 
 from __future__ import annotations

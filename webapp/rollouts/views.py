@@ -25,17 +25,12 @@ from training.environments.base import Prompt
 from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
 from webapp.errors import FieldError
+from webapp.explorer.paging import decode_cursor, encode_cursor
+from webapp.explorer.params import TOKEN_PREFIX, TOKEN_SORTS, ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
-from webapp.rollouts.queries import (
-    TOKEN_PREFIX,
-    TOKEN_SORTS,
-    ExplorerQuery,
-    decode_cursor,
-    encode_cursor,
-    explore,
-)
-from webapp.rollouts.templatetags.rollout_tags import bar, preview
+from webapp.rollouts.templatetags.rollout_tags import bar, preview, search_snippet
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 from webapp.tokens import pages as token_pages
@@ -120,7 +115,7 @@ def _table_rows(
                 "step": r.step,
                 "holdout": r.split == "holdout",
                 "preview": _preview(r),
-                "snippet": row.snippet,
+                "snippet": search_snippet(r, q.search),
                 "turns": r.n_turns,
                 "tool_calls": r.n_tool_calls,
                 "reward": r.reward,
