@@ -21,7 +21,6 @@ PENDING = (
     "training/recorder.py",
     "training/importers/base.py",
     "webapp/rollouts/validation.py",
-    "webapp/replays/services.py",
     "webapp/tokens/codec.py",
     "bench/tokens.py",
 )
