@@ -32,6 +32,11 @@ verl does not dump advantages: they are verl's GRPO outcome advantage of `score`
 r - mean when the run had `norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone
 sample keeps its score (verl's mean 0, std 1 for a group of one). The run records epsilon 1e-6 and
 that scaling.
+
+Nor does it dump any per-token array: verl keeps `rollout_log_probs` (with
+`actor_rollout_ref.rollout.calculate_log_probs=True`), `old_log_probs` and the response mask in
+the batch and logs only their step-level differences (`training/rollout_probs_diff_*`). The
+import says so in its gaps (NO_TOKENS) rather than leaving the token view silently empty.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ from .weights import PlannedJsonlReader
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
+NO_TOKENS = (
+    "tokens: none. verl's dump holds decoded text only (no token ids, rollout_log_probs, "
+    "old_log_probs, entropies or response mask), so the run has no token view and no "
+    "sampler/trainer mismatch; docs/tokens.md says how a verl run can send them"
+)
 
 
 def _number(v: Any) -> float | None:
@@ -100,6 +110,9 @@ class VerlReader(PlannedJsonlReader):
             "scale_rewards": "group",
             **(super().settings() or {}),
         }
+
+    def notes(self) -> dict[str, Any]:
+        return {**super().notes(), "gaps": [NO_TOKENS]}
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
         self.count_beyond(rollouts)
