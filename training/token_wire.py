@@ -6,18 +6,19 @@ the server reads the arrays with numpy.frombuffer (no base64, no per-number pars
     an array in the JSON: {"dtype": "float32", "at": [offset, nbytes]} (offset into the data
     section, little-endian values)
 
-`encode` builds a body from a batch whose token arrays are numpy arrays (or `pack`'s dicts, or
-lists); `decode` turns one back into the JSON form with `{"dtype", "data": memoryview}` arrays,
-which the ingestion's validation reads like base64 ones. No Django: clients use it too.
+`encode` builds a body from a batch whose token arrays are numpy arrays or base64 dicts (lists
+stay JSON); `split` and `resolve` turn one back into the JSON form with `{"dtype", "data":
+memoryview}` arrays, which the ingestion's validation reads like base64 ones. Standard library
+only: training/client.py sends it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import struct
 from typing import Any
-
-import numpy as np
 
 CONTENT_TYPE = "application/x-rd-batch"
 LENGTH = struct.Struct("<I")
@@ -31,19 +32,46 @@ class WireError(ValueError):
         self.path, self.message = path, message
 
 
+def _raw(v: Any) -> tuple[str, bytes] | None:
+    """(dtype, little-endian bytes) of an array the body carries raw: a numpy array, or the base64
+    form {"dtype", "data"} (decoded here, on the sender's CPU); None: it stays JSON."""
+    if isinstance(v, dict) and set(v) == {"dtype", "data"} and isinstance(v["data"], str):
+        try:
+            return str(v["dtype"]), base64.b64decode(v["data"], validate=True)
+        except (binascii.Error, ValueError):
+            return None  # sent as it is: the server refuses it by field
+    if hasattr(v, "dtype") and hasattr(v, "tobytes"):  # numpy, without importing it here
+        a = v.astype(v.dtype.newbyteorder("<"), copy=False)
+        return a.dtype.name, a.tobytes()
+    return None
+
+
+def carries_raw(group: dict[str, Any]) -> bool:
+    """Whether a group has a token array that `encode` would send raw."""
+    rollouts = group.get("rollouts")
+    return any(
+        _raw(v) is not None
+        for r in (rollouts if isinstance(rollouts, list) else [])
+        if isinstance(r, dict) and isinstance(r.get("tokens"), dict)
+        for v in r["tokens"].values()
+    )
+
+
 def encode(body: dict[str, Any]) -> bytes:
-    """The binary body of `body` (not modified): every numpy array in a rollout's `tokens` goes to
-    the data section, 8-byte aligned; other values stay JSON."""
+    """The binary body of `body` (not modified): every numpy or base64 array in a rollout's
+    `tokens` goes to the data section, 8-byte aligned; the rest stays JSON. Stdlib only."""
     parts: list[bytes] = []
     size = 0
 
-    def ref(a: np.ndarray) -> dict[str, Any]:
+    def ref(v: Any) -> Any:
         nonlocal size
-        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        out = {"dtype": a.dtype.name, "at": [size, len(raw)]}
-        pad = -len(raw) % 8
-        parts.append(raw + b"\0" * pad)
-        size += len(raw) + pad
+        raw = _raw(v)
+        if raw is None:
+            return v
+        out = {"dtype": raw[0], "at": [size, len(raw[1])]}
+        pad = -len(raw[1]) % 8
+        parts.append(raw[1] + b"\0" * pad)
+        size += len(raw[1]) + pad
         return out
 
     groups = []
@@ -52,12 +80,19 @@ def encode(body: dict[str, Any]) -> bytes:
         for r in g.get("rollouts", []):
             t = r.get("tokens")
             if isinstance(t, dict):
-                t = {k: ref(v) if isinstance(v, np.ndarray) else v for k, v in t.items()}
-                r = {**r, "tokens": t}
+                r = {**r, "tokens": {k: ref(v) for k, v in t.items()}}
             rollouts.append(r)
         groups.append({**g, "rollouts": rollouts})
     text = json.dumps({**body, "groups": groups}, allow_nan=False).encode()
     return LENGTH.pack(len(text)) + text + b"".join(parts)
+
+
+def bound(group: dict[str, Any]) -> int:
+    """At most the bytes `group` adds to a body of several groups (its offsets may have more
+    digits there: 20 bytes a reference allow for any)."""
+    one = encode({"groups": [group]})
+    (n,) = LENGTH.unpack_from(one)
+    return len(one) + 20 * one[LENGTH.size : LENGTH.size + n].count(b'"at": [') + 2
 
 
 def split(raw: bytes) -> tuple[bytes, memoryview]:
