@@ -21,8 +21,6 @@ PENDING = (
     "training/recorder.py",
     "training/importers/base.py",
     "webapp/rollouts/validation.py",
-    "webapp/tokens/codec.py",
-    "bench/tokens.py",
 )
 
 

@@ -5,7 +5,8 @@ the reward function's extra keys).
 A group is the rows of one `uid` (when the reward function returns it) or one `input` at a step;
 rows that cannot be told apart are counted, not imported. `score` is the aggregate; numeric
 extra keys become components, weighted by importers/weights.py; advantages are verl's GRPO
-formula. What is exact and what is flagged: docs/integrations.md, "Module notes".
+formula. No token arrays: the dump carries none, and the import says so in
+its gaps (NO_TOKENS). What is exact and what is flagged: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from .weights import PlannedJsonlReader
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
+NO_TOKENS = (
+    "tokens: none. verl's dump holds decoded text only (no token ids, rollout_log_probs, "
+    "old_log_probs, entropies or response mask), so the run has no token view and no "
+    "sampler/trainer mismatch; docs/tokens.md says how a verl run can send them"
+)
 
 
 def _number(v: Any) -> float | None:
@@ -74,6 +80,9 @@ class VerlReader(PlannedJsonlReader):
             "scale_rewards": "group",
             **(super().settings() or {}),
         }
+
+    def notes(self) -> dict[str, Any]:
+        return {**super().notes(), "gaps": [NO_TOKENS]}
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
         self.count_beyond(rollouts)
