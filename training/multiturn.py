@@ -3,7 +3,7 @@ on their transcripts.
 
 An environment with the episode protocol (`env.reset(prompt) -> episode`,
 `episode.step(agent_message) -> (reply, done)`, `episode.transcript`; see
-training/environments/ask_to_code.py) plays the simulated user. For each row TRL hands us,
+training/environments/ask_to_code/) plays the simulated user. For each row TRL hands us,
 `run_episodes` samples an agent turn from the policy, lets the episode answer, appends the answer's
 tokens, and samples again, until the episode ends or the token budget runs out.
 

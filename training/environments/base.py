@@ -76,6 +76,9 @@ class Environment:
     components: list[Component]
     multi_turn: ClassVar[bool] = False  # True: reset() starts an episode (training.multiturn)
     max_turns: int = 1  # multi-turn: agent turns per episode (GRPO's max_turns sets it)
+    # Keyword options prompts() takes beyond (split, n, seed), e.g. {"max_nodes"}: a job config
+    # naming an option the environment lacks is refused (training.common.env_prompts).
+    prompt_options: ClassVar[frozenset[str]] = frozenset()
 
     def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]:
         raise NotImplementedError
