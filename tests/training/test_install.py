@@ -104,7 +104,7 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
         n.startswith("training/") for n in names
     )
     assert "reward_debugger/environments/ask_to_code/tasks.json" in names  # package-data
-    assert "reward_debugger/environments/diagram/rewards.py" in names
+    assert "reward_debugger/environments/diagram/requests.json" in names
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 from ..base import Prompt, Split
@@ -38,175 +40,23 @@ def parse_graph(text: str) -> tuple[list[str], list[list[str]]]:
     return nodes, edges
 
 
-# (slug, family, title, graph): five families, three each
-SEED_REQUESTS: list[tuple[str, str, str, str]] = [
-    ("ci-pipeline", "pipeline", "a CI pipeline", "Build > Test > Deploy"),
-    ("data-pipeline", "pipeline", "a data pipeline", "Ingest > Validate > Transform > Load"),
-    ("ml-pipeline", "pipeline", "an ML pipeline", "Collect data > Train > Evaluate > Serve"),
-    ("startup-org", "org_chart", "a startup org chart", "CEO > CTO > Engineer; CEO > CFO"),
-    (
-        "school-org",
-        "org_chart",
-        "a school org chart",
-        "Principal > Vice principal > Teacher; Principal > Secretary",
-    ),
-    (
-        "hospital-org",
-        "org_chart",
-        "a hospital org chart",
-        "Director > Head nurse > Nurse; Director > Chief surgeon",
-    ),
-    (
-        "traffic-light",
-        "state_machine",
-        "a traffic light state machine",
-        "Red > Green > Yellow > Red",
-    ),
-    (
-        "order-lifecycle",
-        "state_machine",
-        "an order lifecycle",
-        "Created > Paid > Shipped > Delivered; Created > Cancelled",
-    ),
-    (
-        "door-states",
-        "state_machine",
-        "door states",
-        "Open > Closed > Open; Closed > Locked > Closed",
-    ),
-    (
-        "web-app",
-        "architecture",
-        "a web app architecture",
-        "Browser > Load balancer > Web server > Database; Web server > Cache",
-    ),
-    (
-        "event-system",
-        "architecture",
-        "an event-driven system",
-        "Producer > Queue > Consumer > Database",
-    ),
-    (
-        "microservices",
-        "architecture",
-        "a microservice architecture",
-        "Client > API gateway > User service; API gateway > Order service > Payment service",
-    ),
-    (
-        "login-flow",
-        "flowchart",
-        "a login flowchart",
-        "Start > Enter password > Password correct? > Show dashboard; Password correct? > Enter "
-        "password",
-    ),
-    (
-        "coffee-flow",
-        "flowchart",
-        "a coffee-making flowchart",
-        "Start > Water hot? > Brew coffee > End; Water hot? > Heat water > Brew coffee",
-    ),
-    (
-        "bug-triage",
-        "flowchart",
-        "a bug triage flowchart",
-        "Bug report > Reproducible? > Fix bug > Close ticket; Reproducible? > Ask for details",
-    ),
-]
+# Hand-written seed requests (slug, family, title, graph: five families, three each) and the
+# vocabulary of the synthetic ones, shipped in the wheel (pyproject package-data).
+_DATA = json.loads(Path(__file__).with_name("requests.json").read_text(encoding="utf-8"))
+SEED_REQUESTS: list[tuple[str, str, str, str]] = [tuple(r) for r in _DATA["seed_requests"]]
 
 FAMILIES = ("pipeline", "org_chart", "state_machine", "architecture", "flowchart")
 
-_PIPELINES = {  # stages in pipeline order; a prompt keeps an ordered subset
-    "a CI pipeline": [
-        "Checkout",
-        "Build",
-        "Lint",
-        "Unit tests",
-        "Package",
-        "Deploy staging",
-        "Smoke test",
-        "Release",
-    ],
-    "a data pipeline": [
-        "Extract",
-        "Validate",
-        "Clean",
-        "Transform",
-        "Join",
-        "Aggregate",
-        "Load",
-        "Report",
-    ],
-    "an ML pipeline": [
-        "Collect data",
-        "Label",
-        "Split",
-        "Train",
-        "Evaluate",
-        "Register",
-        "Serve",
-        "Monitor",
-    ],
-    "a publishing workflow": [
-        "Draft",
-        "Edit",
-        "Review",
-        "Approve",
-        "Schedule",
-        "Publish",
-        "Promote",
-    ],
-    "a hiring process": [
-        "Apply",
-        "Screen",
-        "Phone call",
-        "Interview",
-        "Reference check",
-        "Offer",
-        "Onboard",
-    ],
-}
-_ORG_ROOTS = ["CEO", "Founder", "Director", "Principal", "Mayor", "Head chef"]
-_ORG_MIDS = [
-    "CTO",
-    "CFO",
-    "COO",
-    "VP Sales",
-    "VP Engineering",
-    "Head of Design",
-    "Head of HR",
-    "Deputy",
-]
-_ORG_LEAVES = [
-    "Engineer",
-    "Accountant",
-    "Designer",
-    "Recruiter",
-    "Analyst",
-    "Sales rep",
-    "Assistant",
-    "Intern",
-]
-_STATE_MACHINES = {
-    "an order lifecycle": (["Created", "Paid", "Packed", "Shipped", "Delivered"], "Cancelled"),
-    "a ticket workflow": (["New", "Triaged", "In progress", "In review", "Done"], "Rejected"),
-    "a media player": (["Stopped", "Loading", "Playing", "Paused"], "Error"),
-    "a TCP connection": (["Closed", "Listen", "Syn received", "Established", "Closing"], "Reset"),
-    "a vending machine": (["Idle", "Coin inserted", "Item selected", "Dispensing"], "Refund"),
-}
-_ARCH_CLIENTS = ["Browser", "Mobile app", "CLI"]
-_ARCH_ENTRIES = ["Load balancer", "API gateway", "CDN"]
-_ARCH_SERVICES = ["API server", "Web server", "App server"]
-_ARCH_BACKENDS = ["Database", "Cache", "Queue", "Object store", "Search index", "Auth service"]
-_FLOWS = [  # (title, "step,step,question,yes step,no step")
-    ("a password reset flowchart", "Request reset,Send email,Link valid?,Set password,Show error"),
-    ("a checkout flowchart", "Add to cart,Enter address,Payment ok?,Confirm order,Retry payment"),
-    ("a deploy flowchart", "Merge PR,Run tests,Tests pass?,Deploy,Notify author"),
-    ("a support flowchart", "Receive ticket,Read ticket,Known issue?,Send answer,Escalate"),
-    ("a cooking flowchart", "Boil water,Add pasta,Pasta soft?,Drain pasta,Wait a minute"),
-    ("a signup flowchart", "Open form,Fill details,Email unique?,Create account,Ask new email"),
-    ("a loan flowchart", "Submit application,Check credit,Score high?,Approve loan,Decline loan"),
-    ("a refund flowchart", "Receive return,Inspect item,Item damaged?,Reject refund,Issue refund"),
-]
+_PIPELINES: dict[str, list[str]] = _DATA["pipelines"]  # stages in order; a prompt keeps a subset
+_ORG_ROOTS: list[str] = _DATA["org_roots"]
+_ORG_MIDS: list[str] = _DATA["org_mids"]
+_ORG_LEAVES: list[str] = _DATA["org_leaves"]
+_STATE_MACHINES: dict[str, list] = _DATA["state_machines"]  # title -> [states in order, sink]
+_ARCH_CLIENTS: list[str] = _DATA["arch_clients"]
+_ARCH_ENTRIES: list[str] = _DATA["arch_entries"]
+_ARCH_SERVICES: list[str] = _DATA["arch_services"]
+_ARCH_BACKENDS: list[str] = _DATA["arch_backends"]
+_FLOWS: list[list[str]] = _DATA["flows"]  # [title, "step,step,question,yes step,no step"]
 
 
 def _synth_pipeline(rng: random.Random) -> tuple[str, list[str], list[list[str]]]:
