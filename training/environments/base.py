@@ -1,9 +1,10 @@
 """The contract every environment implements.
 
 A reward component is a pure function of (prompt, completion) returning a `Score` (value and a
-short reason). An environment bundles its components with their weights, a prompt generator
-with a held-out split, an optional scripted policy (teacher / demo data) and an optional
-renderer of its state.
+short reason). An environment is a package whose one `Environment` subclass bundles its
+components with their weights, a prompt generator with a held-out split, and the optional
+capabilities it has (a reference solution, a scripted policy, episodes, replay variants, stored
+prompts), each a method whose default means "none". How to add one: docs/architecture.md.
 """
 
 from __future__ import annotations
