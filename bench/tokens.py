@@ -103,7 +103,7 @@ def new_run(name: str):
 
 def ingest_all(args, name: str, tokens: bool, seed: int) -> tuple[object, float, int]:
     """Every batch through the service (generation untimed). (run, seconds, tokens)."""
-    from bench.progress import progress
+    from bench.harness import progress
     from webapp.rollouts.ingest import ingest_groups
 
     run, spent, n_tokens = new_run(name), 0.0, 0
@@ -125,7 +125,7 @@ def raw_copy_all(args, seed: int) -> float:
     statistics, rows, token blobs, ids drawn), then only COPY and commit timed, batch by batch."""
     from django.db import transaction
 
-    from bench.progress import progress
+    from bench.harness import progress
     from webapp.rollouts import ingest_stats, rows
     from webapp.rollouts.ingest_write import insert, reserve_ids, upsert_step_stats
     from webapp.rollouts.models import Group, Rollout
@@ -263,11 +263,11 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from bench.pages import _require_postgres
+    from bench.harness import require_postgres
 
     if connection.vendor != "postgresql":
         sys.exit("bench/tokens.py measures Postgres: set DATABASE_URL=postgres://...")
-    _require_postgres()
+    require_postgres()
     call_command("migrate", verbosity=0)
     from django.contrib.auth import get_user_model
 

@@ -2,8 +2,9 @@
 
 Modules: `parsing` (reading a completion), `canvas` (the action schema, applying and rendering
 actions as SVG), `rewards` (the four components and their replay variants), `prompts` (seed and
-synthetic requests from requests.json, the split, rebuilding a stored prompt), `policy` (the reference solution and
-the scripted noisy teacher) and `environment` (the `Environment` subclass tying them together).
+synthetic requests from requests.json, the split, rebuilding a stored prompt), `policy` (the
+reference solution and the scripted noisy teacher) and `environment` (the `Environment` subclass
+tying them together).
 
 The names below stay importable from the package itself, so reward versions recorded before the
 split ("training.environments.diagram:semantic_coverage") still resolve to the same functions.
