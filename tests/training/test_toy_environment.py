@@ -9,25 +9,15 @@ import pytest
 from training import demo
 from training import reward_versions as rv
 from training.common import env_prompts
-from training.environments import (
-    available_environments,
-    get_environment,
-    register_environment,
-    unregister_environment,
-)
+from training.environments import available_environments
 
-from .toy_env import ToyEnvironment
+from .toy_env import ToyEnvironment, registered
 
 
 @pytest.fixture
 def toy():
-    register_environment("toy", ToyEnvironment)
-    yield get_environment("toy")
-    unregister_environment("toy")
-    for key in [k for k in rv._REGISTRY if k[0] == "toy"]:
-        rv._REGISTRY.pop(key)
-    rv._loaded_environments.discard("toy")
-    rv._rebuilder.cache_clear()
+    with registered() as env:
+        yield env
 
 
 def test_it_is_listed_and_built_by_its_registered_name(toy):

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.toy_env import ToyEnvironment
+from tests.training.toy_env import registered
 from training import demo
-from training import reward_versions as rv
-from training.environments import register_environment, unregister_environment
 
 
 @pytest.fixture
 def toy():
-    register_environment("toy", ToyEnvironment)
-    yield ToyEnvironment()
-    unregister_environment("toy")
-    for key in [k for k in rv._REGISTRY if k[0] == "toy"]:
-        rv._REGISTRY.pop(key)
-    rv._loaded_environments.discard("toy")
-    rv._rebuilder.cache_clear()
+    with registered() as env:
+        yield env
 
 
 def test_it_replays_a_variant_of_a_registered_toy_environment(personas, toy):
