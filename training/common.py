@@ -118,13 +118,11 @@ def env_prompts(
     env: Environment, split: str, n: int, seed: int = 0, max_nodes: int = 0
 ) -> list[Any]:
     """`env.prompts(split, n, seed)`, keeping only small requests when `max_nodes` > 0
-    (an environment whose prompts() takes a `max_nodes` argument, e.g. diagram); 0
+    (an environment that declares the `max_nodes` prompt option, e.g. diagram); 0
     means every request."""
     if not max_nodes:
         return env.prompts(split, n, seed=seed)
-    import inspect
-
-    if "max_nodes" not in inspect.signature(env.prompts).parameters:
+    if "max_nodes" not in env.prompt_options:
         raise ValueError(
             f"max_nodes: environment {env.name!r} cannot filter prompts by size; leave it 0"
         )

@@ -27,6 +27,8 @@ from typing import Any
 
 from .environments.base import Prompt, Score
 
+_ENVIRONMENTS = __package__ + ".environments"  # reward_debugger.environments when installed
+
 DEFAULT_TIMEOUT_S = 10.0  # per rollout: the sandboxed ask_to_code tests take up to ~2.5 s
 MAX_REASON = 500
 MAX_PARAMS_CHARS = 10_000  # parameters are thresholds and small lists, not data
@@ -177,6 +179,7 @@ def make_version(
 _REGISTRY: dict[tuple[str, str], ComponentVersion] = {}  # (environment, label) -> version
 _lock = threading.Lock()
 _loaded = False
+_loaded_environments: set[str] = set()
 
 
 def register(
@@ -206,12 +209,14 @@ def load(extra_modules: str | None = None) -> None:
     named in RD_REWARD_MODULES (or `extra_modules`). Idempotent; a module that fails to import
     raises VersionError."""
     global _loaded
-    if _loaded and extra_modules is None:
-        return
     from .environments import available_environments
 
-    for env_name in available_environments():
-        _register_environment(env_name)
+    for env_name in available_environments():  # one registered since the last call included
+        if env_name not in _loaded_environments:
+            _register_environment(env_name)
+            _loaded_environments.add(env_name)
+    if _loaded and extra_modules is None:
+        return
     names = os.environ.get("RD_REWARD_MODULES", "") if extra_modules is None else extra_modules
     for module_name in filter(None, (m.strip() for m in names.split(","))):
         try:
@@ -398,9 +403,7 @@ def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable
     JSON anyone with the trainer role can write: it must not name an arbitrary importable callable),
     with its source unchanged and its parameters fitting the signature."""
     where = f"reward_versions.{component}"
-    if not any(
-        r.target == v.get("target") and r.component == component for r in registered(env_name)
-    ):
+    if not _is_registered(env_name, component, v.get("target")):
         raise VersionError(
             where,
             f"{str(v.get('target'))[:200]} is not a registered version of {component} "
@@ -414,6 +417,23 @@ def _registered_fn(env_name: str, component: str, v: dict[str, Any]) -> Callable
     except VersionError as e:
         raise VersionError(f"{where}.{e.field}", e.message) from None
     return fn
+
+
+def _is_registered(env_name: str, component: str, target: Any) -> bool:
+    """A registered target of `component`, or one recorded before the environment became a package
+    ("training.environments.diagram:semantic_coverage") that names the same function: only a target
+    inside the environments package is imported to find out."""
+    versions = [r for r in registered(env_name) if r.component == component]
+    if any(r.target == target for r in versions):
+        return True
+    module = target.split(":")[0] if isinstance(target, str) else ""
+    if not module.startswith(f"{_ENVIRONMENTS}."):
+        return False
+    try:
+        fn = resolve(target)
+    except VersionError:
+        return False
+    return any(resolve(r.target) is fn for r in versions)
 
 
 class TrainedVersion:

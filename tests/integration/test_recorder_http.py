@@ -73,7 +73,7 @@ class VaryingEnv(Environment):
 def toy_env(monkeypatch) -> VaryingEnv:
     from training import environments
 
-    monkeypatch.setitem(environments._REGISTRY, TOY_ENV, f"{__name__}:VaryingEnv")
+    monkeypatch.setitem(environments._REGISTRY, TOY_ENV, VaryingEnv)
     return VaryingEnv()
 
 
@@ -592,7 +592,7 @@ def test_it_stores_the_trainers_weights_and_scaling_over_http_and_through_jsonl(
     from training.sinks import JsonlSink
     from webapp.runs.models import Run
 
-    monkeypatch.setitem(environments._REGISTRY, THREE_ENV, f"{__name__}:ThreeComponentEnv")
+    monkeypatch.setitem(environments._REGISTRY, THREE_ENV, ThreeComponentEnv)
     comps = [{"name": c.name, "weight": c.weight} for c in ThreeComponentEnv.components]
     # The environment exists with weight 1.0 everywhere; the run is created with those weights.
     run_id = Client(app_server.url, trainer_token, retries=0).create_run(

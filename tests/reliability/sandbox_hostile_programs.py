@@ -275,8 +275,8 @@ PROGRAMS: list[Program] = [
     Program(
         "read the task bank through another checkout",
         attempt(
-            "import glob\nfor p in glob.glob('/work/*/training/environments/ask_to_code_tasks.py') "
-            "+ ['@PROJECT@/training/environments/ask_to_code_tasks.py']:\n    try:\n"
+            "import glob\nbank = 'training/environments/ask_to_code/tasks.json'\n"
+            "for p in glob.glob('/work/*/' + bank) + ['@PROJECT@/' + bank]:\n    try:\n"
             "        if open(p).read():\n            return 'pwned'\n    except OSError:\n        "
             "pass\nreturn 'none'"
         ),

@@ -24,7 +24,7 @@ from training.environments.ask_to_code import (
     run_episode,
     task_prompt,
 )
-from training.environments.ask_to_code_tasks import (
+from training.environments.ask_to_code.tasks import (
     HOLDOUT_FAMILIES,
     IRRELEVANT_QUESTIONS,
     TASKS,
@@ -118,8 +118,10 @@ def test_it_returns_nan_for_an_unknown_task():
 def test_it_caches_test_runs_per_task_and_code(monkeypatch):
     atc.clear_cache()
     calls = []
-    real = atc.run_tests
-    monkeypatch.setattr(atc, "run_tests", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = atc.hidden_tests.run_tests
+    monkeypatch.setattr(
+        atc.hidden_tests, "run_tests", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     env = AskToCodeEnv()
     transcript = run_episode(env, PROMPT, ScriptedAskPolicy("solve"))
     env.score(PROMPT, transcript)

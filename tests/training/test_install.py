@@ -5,8 +5,9 @@ checkout), installed into a fresh virtualenv with --no-deps, and that venv sees 
 site-packages through a .pth file: its dependencies are "already installed", nothing is downloaded.
 A script run from a user's project outside the checkout, which has a `training/` package of its own
 (as most RL repositories do), imports the installed `reward_debugger` client, sinks, importers and
-OpenRLHF wrapper (Django must not be imported) beside the user's `training`, talks to a stand-in
-API, and records a real TRL GRPO step on the tiny model through the recorder's JSONL sink.
+OpenRLHF wrapper (Django must not be imported) beside the user's `training`, reads each
+environment's prompts (task data shipped as package data), talks to a stand-in API, and records
+a real TRL GRPO step on the tiny model through the recorder's JSONL sink.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import reward_debugger.openrlhf_reward
 assert "django" not in sys.modules, "the training side imported Django"
 from reward_debugger.client import Client
 found = Client(sys.argv[1], "KEY", retries=0).find_run("wanted")
+from reward_debugger.environments import available_environments, get_environment
+envs = {name: len(get_environment(name).prompts("train", 3)) for name in available_environments()}
 
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
@@ -52,7 +55,7 @@ trainer = GRPOTrainer(model=sys.argv[2], reward_funcs=[distinct], args=args,
 trainer.train()
 data = read_jsonl_sink("rollouts.jsonl")
 print(json.dumps({"installed": reward_debugger.__file__, "training": training.__file__,
-                  "found": found, "groups": len(data["groups"]),
+                  "found": found, "groups": len(data["groups"]), "envs": envs,
                   "settings": data["settings"][0]["weights"]}))
 """
 
@@ -100,6 +103,8 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
     assert "reward_debugger/recorder.py" in names and not any(
         n.startswith("training/") for n in names
     )
+    assert "reward_debugger/environments/ask_to_code/tasks.json" in names  # package-data
+    assert "reward_debugger/environments/diagram/requests.json" in names
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
@@ -151,6 +156,7 @@ def test_it_installs_as_a_wheel_and_records_a_trl_run_outside_the_checkout(tmp_p
     assert out["installed"].startswith(str(site))  # the installed copy, not the checkout
     assert out["training"] == str(work / "training" / "__init__.py")  # the user's stays theirs
     assert out["found"] == {"id": 7, "name": "wanted"}
+    assert out["envs"] == {"ask_to_code": 3, "diagram": 3}  # task data read from the wheel
     assert out["groups"] == 1 and out["settings"] == {"distinct": 1.0}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from training.environments.ask_to_code import OUT_OF_TURNS, VAGUE_ANSWERS, AskToCodeEnv
-from training.environments.ask_to_code_tasks import IRRELEVANT_QUESTIONS, TASKS, TASKS_BY_KEY
+from training.environments.ask_to_code.tasks import IRRELEVANT_QUESTIONS, TASKS, TASKS_BY_KEY
 from training.sinks import MemorySink
 
 COMPONENTS = {"correctness", "asked_before_coding", "guessing_penalty", "loop_penalty"}

@@ -44,7 +44,10 @@ def test_it_registers_every_builtin_component_with_its_source_hash():
     versions = {v.label: v for v in rv.registered("diagram")}
     for comp in diagram.COMPONENTS:
         assert versions[comp.name].source_hash == comp.source_hash()
-        assert versions[comp.name].target == f"training.environments.diagram:{comp.fn.__name__}"
+        assert (
+            versions[comp.name].target
+            == f"training.environments.diagram.rewards:{comp.fn.__name__}"
+        )
     assert versions["semantic_coverage@strict"].params == {"min_coverage": 0.8}
     assert {v.component for v in rv.registered("ask_to_code")} == {
         "correctness",
@@ -423,3 +426,76 @@ def test_it_trains_only_registered_versions_with_fitting_params(change, field, w
     with pytest.raises(rv.VersionError) as e:
         rv.apply_versions(diagram.DiagramEnvironment(), [strict])
     assert e.value.field == field and words in e.value.message
+
+
+# Versions stored before each environment became a package name the old module; their source
+# hashes are unchanged, so a stored replay still re-scores and trains with the same functions.
+OLD_TARGETS = [
+    ("diagram", "json_valid", "training.environments.diagram:json_valid", "9e35a60990a155ac"),
+    ("diagram", "schema_valid", "training.environments.diagram:schema_valid", "2bef3ae944d0775a"),
+    (
+        "diagram",
+        "semantic_coverage",
+        "training.environments.diagram:semantic_coverage",
+        "48030eaeeeca25bd",
+    ),
+    (
+        "diagram",
+        "layout_quality",
+        "training.environments.diagram:layout_quality",
+        "2b6b7d6123120ca2",
+    ),
+    (
+        "ask_to_code",
+        "correctness",
+        "training.environments.ask_to_code:correctness",
+        "0ea682e2492f621e",
+    ),
+    (
+        "ask_to_code",
+        "asked_before_coding",
+        "training.environments.ask_to_code:asked_before_coding",
+        "bbe54db99be1c3f5",
+    ),
+    (
+        "ask_to_code",
+        "loop_penalty",
+        "training.environments.ask_to_code:loop_penalty",
+        "3f8ae323104110fd",
+    ),
+]
+
+
+@pytest.mark.parametrize("env_name, component, target, source_hash", OLD_TARGETS)
+def test_it_resolves_a_target_recorded_under_the_old_module_path(
+    env_name, component, target, source_hash
+):
+    fn = rv.resolve(target)
+    current = rv.lookup(env_name, component)
+    assert fn is rv.resolve(current.target) and current.target != target
+    assert rv.source_hash(fn) == source_hash == current.source_hash
+    stored = {"component": component, "target": target, "params": {}, "source_hash": source_hash}
+    from training.environments import get_environment
+
+    env = rv.apply_versions(get_environment(env_name), [stored])
+    swapped = next(c for c in env.components if c.name == component)
+    assert swapped.fn.fn is fn  # a TrainedVersion of the same function
+
+
+def test_it_resolves_an_old_variant_with_its_params():
+    stored = {
+        "component": "semantic_coverage",
+        "target": "training.environments.diagram:semantic_coverage",
+        "params": {"min_coverage": 0.8},
+        "source_hash": "48030eaeeeca25bd",
+        "name": "semantic_coverage@strict",
+    }
+    env = rv.apply_versions(diagram.DiagramEnvironment(), [stored])
+    partial = _answer(["Build", "Test", "Deploy"], [("Build", "Test")])
+    assert env.score(PROMPT, partial)["semantic_coverage"].value == 0.0
+
+
+def test_it_trusts_an_old_path_only_inside_the_environments_package():
+    stored = {"component": "json_valid", "target": "os.path:join", "source_hash": ""}
+    with pytest.raises(rv.VersionError, match="not a registered version"):
+        rv.apply_versions(diagram.DiagramEnvironment(), [stored])

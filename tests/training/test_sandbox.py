@@ -252,7 +252,7 @@ def test_it_cannot_import_the_hidden_tests():
         "def peek():\n"
         "    found = []\n"
         "    try:\n"
-        "        import training.environments.ask_to_code_tasks as t; found.append('module')\n"
+        "        import training.environments.ask_to_code.tasks as t; found.append('module')\n"
         "    except Exception:\n"
         "        pass\n"
         "    try:\n"

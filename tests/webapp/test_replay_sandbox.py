@@ -8,6 +8,7 @@ import pytest
 @pytest.mark.slow
 def test_it_reruns_submitted_code_in_the_sandbox(personas):
     from training.environments import ask_to_code as atc
+    from training.environments.ask_to_code import hidden_tests
     from webapp.replays import services
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import RewardScore
@@ -41,13 +42,13 @@ def test_it_reruns_submitted_code_in_the_sandbox(personas):
     ingest_groups(run, {"groups": records})
     atc.clear_cache()  # the replay must run the tests again, not read the scoring process's cache
     calls = []
-    real = atc.run_tests
-    atc.run_tests = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    real = hidden_tests.run_tests
+    hidden_tests.run_tests = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     try:
         replay = services.create_replay(run, {"versions": [{"version": "correctness"}]})
         services.work(replay.id, "test")
     finally:
-        atc.run_tests = real
+        hidden_tests.run_tests = real
     replay.refresh_from_db()
     assert replay.status == "succeeded" and replay.failed == 0 and len(calls) >= 2
     for s in replay.scores.select_related("rollout"):

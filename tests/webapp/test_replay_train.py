@@ -208,7 +208,7 @@ def test_it_overlays_the_replay_twin_with_the_original(personas, client_as, queu
         and f"original: {replay.run.name}" in html
     )
     assert reverse("replays-detail", args=[replay.id]) in html
-    assert "training.environments.diagram:semantic_coverage" in html
+    assert "training.environments.diagram.rewards:semantic_coverage" in html
 
 
 MARKER_MODULE = """

@@ -1,19 +1,45 @@
-"""Environment registry. Imports are lazy so listing names never pulls in an environment's deps.
+"""Environment registry: name -> a factory taking no arguments (an Environment subclass, or a
+function that imports it). The built-in factories import lazily, so listing names never pulls in
+an environment's dependencies.
 
-Add an environment by mapping its name to "module:attribute" (a class or factory taking no args;
-a module name starting with "." is relative to this package).
+An environment is a package implementing `base.Environment` (docs/architecture.md, "Adding an
+environment"): a built-in one is one entry below; a package outside this tree calls
+`register_environment` at import.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 
 from .base import Environment
 
-_REGISTRY: dict[str, str] = {
-    "diagram": ".diagram:DiagramEnvironment",  # relative to this package (installed, it is
-    "ask_to_code": ".ask_to_code:AskToCodeEnv",  # reward_debugger.environments)
+
+def _diagram() -> Environment:
+    from .diagram import DiagramEnvironment
+
+    return DiagramEnvironment()
+
+
+def _ask_to_code() -> Environment:
+    from .ask_to_code import AskToCodeEnv
+
+    return AskToCodeEnv()
+
+
+_REGISTRY: dict[str, Callable[[], Environment]] = {
+    "diagram": _diagram,
+    "ask_to_code": _ask_to_code,
 }
+
+
+def register_environment(name: str, factory: Callable[[], Environment]) -> None:
+    """Register (or replace) the environment `name`: an Environment subclass whose constructor
+    takes no arguments, or a function returning a fresh instance."""
+    _REGISTRY[name] = factory
+
+
+def unregister_environment(name: str) -> None:
+    _REGISTRY.pop(name, None)
 
 
 def available_environments() -> list[str]:
@@ -23,9 +49,8 @@ def available_environments() -> list[str]:
 def get_environment(name: str) -> Environment:
     """A fresh instance of the environment registered under `name`; KeyError when unknown."""
     try:
-        target = _REGISTRY[name]
+        factory = _REGISTRY[name]
     except KeyError:
         known = ", ".join(available_environments())
         raise KeyError(f"unknown environment {name!r}; known: {known}") from None
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name, __package__), attr)()
+    return factory()

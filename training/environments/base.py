@@ -1,9 +1,10 @@
 """The contract every environment implements.
 
 A reward component is a pure function of (prompt, completion) returning a `Score` (value and a
-short reason). An environment bundles its components with their weights, a prompt generator
-with a held-out split, an optional scripted policy (teacher / demo data) and an optional
-renderer of its state.
+short reason). An environment is a package whose one `Environment` subclass bundles its
+components with their weights, a prompt generator with a held-out split, and the optional
+capabilities it has (a reference solution, a scripted policy, episodes, replay variants, stored
+prompts), each a method whose default means "none". How to add one: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class Environment:
     components: list[Component]
     multi_turn: ClassVar[bool] = False  # True: reset() starts an episode (training.multiturn)
     max_turns: int = 1  # multi-turn: agent turns per episode (GRPO's max_turns sets it)
+    # Keyword options prompts() takes beyond (split, n, seed), e.g. {"max_nodes"}: a job config
+    # naming an option the environment lacks is refused (training.common.env_prompts).
+    prompt_options: ClassVar[frozenset[str]] = frozenset()
 
     def prompts(self, split: Split, n: int, seed: int = 0) -> list[Prompt]:
         raise NotImplementedError

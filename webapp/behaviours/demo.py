@@ -10,7 +10,6 @@ from typing import Any
 
 from training.demo import generate_groups, linear_schedule
 from training.environments import get_environment
-from training.environments.diagram import ScriptedDiagramPolicy
 from webapp.behaviours import likeness, services
 from webapp.behaviours.models import Behaviour
 from webapp.rollouts.ingest import ingest_groups
@@ -64,9 +63,15 @@ def _twin(run: Run, user: Any) -> Run:
     env = get_environment("diagram")
     skill = linear_schedule(0.2, 0.9, steps)
     first = generate_groups(
-        env, ScriptedDiagramPolicy(seed=1), half, per_step, G=G, seed=1, skill_schedule=skill
+        env,
+        env.scripted_policy(seed=1, skill=0.5),
+        half,
+        per_step,
+        G=G,
+        seed=1,
+        skill_schedule=skill,
     )
-    fixed = ScriptedDiagramPolicy(seed=2, faults={"extra_node": 0.0, "duplicate": 0.0})
+    fixed = env.scripted_policy(seed=2, skill=0.5, faults={"extra_node": 0.0, "duplicate": 0.0})
     later = generate_groups(
         env, fixed, steps - half, per_step, G=G, seed=2, skill_schedule=lambda s: skill(s + half)
     )
