@@ -1,9 +1,8 @@
 """Where recorded rollouts, metrics, logs and progress go.
 
-A sink implements the `Sink` protocol. Records use the ingestion format the web app takes verbatim:
+A sink implements the `Sink` protocol. Groups are `training.records.GroupRecord`s (or their
+`to_json()`), written in the ingestion format the web app takes verbatim; the other records:
 
-    group   = {"step", "key", "prompt", "split", "rollouts": [{"index", "completion" | "transcript",
-               "rewards": {name: {"value", "reason"}}, "advantage", "length", "truncated", ...}]}
     metrics = {"step", "values": {TRL's logged keys: float}}
     settings = {"weights": {name: w}, "scale_rewards", "aggregation", "advantage_epsilon",
                 "group_size", "trainer": {name: scalar}, "source"}
@@ -35,10 +34,13 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from . import records
 from .client import ApiError, Client
+from .records import GroupRecord
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +49,12 @@ SETTINGS_FILE = (
 )
 
 
+Groups = Sequence[GroupRecord | dict[str, Any]]  # a sink takes records or their to_json()
+
+
 @runtime_checkable
 class Sink(Protocol):
-    def write_groups(self, groups: list[dict[str, Any]]) -> None: ...
+    def write_groups(self, groups: Groups) -> None: ...
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None: ...
 
@@ -74,6 +79,8 @@ def storable(obj: Any) -> Any:
         return {_storable_text(k) if isinstance(k, str) else k: storable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [storable(v) for v in obj]
+    if isinstance(obj, GroupRecord):
+        return storable(obj.to_json())
     return obj
 
 
@@ -95,7 +102,7 @@ class DiscardSink:
     """Takes everything and keeps nothing: the sink of the non-primary processes of a multi-process
     job (TRL gathers their rollouts and metrics to process 0, which records them once)."""
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         pass
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
@@ -123,7 +130,7 @@ class MemorySink:
         self.progress_events: list[tuple[int, int]] = []
         self.closed = False
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self.groups.extend(storable(groups))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
@@ -157,8 +164,8 @@ class JsonlSink:
             self._f.write(text)
             self._f.flush()
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
-        self._write([{"type": "group", **g} for g in groups])
+    def write_groups(self, groups: Groups) -> None:
+        self._write([{"type": "group", **g} for g in records.to_json(groups)])
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self._write([{"type": "metrics", "step": int(step), "values": dict(values)}])
@@ -258,7 +265,7 @@ class HttpSink:
 
     # ---- Sink protocol
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self._groups.extend(storable(groups))
         self._maybe_flush(len(self._groups))
 
@@ -446,7 +453,7 @@ class BatchingSink:
         except queue.Full:
             logger.error("BatchingSink: queue full for 60s, dropping a %s record", item[0])
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self._put(("write_groups", (groups,)))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:

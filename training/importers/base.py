@@ -392,13 +392,6 @@ def fill_advantages(
     return "computed"
 
 
-def weighted_reward(rewards: dict[str, float | None], weights: dict[str, float]) -> float | None:
-    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None
-    when none did."""
-    scored = [(v, weights.get(k, 0.0)) for k, v in rewards.items() if v is not None]
-    return float(sum(v * w for v, w in scored)) if scored else None
-
-
 def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
     """Split a run of rows that share a prompt into groups of `group_size` (a prompt drawn
     twice in a step); without a size, the run is one group. Raises RecordError when the sizes

@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..sinks import SETTINGS_FILE
+from ..stats import weighted_reward
 from .base import (
     BadRecord,
     GroupItem,
@@ -69,7 +70,6 @@ from .base import (
     is_number,
     prompt_value,
     stable_hash,
-    weighted_reward,
 )
 
 KNOWN = ("step", "prompt", "completion", "advantage")
