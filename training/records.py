@@ -327,12 +327,14 @@ class RolloutRecord:
         if isinstance(rewards, Mapping):  # anything else is sent as it is, for the check to name
             rewards = {k: v.to_json() if isinstance(v, Score) else v for k, v in rewards.items()}
         out["rewards"] = rewards
+        if self.advantage is not None:
+            out["advantage"] = self.advantage
+        if self.reward is not ABSENT:
+            out["reward"] = self.reward
         for name in _OPTIONAL:
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
-        if self.reward is not ABSENT:
-            out["reward"] = self.reward
         return out
 
     @classmethod
@@ -348,7 +350,6 @@ class RolloutRecord:
 
 
 _OPTIONAL = (
-    "advantage",
     "length",
     "truncated",
     "finish_reason",
