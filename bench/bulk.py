@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 TOOLS = ("run_tests", "read_file", "search_docs")
@@ -65,20 +67,16 @@ def agent_group(
     step: int, key: str, size: int, rng: random.Random, components=("correct", "format", "penalty")
 ) -> dict[str, Any]:
     """One group record for the ingestion API (webapp/rollouts/validation.py's fields)."""
-    return {
-        "step": step,
-        "key": key,
-        "prompt": f"task {key}",
-        "rollouts": [
-            {
-                "index": i,
-                "transcript": agent_transcript(rng, rng.randint(1, 4)),
-                "rewards": {c: round(rng.random(), 3) for c in components},
-                "length": rng.randint(50, 2000),
-            }
-            for i in range(size)
-        ],
-    }
+    rollouts = [
+        RolloutRecord(
+            index=i,
+            transcript=agent_transcript(rng, rng.randint(1, 4)),
+            rewards={c: round(rng.random(), 3) for c in components},
+            length=rng.randint(50, 2000),
+        )
+        for i in range(size)
+    ]
+    return GroupRecord(step=step, key=key, prompt=f"task {key}", rollouts=rollouts).to_json()
 
 
 def _columns(cur, table: str) -> list[str]:
