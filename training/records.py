@@ -345,8 +345,8 @@ class RolloutRecord:
         rewards = obj.get("rewards", {})
         if isinstance(rewards, dict):
             rewards = {k: _score(v) for k, v in rewards.items()}
-        fields = {k: v for k, v in obj.items() if k != "rewards"}
-        return cls(rewards=rewards, **fields)
+        fields = {k: v for k, v in obj.items() if k not in ("index", "rewards")}
+        return cls(index=obj.get("index"), rewards=rewards, **fields)  # type: ignore[arg-type]
 
 
 _OPTIONAL = (
@@ -382,7 +382,10 @@ class GroupRecord:
         if self.split is not None:
             g["split"] = self.split
         check_group_fields(g, "", set(), raise_first)
-        check_rollout_list(list(self.rollouts), "", raise_first)
+        rollouts = self.rollouts
+        check_rollout_list(
+            list(rollouts) if isinstance(rollouts, tuple) else rollouts, "", raise_first
+        )
         indexes: set[int] = set()
         for i, r in enumerate(self.rollouts):
             if not isinstance(r, RolloutRecord):

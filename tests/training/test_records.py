@@ -123,6 +123,15 @@ def test_every_bad_message_names_its_path(transcript, field):
     assert e.value.path == field
 
 
+def test_a_missing_index_or_rollout_list_is_named():
+    with pytest.raises(InvalidRecord) as e:
+        RolloutRecord.from_json({"completion": "a"})
+    assert e.value.path == "index"
+    with pytest.raises(InvalidRecord) as e:
+        GroupRecord(step=0, key="k", prompt="p", rollouts=None)  # type: ignore[arg-type]
+    assert e.value.path == "rollouts"
+
+
 def test_a_rollout_needs_exactly_one_of_completion_and_transcript():
     with pytest.raises(InvalidRecord) as e:
         RolloutRecord(index=0, rewards={})

@@ -4,7 +4,9 @@
 found (up to MAX_ERRORS), each naming its field path (`groups[3].rollouts[2].rewards.format`), so
 a client fixes a batch in one round trip. What it returns is typed and safe to store: every string
 is storable by both databases, every number finite or None, and each rollout carries its preview
-and search text.
+and search text. The field checks are training/records.py's (the one definition of a rollout
+record), run on the request's dicts; this module adds what only the run knows (its components,
+the group size limit, storable text, token arrays).
 """
 
 from __future__ import annotations
