@@ -14,30 +14,22 @@ over groups doing the same sum-then-normalise math, measured in the same process
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import django
 import numpy as np
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import bench_run, components, ingest_batches, ratio, report  # noqa: E402
 
 G = 8
 STEPS = 500
-COMPONENTS = [
-    {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
-    {"name": "format", "weight": 0.5, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
-    {"name": "progress", "weight": 0.5, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {
-        "name": "length_penalty",
-        "weight": 0.2,
-        "kind": "penalty",
-        "min_value": -1.0,
-        "max_value": 0.0,
-    },
-]
+# The standard components with this bench's own weights (its advantage figures depend on them).
+COMPONENTS = components(format={"weight": 0.5}, length_penalty={"weight": 0.2})
 TARGET_S = 2.0
 
 
@@ -45,7 +37,7 @@ def run_name(n: int) -> str:
     return "bench-1m" if n == 1_000_000 else f"bench-{n}"
 
 
-def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> dict:
+def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> list[dict]:
     from training.records import GroupRecord, RolloutRecord
 
     groups = []
@@ -64,7 +56,7 @@ def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> dict
                     rewards={
                         "correct": correct[i],
                         "format": fmt[i],
-                        "progress": prog[i],
+                        "coverage": prog[i],
                         "length_penalty": -round(lengths[i] / 1000, 3),
                     },
                 )
@@ -72,40 +64,29 @@ def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> dict
             ]
             group = GroupRecord(step=step, key=f"p{gi}", prompt=f"prompt {gi}", rollouts=rollouts)
             groups.append(group.to_json())
-    return {"groups": groups}
+    return groups
 
 
 def ensure_run(n: int):
     """The stored bench run of n rollouts, seeded through the ingestion service when absent."""
-    from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Rollout
-    from webapp.rollouts.services import create_run, ensure_environment
-    from webapp.runs.models import Run
 
     name = run_name(n)
-    run = Run.objects.filter(name=name).order_by("id").first()
-    if run is not None:
-        have = Rollout.objects.filter(run=run).count()
-        if have >= n:
-            return run
+    run = bench_run(name, "bench", COMPONENTS, kind="import")
+    have = Rollout.objects.filter(run=run).count()
+    if have >= n:
+        return run
+    if have:
         print(f"{name}: {have} rollouts stored, completing to {n} ...", flush=True)
-    else:
-        env = ensure_environment("bench", COMPONENTS)
-        run = create_run(name=name, kind="import", environment=env, config={}, status="running")
     per_step = max(1, n // (G * STEPS))
     steps = max(1, n // (G * per_step))
     rng = np.random.default_rng(0)
-    t0 = time.perf_counter()
-    chunk = max(1, 2000 // per_step)  # ~2000 groups per ingest call
-    for s0 in range(0, steps, chunk):
-        ingest_groups(
-            run, _batch(rng, range(s0, min(steps, s0 + chunk)), per_step)
-        )  # idempotent on retry
-        done = min(steps, s0 + chunk)
-        print(
-            f"  seeded {done * per_step * G:>9} rollouts ({time.perf_counter() - t0:.0f} s)",
-            flush=True,
-        )
+    chunk = max(1, 2000 // per_step)  # ~2000 groups per ingest call (idempotent on retry)
+    batches = (
+        _batch(rng, range(s0, min(steps, s0 + chunk)), per_step) for s0 in range(0, steps, chunk)
+    )
+    dt = ingest_batches(run, batches, steps * per_step * G, "seeding")
+    report(f"seeded {steps * per_step * G:,} rollouts in {dt:.0f} s")
     return run
 
 
@@ -170,20 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     compute = min(c for _, _, c in colds)
     print(
         f"database: {connection.vendor}; run {run.name!r} (id {run.id}): {data.n:,} rollouts, "
-        f"{n_groups:,} groups, {len(data.components)} components; load average "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"{n_groups:,} groups, {len(data.components)} components"
     )
     print(f"ablation {spec.as_dict()}")
-    print(
+    report(
         f"  COLD end to end (every byte from the database): best {cold_best[0]:.3f} s, median "
         f"{cold_med:.3f} s over {args.repeat} (read {cold_best[1]:.3f} s + recompute "
         f"{cold_best[2]:.3f} s)  target < {TARGET_S} s: "
         f"{'PASS' if cold_best[0] < TARGET_S else 'FAIL'}"
     )
-    print(
+    report(
         f"  python loop over groups (math only{', scaled' if scale != 1 else ''}): {loop_s:.2f} s  "
-        f"-> vectorised recompute is {loop_s / compute:.1f}x faster; cold end to end "
-        f"{loop_s / cold_best[0]:.1f}x"
+        f"-> vectorised recompute is {ratio(loop_s, compute, 1)} faster; cold end to end "
+        f"{ratio(loop_s, cold_best[0], 1)}"
     )
     print(
         f"  mean |Δ advantage| {result['mean_abs_delta']:.4f}, sign flips "

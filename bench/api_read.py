@@ -21,10 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-from bench.pages import COMPONENTS, production_like_env, seed  # noqa: E402
-from bench.pages import _require_postgres as require_postgres  # noqa: E402
+from bench.harness import COMPONENT_NAMES, report, setup_django  # noqa: E402
+from bench.pages import seed  # noqa: E402
 
 
 def backend_cpu_seconds(pid: int) -> float:
@@ -40,7 +39,7 @@ def backend_cpu_seconds(pid: int) -> float:
 def reads(client, run_id: int, n: int, rng: random.Random) -> list[str]:
     """n reads as bench/load.py's readers make them; returns the URLs read (for the query count)."""
     urls: list[str] = []
-    names = [c["name"] for c in COMPONENTS]
+    names = list(COMPONENT_NAMES)
     while len(urls) < n:
         sort, order, cursor = rng.choice(names), rng.choice(["asc", "desc"]), None
         for _ in range(5):
@@ -62,14 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reads", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    require_postgres()  # and creates the database when missing
-    production_like_env()
-
-    import django
-
-    django.setup()
+    setup_django()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from rest_framework.authtoken.models import Token
@@ -77,7 +70,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from webapp.accounts.roles import set_role
 
-    call_command("migrate", verbosity=0)
     run = seed(args.rollouts)
     user, _ = get_user_model().objects.get_or_create(username="bench-api-viewer")
     set_role(user, "viewer")
@@ -103,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         reads(client, run.id, args.reads, rng)
         per_read.append((time.process_time() - t0) * 1000 / args.reads)
         pg = (backend_cpu_seconds(backend) - pg0) * 1000 / args.reads
-        load = os.getloadavg()[0]
-        print(f"CPU ms per read: {per_read[-1]:.2f}, Postgres {pg:.2f} (load {load:.2f})")
+        report(f"CPU ms per read: {per_read[-1]:.2f}, Postgres {pg:.2f}")
     print(f"median CPU ms per read: {statistics.median(per_read):.2f}")
 
 

@@ -1,25 +1,18 @@
-"""Behaviours at scale: recomputing a behaviour over a run of realistic rollouts (the data of
-bench/realistic.py, seeded through the one ingestion service), one new step incrementally, the
-dashboard chart's read, and find more like this from 20 labelled rollouts. Each figure is printed
-beside an in-run baseline: a plain per-step aggregate of the run's rollouts (one index scan, the
-floor of any per-step computation), as a ratio.
+"""Behaviours at scale: recomputing a behaviour over a run of realistic rollouts
+(bench/realistic.py's data), one new step incrementally, the dashboard chart's read, and find
+more like this from 20 labelled rollouts, each as a ratio to an in-run baseline (a plain
+per-step aggregate).
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_behav_bench \
-        .venv/bin/python -m bench.behaviours --rollouts 50000
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_behav_bench
+    .venv/bin/python -m bench.behaviours --rollouts 50000
 
-Targets (at 1,000,000 realistic rollouts): recompute < 10 s, dashboard chart read < 100 ms, find
-more like this on 20 labelled < 2 s. Seeding a million realistic rollouts takes about an hour on
-the shared 2-core machine: run it at the size you can afford; the linear extrapolation to 1M is
-printed beside each figure (recompute is linear in the run's rollouts and in the matches; the
-chart read and the incremental step do not grow with the run; find more like this reads a fixed
-sample, and counts each proposal's matches: linear is its bound).
+Targets and how figures scale to 1M: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -27,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-from bench.pages import _require_postgres as require_postgres  # noqa: E402
-from bench.pages import production_like_env  # noqa: E402
+from bench.harness import load_line, ratio, report, setup_django  # noqa: E402
+from bench.harness import timed as _timed  # noqa: E402
 
 TARGET = 1_000_000
 # Words of the realistic vocabulary in ~1.4% and ~10% of rollouts (bench/realistic.py MIDDLE_WORDS).
@@ -40,12 +32,8 @@ PATTERN = r"rasakavi\s+\w+"  # checked on the 1.4% word's candidates: their text
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     """(median seconds, the last result) over `repeat` calls."""
-    times, out = [], None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+    t = _timed(fn, repeat)
+    return t.median, t.result
 
 
 def baseline(run: Any) -> Callable[[], Any]:
@@ -73,7 +61,7 @@ def line(label: str, seconds: float, base: float, size: int, scale: str) -> None
     """A figure, its ratio to the baseline and its extrapolation to TARGET rollouts."""
     at_target = seconds * TARGET / size if scale == "linear" else seconds
     tail = "" if scale == "measured" else f"  ~{at_target * 1000:9.1f} ms at 1M ({scale})"
-    print(f"{label:<48} {seconds * 1000:9.1f} ms  x{seconds / base:6.1f} baseline{tail}")
+    report(f"{label:<48} {seconds * 1000:9.1f} ms  {ratio(seconds, base, 1):>7} baseline{tail}")
 
 
 def recompute(run: Any, size: int, base: float, repeat: int) -> None:
@@ -141,7 +129,8 @@ def find_like(run: Any, size: int, base: float, repeat: int) -> None:
     run's size; counting each proposal's matches grows with them (linear is its bound)."""
     from webapp.behaviours import likeness
     from webapp.behaviours.models import Behaviour
-    from webapp.rollouts.queries import ExplorerQuery, matching_rollouts
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import matching_rollouts
 
     comps = run.components()
     q = ExplorerQuery.from_params({"q": WORDS["rare-ish (1.4%)"]}, [c.name for c in comps])
@@ -180,22 +169,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seeders", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args(argv)
-    require_postgres()
-    production_like_env()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    setup_django()
     from bench.realistic import seed, vacuum
-    from webapp.rollouts.queries import _run_size
+    from webapp.explorer.search.base import run_size as _run_size
 
-    call_command("migrate", verbosity=0)
     run, _ = seed("realistic", args.rollouts, args.seeders)
     vacuum()
     size = _run_size(run)
     base, _ = timed(baseline(run), args.repeat)
-    print(
+    report(
         f"run {run.id}: {size:,} realistic rollouts; "
         f"baseline per-step aggregate {base * 1000:.1f} ms"
     )
@@ -203,10 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     incremental(run, base, args.repeat)
     chart_read(run, base, args.repeat)
     find_like(run, size, base, args.repeat)
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    print(load_line())
 
 
 if __name__ == "__main__":

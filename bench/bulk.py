@@ -11,18 +11,18 @@ database's own catalogue, so a column someone adds later is copied too.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import setup_django  # noqa: E402
 from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-
 TOOLS = ("run_tests", "read_file", "search_docs")
+AGENT_COMPONENTS = ("correct", "format", "penalty")  # the rewards of agent_group's rollouts
 
 
 def agent_transcript(rng: random.Random, turns: int) -> list[dict[str, Any]]:
@@ -64,7 +64,7 @@ def agent_transcript(rng: random.Random, turns: int) -> list[dict[str, Any]]:
 
 
 def agent_group(
-    step: int, key: str, size: int, rng: random.Random, components=("correct", "format", "penalty")
+    step: int, key: str, size: int, rng: random.Random, components=AGENT_COMPONENTS
 ) -> dict[str, Any]:
     """One group record for the ingestion API (webapp/rollouts/validation.py's fields)."""
     rollouts = [
@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run", type=int, required=True, help="run id (its step 0 is the template)")
     p.add_argument("--copies", type=int, required=True, help="steps to add")
     args = p.parse_args(argv)
-    import django
-
-    django.setup()
+    setup_django(migrate=False)
     from django.db import connection
 
     with connection.cursor() as cur:

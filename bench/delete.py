@@ -3,22 +3,15 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench_delete .venv/bin/python bench/delete.py
     ... bench/delete.py --rollouts 1000000 --cascade
 
-Seeds run A with N realistic multi-turn rollouts (one step ingested through the service, then
-copied in SQL: bench/bulk.py), starts two child processes on run B, an ingester (4 groups x 8
-rollouts per batch through webapp.rollouts.ingest.ingest_groups) and a reader (the explorer's top 50
-by reward, and a group's rollouts), measures them for a quiet baseline, then deletes run A the
-production way (deletion.request_delete + deletion.reap, batched) while they go on. Prints the
-delete's time and rate, its batches, and per phase the ingest and read p50 / p95 / max with the
-load average. --cascade also deletes a second copy of A the old way (one Run.delete() transaction)
-for comparison. Then the disk: the tables' size before, after the delete, after VACUUM, and after
-ingesting as many rollouts again (reused space: the tables do not grow back past their old size).
+Seeds run A (bench/bulk.py), runs an ingester and a reader on run B, and prints their latencies
+during a quiet baseline and during the batched delete of A (--cascade: also one Run.delete()),
+then the table sizes before and after. Details: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import random
 import statistics
 import sys
@@ -26,7 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+from bench.bulk import AGENT_COMPONENTS  # noqa: E402
+from bench.harness import load_average, setup_django, with_load  # noqa: E402
 
 TABLES = (
     "rollouts_group",
@@ -34,22 +29,16 @@ TABLES = (
     "rollouts_rewardscore",
     "rollouts_groupcomponentstat",
 )
-COMPONENTS = ("correct", "format", "penalty")
 
 
 def _setup() -> None:
-    from bench.pages import production_like_env
-
-    production_like_env()
-    import django
-
-    django.setup()
+    setup_django(postgres=False, migrate=False)
 
 
 def _env():
     from webapp.rollouts.services import ensure_environment
 
-    return ensure_environment("bench-delete", [{"name": c} for c in COMPONENTS])
+    return ensure_environment("bench-delete", [{"name": c} for c in AGENT_COMPONENTS])
 
 
 def seed(name: str, n_rollouts: int):
@@ -133,10 +122,6 @@ def drain(q, samples) -> None:
         samples.append(q.get())
 
 
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
-
-
 def timed_phase(label: str, q, samples, action) -> float:
     start = time.time()
     action()
@@ -144,8 +129,11 @@ def timed_phase(label: str, q, samples, action) -> float:
     time.sleep(0.5)
     drain(q, samples)
     print(
-        f"{label}: {end - start:.1f} s; {summary(samples, start, end, 'ingest')}; "
-        f"{summary(samples, start, end, 'read')}; load {loadavg()}"
+        with_load(
+            f"{label}: {end - start:.1f} s; {summary(samples, start, end, 'ingest')}; "
+            f"{summary(samples, start, end, 'read')}"
+        ),
+        flush=True,
     )
     return end - start
 
@@ -156,13 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--baseline", type=float, default=10.0, help="seconds of quiet measurement")
     p.add_argument("--cascade", action="store_true", help="also time one Run.delete() cascade")
     args = p.parse_args(argv)
-    from bench.pages import _require_postgres
-
-    _require_postgres()
-    _setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_django()
     from webapp.rollouts.services import create_run
     from webapp.runs import deletion
     from webapp.runs.models import Run
@@ -233,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     deletion.reap(refill.id)
     deletion.request_delete(other)
     deletion.reap(other.id)
-    print(f"load average {loadavg()} (shared 2-core machine)")
+    print(f"load average: {load_average()} (shared machine)")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,10 @@
     python -m bench.diagnostics                  # 240 healthy runs, 30 of each planted failure
     python -m bench.diagnostics --runs 60 --seed 3
 
-Healthy runs have varied shapes: group size 4-16, 1-6 components (declared kinds or none), 10-500
-steps, graded and binary rewards, improving and flat. Planted failures start at a chosen step (the
-onset) in an otherwise healthy run: a component that goes dead, a behavioural reward that saturates
-while the outcome keeps varying, an outcome that becomes unreachable, signal collapse (prompts
-solved by every completion), valid-but-trivial outputs; length hacking and aggregation collapse are
-planted over the whole run. Each plant is generated with declared kinds and again with none (the
-kind-free rules). Prints, per failure, the detection rate and the onset error in steps; and the rate
-of healthy runs with a critical (target 0) or any finding. Pure numpy: no database, no Django.
+Healthy runs of varied shapes, and runs with a failure planted from a chosen onset, each with
+declared kinds and without. Prints per failure the detection rate and onset error, and the
+healthy runs with a critical or any finding. Pure numpy. The shapes: docs/diagnostics.md,
+"Module notes".
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/diagnostics.py` too
+from bench.harness import with_load  # noqa: E402
 from training import diagnostics as dg  # noqa: E402
 
 C = dg.ComponentInfo
@@ -337,10 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         f"healthy runs: {critical}/{args.healthy} with a critical finding (false alarms), "
         f"{warned}/{args.healthy} with any finding {dict(sorted(codes.items()))}"
     )
-    print(
-        f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.2f} on "
-        f"{os.cpu_count()} CPUs"
-    )
+    print(with_load(f"{time.perf_counter() - t0:.1f} s on {os.cpu_count()} CPUs"))
     return 1 if critical or missed_any else 0
 
 

@@ -5,12 +5,10 @@
     .venv/bin/python -m bench.ingest --realistic --rollouts 4000  # multi-turn (bench/realistic.py)
 
 (a) the service (`ingest_groups`: validation, stats, advantages, previews, search text, COPY)
-    against a
-raw psycopg COPY of the same rows (previews and search text included, prebuilt) into the same
-tables, the floor (target ratio >= 0.5);
-(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target >=
-    30x;
-one-line rollouts only).
+    against a raw psycopg COPY of the same rows (previews and search text included, prebuilt)
+    into the same tables, the floor (target ratio >= 0.5);
+(b) the service against a per-object Django ORM save() loop on a 5,000-rollout sample (target
+    >= 30x; one-line rollouts only).
 """
 
 from __future__ import annotations
@@ -36,15 +34,23 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench.progress import track  # noqa: E402
+from bench.harness import (  # noqa: E402
+    COMPONENT_NAMES,
+    bench_run,
+    load_line,
+    ratio,
+    report,
+    require_postgres,
+    track,
+)
 from training.records import GroupRecord, RolloutRecord, Score  # noqa: E402
 from webapp.rollouts import packed, text  # noqa: E402
 from webapp.rollouts.ingest import ingest_groups  # noqa: E402
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout  # noqa: E402
-from webapp.rollouts.services import create_run, ensure_environment  # noqa: E402
 
-G, K = 8, 4
-NAMES = [f"c{j}" for j in range(K)]
+G = 8
+NAMES = list(COMPONENT_NAMES)
+K = len(NAMES)
 GROUPS_PER_BATCH = 250
 
 
@@ -95,8 +101,7 @@ def _transcript(r: dict) -> list[dict]:
 
 
 def new_run(name: str):
-    env = ensure_environment("bench-ingest", [{"name": n, "weight": 1.0} for n in NAMES])
-    return create_run(name=name, kind="import", environment=env, config={}, status="running")
+    return bench_run(name, "bench-4c", kind="import")
 
 
 def bench_service(groups: list[dict]) -> float:
@@ -305,9 +310,7 @@ def main() -> None:
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
-    from bench.pages import _require_postgres
-
-    _require_postgres()  # creates the database when missing
+    require_postgres()  # creates the database when missing
     call_command("migrate", verbosity=0)
     if args.realistic:
         return bench_realistic(args.rollouts)
@@ -321,17 +324,14 @@ def main() -> None:
     svc_rate, copy_rate, orm_rate = n / t_service, n / t_copy, len(sample) * G / t_orm
     orm_tx_rate = len(sample) * G / t_orm_tx
     print(f"rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)")
-    print(f"service   : {svc_rate:>10,.0f} rollouts/s ({t_service:.1f} s)")
-    print(f"raw COPY  : {copy_rate:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor")
-    print(f"ORM save(): {orm_rate:>10,.0f} rollouts/s ({t_orm:.1f} s on {len(sample) * G:,})")
-    print(f"ratio service / raw COPY  = {svc_rate / copy_rate:.2f}  (target >= 0.5)")
-    print(f"ORM save() in one transaction: {orm_tx_rate:>10,.0f} rollouts/s ({t_orm_tx:.1f} s)")
-    print(f"ratio service / ORM loop  = {svc_rate / orm_rate:.1f}x (target >= 30x)")
-    print(f"ratio service / ORM loop in one transaction = {svc_rate / orm_tx_rate:.1f}x")
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    report(f"service   : {svc_rate:>10,.0f} rollouts/s ({t_service:.1f} s)")
+    report(f"raw COPY  : {copy_rate:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor")
+    report(f"ORM save(): {orm_rate:>10,.0f} rollouts/s ({t_orm:.1f} s on {len(sample) * G:,})")
+    print(f"ratio service / raw COPY  = {ratio(svc_rate, copy_rate)}  (target >= 0.5)")
+    report(f"ORM save() in one transaction: {orm_tx_rate:>10,.0f} rollouts/s ({t_orm_tx:.1f} s)")
+    print(f"ratio service / ORM loop  = {ratio(svc_rate, orm_rate, 1)} (target >= 30x)")
+    print(f"ratio service / ORM loop in one transaction = {ratio(svc_rate, orm_tx_rate, 1)}")
+    print(load_line())
     for run_name in ("bench-service-", "bench-copy-", "bench-orm-"):
         from webapp.runs.models import Run
 
@@ -346,16 +346,13 @@ def bench_realistic(n_rollouts: int) -> None:
     print(
         f"realistic rollouts: {n:,} (G={G}, {K} components, batches of {GROUPS_PER_BATCH} groups)"
     )
-    print(f"service   : {n / t_service:>10,.0f} rollouts/s ({t_service:.1f} s)")
-    print(
+    report(f"service   : {n / t_service:>10,.0f} rollouts/s ({t_service:.1f} s)")
+    report(
         f"raw COPY  : {n / t_copy:>10,.0f} rollouts/s ({t_copy:.1f} s)  floor: the same rows, "
         "prebuilt"
     )
-    print(f"ratio service / raw COPY  = {t_copy / t_service:.2f}  (target >= 0.5)")
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    print(f"ratio service / raw COPY  = {ratio(t_copy, t_service)}  (target >= 0.5)")
+    print(load_line())
     from webapp.runs.models import Run
 
     Run.objects.filter(name__startswith="bench-service-").delete()

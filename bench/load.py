@@ -29,9 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
-COMPONENTS = ["correct", "format", "length_penalty", "tool_use"]
+from bench.harness import COMPONENT_NAMES, create_database, database_name, load_line  # noqa: E402
+
+COMPONENTS = list(COMPONENT_NAMES)
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
 
 def free_port() -> int:
@@ -56,24 +58,6 @@ def batch(writer: int, n: int, groups: int, size: int, rng: random.Random) -> li
         group = GroupRecord(step=n, key=f"w{writer}-b{n}-g{g}", prompt=prompt, rollouts=rollouts)
         out.append(group.to_json())
     return out
-
-
-def ensure_database(url: str) -> None:
-    """Create the database named in DATABASE_URL when it does not exist yet (through
-    the `postgres` one)."""
-    import psycopg
-
-    parts = urllib.parse.urlsplit(url)
-    name = parts.path.lstrip("/")
-    try:
-        psycopg.connect(url, connect_timeout=10).close()
-    except psycopg.OperationalError as e:
-        if "does not exist" not in str(e):
-            raise
-        with psycopg.connect(
-            urllib.parse.urlunsplit(parts._replace(path="/postgres")), autocommit=True
-        ) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -249,7 +233,7 @@ def main() -> int:
     if not url.startswith(("postgres://", "postgresql://")):
         print("bench/load.py needs DATABASE_URL=postgres://... (a real Postgres)", file=sys.stderr)
         return 2
-    ensure_database(url)
+    create_database(database_name(url), url)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # the server's settings are make serve's own
     subprocess.run(
@@ -393,10 +377,7 @@ def main() -> int:
             "(production has it on)"
         )
     errors = baseline["read_errors"] + loaded["read_errors"] + write_errors
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    print(load_line())
     if errors or lost:
         print(
             "FAILED:",

@@ -14,43 +14,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.harness import (  # noqa: E402
+    COMPONENTS,
+    bench_run,
+    ingest_batches,
+    median_ms,
+    ratio,
+    report,
+    setup_django,
+    vacuum_analyze,
+)
 from training.records import GroupRecord, RolloutRecord  # noqa: E402
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-
-
-def production_like_env() -> None:
-    """Production-like request path: no DEBUG query log, no HTTPS redirect for the test client.
-    Called by main() only: importing this module (tests borrow its data shapes) changes nothing."""
-    os.environ.setdefault("DEBUG", "0")
-    os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
-    os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
-    os.environ.setdefault("DB_CONN_MAX_AGE", "60")  # persistent connections, as gunicorn would run
-
 
 G = 8
 STEPS = 500
 BATCH_GROUPS = 250
-COMPONENTS = [
-    {"name": "correct", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
-    {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
-    {"name": "coverage", "weight": 0.5, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {
-        "name": "length_penalty",
-        "weight": 0.1,
-        "kind": "penalty",
-        "min_value": -1.0,
-        "max_value": 0.0,
-    },
-]
 WORDS = [
     "alpha",
     "beta",
@@ -78,21 +62,6 @@ WORDS = [
     "merge",
     "ship",
 ]
-
-
-def _require_postgres() -> None:
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")):
-        raise SystemExit(
-            "DATABASE_URL: set it to a Postgres database (the benchmark measures Postgres plans)"
-        )
-    import psycopg
-
-    base, _, name = url.rpartition("/")
-    name = name.split("?")[0]
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, Any]]:
@@ -141,20 +110,15 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
 def seed(n_rollouts: int) -> Any:
     import numpy as np
 
-    from bench.progress import progress
-    from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.models import Group
-    from webapp.rollouts.services import ensure_environment, get_or_create_run
 
     groups_per_step = max(1, n_rollouts // (G * STEPS))
-    env = ensure_environment("bench-4c", COMPONENTS)
     name = f"bench-pages-{n_rollouts}"
-    run, _ = get_or_create_run(
-        name=name,
-        kind="grpo",
-        environment=env,
+    run = bench_run(
+        name,
+        "bench-4c",
+        COMPONENTS,
         config={"num_generations": G},
-        status="running",
         base_model="bench/tiny",
     )
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
@@ -170,41 +134,15 @@ def seed(n_rollouts: int) -> Any:
         return run
     rng = np.random.default_rng(len(done))
     per_batch = max(1, BATCH_GROUPS // groups_per_step)  # whole steps per batch, ~250 groups
-    t0 = time.perf_counter()
-    with progress(len(todo) * groups_per_step * G, "seeding") as bar:
-        for i in range(0, len(todo), per_batch):
-            steps = todo[i : i + per_batch]
-            groups = [g for s in steps for g in synthetic_step(s, groups_per_step, rng)]
-            ingest_groups(run, {"groups": groups})
-            bar.update(len(groups) * G)
-    dt = time.perf_counter() - t0
-    print(
-        f"seeded {len(todo) * groups_per_step * G:,} rollouts in {dt:.0f} s "
-        f"({len(todo) * groups_per_step * G / dt:,.0f} rollouts/s)"
+    batches = (
+        [g for s in todo[i : i + per_batch] for g in synthetic_step(s, groups_per_step, rng)]
+        for i in range(0, len(todo), per_batch)
     )
-    from django.db import connection
-
-    with connection.cursor() as cur:  # fresh statistics, as autovacuum would eventually give
-        for table in (
-            "rollouts_group",
-            "rollouts_rollout",
-            "rollouts_rewardscore",
-            "rollouts_groupcomponentstat",
-            "rollouts_stepstat",
-        ):
-            cur.execute(f"VACUUM ANALYZE {table}")
+    n = len(todo) * groups_per_step * G
+    dt = ingest_batches(run, batches, n, "seeding")
+    report(f"seeded {n:,} rollouts in {dt:.0f} s ({n / dt:,.0f} rollouts/s)")
+    vacuum_analyze()
     return run
-
-
-def median_ms(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times), min(times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,22 +154,17 @@ def main(argv: list[str] | None = None) -> None:
         "--explain", action="store_true", help="print EXPLAIN ANALYZE of the key queries"
     )
     args = parser.parse_args(argv)
-    _require_postgres()
-    production_like_env()
-
-    import django
-
-    django.setup()
+    setup_django()
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext  # EXPLAIN only: queries of direct calls
 
-    call_command("migrate", verbosity=0)
     from webapp.accounts.roles import set_role
+    from webapp.explorer.paging import encode_cursor
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import _hydrate, explore
     from webapp.rollouts.models import Group, RewardComponent, RewardScore, Rollout
-    from webapp.rollouts.queries import ExplorerQuery, _hydrate, encode_cursor, explore
 
     run = seed(args.rollouts)
     n = Rollout.objects.filter(run=run).count()
@@ -310,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         verdict = (
             "" if target is None else (f"< {target} ms  " + ("ok" if med < target else "MISSED"))
         )
-        print(f"{label:42} {med:10.1f} {mn:8.1f} {len(counted):8d}  {verdict}")
+        report(f"{label:42} {med:10.1f} {mn:8.1f} {len(counted):8d}  {verdict:16}")
 
     # Page `--page` and a page in the middle of the run: keyset (explore with a cursor) vs OFFSET.
     for page_no in sorted({args.page, max(2, n // limit // 2)}):
@@ -327,9 +260,9 @@ def main(argv: list[str] | None = None) -> None:
 
         key_med, _ = median_ms(by_keyset, args.repeat)
         off_med, _ = median_ms(by_offset, args.repeat)
-        print(
+        report(
             f"page {page_no:,} (rows {off:,}..{off + limit:,}) query + hydrate: keyset "
-            f"{key_med:.1f} ms, OFFSET {off_med:.1f} ms, OFFSET/keyset = {off_med / key_med:.2f}x"
+            f"{key_med:.1f} ms, OFFSET {off_med:.1f} ms, OFFSET/keyset = {ratio(off_med, key_med)}"
         )
 
     if args.explain:

@@ -4,13 +4,8 @@ every page is timed on both in the same process and reported as a ratio (realist
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench .venv/bin/python bench/realistic.py
     ... python -m bench.realistic --rollouts 50000 --repeat 7
-    (bench/search_compare.py measures tsvector GIN against pg_trgm GIN on the same documents)
 
-A realistic rollout: a system message and a task message, 2-40 agent turns (assistant text with tool
-calls, tool results), sizes drawn from a log-normal with a median near 9 KB and a tail past 150 KB,
-a small environment state, reward reasons. Rare words are planted at known rates (RARE_WORDS), so
-the number of hits a search must return is known. Seeded runs are found again by name and reused; an
-interrupted seed resumes at the first missing step. The database is created when missing.
+Seeded runs are reused by name. The rollouts' shape: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -25,32 +20,32 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training.records import GroupRecord, RolloutRecord, Score  # noqa: E402
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 import numpy as np  # noqa: E402
 
-from bench.pages import _require_postgres as require_postgres  # noqa: E402
-from bench.pages import median_ms as _median_min_ms  # noqa: E402
-from bench.pages import production_like_env  # noqa: E402
-from bench.progress import progress  # noqa: E402
+from bench.harness import (  # noqa: E402
+    ROLLOUT_TABLES,
+    bench_run,
+    components,
+    load_line,
+    production_like_env,
+    progress,
+    ratio,
+    report,
+    setup_django,
+    timed,
+    vacuum_analyze,
+)
+from training.records import GroupRecord, RolloutRecord, Score  # noqa: E402
 
 G = 8
 STEPS = 250
 BATCH_ROLLOUTS = 800  # realistic batches are smaller than one-line ones: ~7 MB of JSON each
-COMPONENTS = [
-    {"name": "tests_pass", "weight": 1.0, "kind": "outcome", "min_value": 0.0, "max_value": 1.0},
-    {"name": "format", "weight": 0.2, "kind": "behavioural", "min_value": 0.0, "max_value": 1.0},
-    {"name": "tool_use", "weight": 0.3, "kind": "process", "min_value": 0.0, "max_value": 1.0},
-    {
-        "name": "length_penalty",
-        "weight": 0.1,
-        "kind": "penalty",
-        "min_value": -1.0,
-        "max_value": 0.0,
-    },
-]
+# The standard components under an agent environment's names: the seeded million-rollout runs
+# (reused by name) and the pages timed on them carry these names.
+COMPONENTS = components(
+    correct={"name": "tests_pass"}, coverage={"name": "tool_use", "weight": 0.3}
+)
 # word -> planted rate per rollout, and where it is planted (every part of a rollout is searched).
 RARE_WORDS = {
     "quokkaflux": (1e-3, "tool_result"),
@@ -284,17 +279,11 @@ def make_step(
 
 
 def _run_for(kind: str, n_rollouts: int) -> Any:
-    from webapp.rollouts.services import create_run, ensure_environment
-    from webapp.runs.models import Run
-
-    env = ensure_environment("bench-realistic", COMPONENTS)
-    name = f"bench-{kind}-{n_rollouts}"
-    return Run.objects.filter(name=name).first() or create_run(
-        name=name,
-        kind="grpo",
-        environment=env,
+    return bench_run(
+        f"bench-{kind}-{n_rollouts}",
+        "bench-realistic",
+        COMPONENTS,
         config={"num_generations": G},
-        status="running",
         base_model="bench/tiny",
     )
 
@@ -354,7 +343,7 @@ def seed(kind: str, n_rollouts: int, seeders: int = 1) -> tuple[Any, float | Non
     else:
         _seed_in_processes(kind, run, todo, groups_per_step, seeders, n)
         ingest_s = time.perf_counter() - t0
-    print(
+    report(
         f"seeded {n:,} {kind} rollouts, ingest {n / ingest_s:,.0f} rollouts/s (generation not "
         f"counted{'' if seeders <= 1 else f'; wall rate of {seeders} processes'})"
     )
@@ -389,18 +378,7 @@ def _seed_in_processes(
 
 
 def vacuum() -> None:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        for table in (
-            "rollouts_group",
-            "rollouts_rollout",
-            "rollouts_rewardscore",
-            "rollouts_groupcomponentstat",
-            "rollouts_stepstat",
-            "rollouts_searchword",
-        ):
-            cur.execute(f"VACUUM ANALYZE {table}")
+    vacuum_analyze((*ROLLOUT_TABLES, "rollouts_searchword"))
 
 
 def index_sizes() -> None:
@@ -422,7 +400,7 @@ def index_sizes() -> None:
 
 
 def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    return _median_min_ms(fn, repeat)[0]
+    return timed(fn, repeat, warmup=2).ms
 
 
 def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
@@ -499,10 +477,7 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         f"\nmedian of {repeat} requests, test client, DEBUG={os.environ['DEBUG']}; "
         f"largest realistic rollout: {big / 1000:,.0f} K characters of text"
     )
-    print(
-        f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7} {'load':>5}"
-        "  target (realistic)"
-    )
+    print(f"{'page':44} {'one-line ms':>12} {'realistic ms':>13} {'ratio':>7}  target (realistic)")
     for (label, one_url, target), (_, real_url, _) in zip(
         urls["oneline"], urls["realistic"], strict=True
     ):
@@ -510,11 +485,7 @@ def time_pages(runs: dict[str, Any], repeat: int) -> None:
         verdict = (
             "" if target is None else f"< {target} ms " + ("ok" if real < target else "MISSED")
         )
-        load = os.getloadavg()[0]
-        print(
-            f"{label:44} {one:12.1f} {real:13.1f} {real / one:7.2f} {load:5.1f}  {verdict}",
-            flush=True,
-        )
+        report(f"{label:44} {one:12.1f} {real:13.1f} {ratio(real, one):>7}  {verdict:15}")
 
 
 def word_shares(run: Any, sample: int = 2000) -> None:
@@ -543,7 +514,8 @@ def word_shares(run: Any, sample: int = 2000) -> None:
 
 def count_hits(run: Any) -> None:
     """Search finds every planted word the expected number of times (and only in its run)."""
-    from webapp.rollouts.queries import ExplorerQuery, explore
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import explore
 
     for word, (rate, place) in RARE_WORDS.items():
         found, cursor = 0, None
@@ -575,18 +547,11 @@ def main(argv: list[str] | None = None) -> None:
         help="processes seeding the runs (default: up to 2; seeding is Postgres-bound per process)",
     )
     args = parser.parse_args(argv)
-    require_postgres()
-    production_like_env()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_django()
     runs = {}
     for kind in ("oneline", "realistic"):
         if args.no_seed:
-            from webapp.rollouts.queries import _run_size
+            from webapp.explorer.search.base import run_size as _run_size
             from webapp.runs.models import Run
 
             runs[kind] = Run.objects.get(name=f"bench-{kind}-{args.rollouts}")
@@ -600,10 +565,7 @@ def main(argv: list[str] | None = None) -> None:
     count_hits(runs["realistic"])
     word_shares(runs["realistic"])
     time_pages(runs, args.repeat)
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    print(load_line())
 
 
 if __name__ == "__main__":

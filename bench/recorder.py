@@ -2,18 +2,9 @@
 
     HF_HUB_OFFLINE=1 python -m bench.recorder [--rounds 8 --steps 6]
 
-GRPO on the tiny offline model with the diagram environment's components, same seed and config,
-with and without the recorder (writing to a JSONL sink through its background thread). Runs
-alternate (off/on, then on/off, ...) so drift in machine load hits both sides alike. A step's time
-is the gap between consecutive `on_step_begin` events, so it includes generation, reward functions,
-the update, every callback (the recorder's included) and logging. The first step of each run is
-warm-up and dropped.
-
-Both runs of a pair use the same seed, so they generate the same completions and do the same work;
-the only difference is the recorder. On a shared machine the wall-clock ratio is noisy, so the bench
-also reports process CPU time per step (includes the sink's writer thread) and, most directly, the
-time spent inside the recorder itself (its callbacks and reward-function wrappers) as a fraction of
-the step time.
+GRPO on the tiny offline model, same seed and config, with and without the recorder, alternating
+so load drift hits both sides. Prints wall and CPU time per step and the time spent inside the
+recorder itself. How a step is timed and why: docs/performance.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -22,8 +13,14 @@ import argparse
 import itertools
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import load_line, ratio, report  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -162,10 +159,10 @@ def main() -> None:
     off, on = runs[False], runs[True]
     print(f"steps per side: {len(off['wall'])}")
     for k in ("wall", "cpu"):
-        print(
+        report(
             f"{k:4s} per step: off {statistics.fmean(off[k]):.4f}s  on "
-            f"{statistics.fmean(on[k]):.4f}s  ratio {sum(on[k]) / sum(off[k]):.3f}  (median ratio "
-            f"{statistics.median(on[k]) / statistics.median(off[k]):.3f})"
+            f"{statistics.fmean(on[k]):.4f}s  ratio {ratio(sum(on[k]), sum(off[k]), 3)}  (median "
+            f"ratio {ratio(statistics.median(on[k]), statistics.median(off[k]), 3)})"
         )
     inside = sum(on["recorder"]) / len(on["recorder"])
     print(
@@ -173,6 +170,7 @@ def main() -> None:
         f"{inside / statistics.fmean(on['wall']):.4%} of the step -> ratio bound "
         f"{1 + inside / statistics.fmean(off['wall']):.4f}"
     )
+    print(load_line())
 
 
 if __name__ == "__main__":

@@ -22,10 +22,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import load_line, require_postgres  # noqa: E402
 
 G = 8
 GROUPS_PER_STEP = 16
@@ -207,15 +210,11 @@ def main() -> None:
     )
     parser.add_argument("--work", type=int, help=argparse.SUPPRESS)  # internal: one worker process
     args = parser.parse_args()
-    django.setup()
     if args.work:
+        django.setup()
         return work(args.work)
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        raise SystemExit(
-            "DATABASE_URL: the bench needs Postgres (the design's database at this size)"
-        )
+    require_postgres()  # the design's database at this size
+    django.setup()
     run = seed(args.rollouts)
     n = run.groups.count() * G
     load0 = os.getloadavg()
@@ -248,6 +247,7 @@ def main() -> None:
         )
     )
     print(info2["summary"])
+    print(load_line())
 
 
 if __name__ == "__main__":

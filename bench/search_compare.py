@@ -14,19 +14,17 @@ table is dropped at the end.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 import numpy as np  # noqa: E402
 
-from bench.pages import _require_postgres  # noqa: E402
-from bench.realistic import COMMON_WORD, RARE_WORDS, G, Vocabulary, make_step, progress  # noqa: E402
+from bench.harness import load_line, progress, report, require_postgres  # noqa: E402
+from bench.realistic import COMMON_WORD, RARE_WORDS, G, Vocabulary, make_step  # noqa: E402
 
 KINDS = {
     "tsvector GIN (expression)": (
@@ -103,15 +101,12 @@ def compare(rows: int, repeat: int) -> None:
                 cms, hits = timed(cur, count, [word], repeat)
                 cur.execute("EXPLAIN " + page, [word])
                 plan = " / ".join(r[0].strip().split("  (")[0] for r in cur.fetchall()[:3])
-                print(
+                report(
                     f"  {word!r:14} first page {ms:8.1f} ms | all {hits:,} hits {cms:8.1f} ms | "
                     f"plan: {plan}"
                 )
         cur.execute("DROP TABLE search_cmp")
-    print(
-        f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores, shared with "
-        "other work)"
-    )
+    print(load_line())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    _require_postgres()
+    require_postgres()
     compare(args.rows, args.repeat)
 
 

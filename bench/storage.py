@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+from bench.harness import ROLLOUT_TABLES, load_line, report, setup_django  # noqa: E402
 
 SIZES_SQL = """
 SELECT c.relname, 'heap', pg_relation_size(c.oid),
@@ -44,16 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", type=int, default=20_000)
     args = p.parse_args(argv)
-    from bench.pages import _require_postgres
-
-    _require_postgres()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    setup_django()
     from django.db import connection
 
-    call_command("migrate", verbosity=0)
     from bench.ingest import GROUPS_PER_BATCH, make_realistic_groups, new_run
     from webapp.rollouts.ingest import ingest_groups
 
@@ -70,14 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [lsn0])
         wal = int(cur.fetchone()[0])
-        for table in (
-            "rollouts_rollout",
-            "rollouts_rewardscore",
-            "rollouts_group",
-            "rollouts_groupcomponentstat",
-            "rollouts_searchword",
-            "rollouts_stepstat",
-        ):
+        for table in (*ROLLOUT_TABLES, "rollouts_searchword"):
             cur.execute(f"VACUUM ANALYZE {table}")
         cur.execute("SELECT count(*) FROM rollouts_rollout")
         stored = cur.fetchone()[0]
@@ -85,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = cur.fetchall()
     raw, z = zstd_jsonl(groups)
     total = sum(b + t for *_, b, t in rows)
-    print(
+    report(
         f"{n:,} realistic rollouts ingested in {dt:.1f} s ({n / dt:,.0f}/s, one session); "
         f"WAL {wal / n / 1024:.1f} KiB per rollout"
     )
@@ -101,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         f"JSONL of the same groups: {raw / n:,.0f} B raw, {z / n:,.0f} B zstd-3 per rollout; "
         f"database / zstd-3 = {total / stored / (z / n):.2f} (target <= 2)"
     )
-    print(f"load average {Path('/proc/loadavg').read_text().split()[:3]} (shared machine)")
+    print(load_line())
 
 
 if __name__ == "__main__":

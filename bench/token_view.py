@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     from django.db import connection
     from django.test import Client
 
-    from bench.tokens import _load, big_rollout
+    from bench.harness import load_average
+    from bench.tokens import big_rollout
     from webapp.accounts.roles import set_role
 
     if connection.vendor != "postgresql":
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     set_role(user, "viewer")
     client = Client()
     client.force_login(user)
-    print(f"load {_load()}")
+    print(f"load {load_average()}")
     rid = big_rollout(user)
     twin = twin_without_tokens(rid)
     view = timed(client, f"/rollouts/{rid}/tokens.json")
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(b) transcript page with tokens {med(with_tokens) * 1000:.1f} ms / without "
         f"{med(without) * 1000:.1f} ms: ratio {med(with_tokens) / med(without):.2f}"
     )
-    print(f"load average: {_load()} (2 cores, shared with other work)")
+    print(f"load average: {load_average()} (2 cores, shared with other work)")
     from webapp.runs.models import Run
 
     Run.objects.filter(name__startswith="bench-tokens-").delete()

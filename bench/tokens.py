@@ -1,24 +1,9 @@
-"""Per-token arrays on Postgres: bytes a token on disk, ingestion against a raw COPY, the token API
-of a 32,000-token rollout, and rollout pages without tokens before and after, in one run.
+"""Per-token arrays on Postgres, in one run: (a) bytes a token on disk, (b) ingestion against a
+raw COPY of the same rows, (c) the token API of a 32,000-token rollout, (d) rollout pages without
+tokens before and after. Targets and the data's shape: docs/tokens.md, "Module notes".
 
     export DATABASE_URL=postgres://postgres@127.0.0.1:5432/rd_bench_tokens
     .venv/bin/python bench/tokens.py [--rollouts 100000]      # or: python -m bench.tokens
-
-Rollouts carry ids, sampler and trainer log-probs and entropies (the four arrays of the target),
-1,000-8,000 tokens each, synthetic but shaped like a sampled LLM's: ids Zipf-distributed over a
-151,936-token vocabulary (Qwen's), 70% of tokens confident (log-prob ~ -Exp(0.01)), the rest
-~ -Exp(1.5), entropy tracking -log-prob, trainer = sampler + bf16-sized noise (values as float32,
-as a trainer sends them).
-
-(a) bytes a token on disk: the token table with its TOAST and indexes, over every token stored
-    (target <= 8);
-(b) the service (`ingest_groups`: validation, per-step and per-rollout statistics, encoding, COPY)
-    against a raw psycopg COPY of the same rows, token blobs included, prebuilt by the service's
-    own code (target ratio >= 0.5);
-(c) GET /api/v1/rollouts/<id>/tokens/ of a 32,000-token rollout, median of 20 (target < 200 ms);
-(d) explorer page, explorer API and transcript page of a run whose rollouts have tokens against a
-    twin run with the same rollouts and none, and the twin again after the token ingestion
-    (target: no slower).
 """
 
 from __future__ import annotations
@@ -52,8 +37,8 @@ def _b64(a: np.ndarray, dtype: str) -> dict[str, str]:
 
 
 def synth_tokens(rng: np.random.Generator, n: int, form: str = "lists") -> dict[str, object]:
-    """One rollout's arrays: Python lists (a client's plain JSON after json.loads) or base64
-    binary (the recorder's form)."""
+    """One rollout's arrays: Python lists (a client's plain JSON after json.loads), base64
+    binary (the recorder's form) or numpy arrays (`raw`: the binary body's, see `body`)."""
     ranks = np.minimum(rng.zipf(1.15, n), VOCAB) - 1
     ids = (ranks * 2654435761) % VOCAB  # Zipf ranks spread over the vocabulary
     confident = rng.random(n) < 0.7
@@ -63,6 +48,8 @@ def synth_tokens(rng: np.random.Generator, n: int, form: str = "lists") -> dict[
     arrays = {"sampler_logprobs": sampler, "trainer_logprobs": trainer, "entropy": entropy}
     if form == "binary":
         return {"ids": _b64(ids, "int32"), **{k: _b64(v, "float32") for k, v in arrays.items()}}
+    if form == "raw":  # numpy arrays, for training/token_wire.encode
+        return {"ids": ids.astype(np.int32), **{k: v.astype(np.float32) for k, v in arrays.items()}}
     return {"ids": ids.tolist(), **{k: v.astype(np.float32).tolist() for k, v in arrays.items()}}
 
 
@@ -96,6 +83,35 @@ def make_batch(
     return groups
 
 
+def body(args, b: int, seed: int, tokens: bool) -> dict | bytes:
+    """Batch `b` as the service receives it: the parsed JSON, or for `--form raw` the binary body
+    (training/token_wire.py), which `parse` turns into the JSON form inside the timing."""
+    groups = make_batch(b, seed, tokens, args.min_tokens, args.max_tokens, args.form)
+    if args.form != "raw":
+        return {"groups": groups}
+    from training import token_wire
+
+    return token_wire.encode({"groups": groups})
+
+
+def parse(x: dict | bytes) -> dict:
+    """What the API's parse_body makes of a binary body (JSON of the batch, arrays as views)."""
+    if isinstance(x, dict):
+        return x
+    import json
+
+    from training import token_wire
+
+    text, data = token_wire.split(x)
+    out = json.loads(text)
+    token_wire.resolve(out, data)
+    return out
+
+
+def _n_tokens(x: dict | bytes) -> int:
+    return sum(r["length"] for g in parse(x)["groups"] for r in g["rollouts"])
+
+
 def new_run(name: str):
     from webapp.rollouts.services import create_run, ensure_environment
 
@@ -105,61 +121,72 @@ def new_run(name: str):
 
 def ingest_all(args, name: str, tokens: bool, seed: int) -> tuple[object, float, int]:
     """Every batch through the service (generation untimed). (run, seconds, tokens)."""
-    from bench.progress import progress
+    from bench.harness import progress
     from webapp.rollouts.ingest import ingest_groups
 
     run, spent, n_tokens = new_run(name), 0.0, 0
     with progress(args.batches, f"service ({name})", "batch") as bar:
         for b in range(args.batches):
-            body = {
-                "groups": make_batch(b, seed, tokens, args.min_tokens, args.max_tokens, args.form)
-            }
-            n_tokens += sum(r["length"] for g in body["groups"] for r in g["rollouts"])
+            x = body(args, b, seed, tokens)
+            n_tokens += _n_tokens(x)
             t0 = time.perf_counter()
-            ingest_groups(run, body)
+            ingest_groups(run, parse(x))
             spent += time.perf_counter() - t0
             bar.update(1)
     return run, spent, n_tokens
 
 
-def raw_copy_all(args, seed: int) -> float:
-    """The floor: the same rows, built by the service's own code outside the timing (validation,
-    statistics, rows, token blobs, ids drawn), then only COPY and commit timed, batch by batch."""
+def copy_batch(run, comps, x: dict | bytes) -> float:
+    """The floor for one batch: its rows built by the service's own code outside the timing
+    (validation, statistics, rows, token blobs, ids drawn), then only the COPYs (the token rows
+    in binary, as the service writes them: the fastest COPY of those bytes) and commit timed."""
     from django.db import transaction
 
-    from bench.progress import progress
     from webapp.rollouts import ingest_stats, rows
     from webapp.rollouts.ingest_write import insert, reserve_ids, upsert_step_stats
     from webapp.rollouts.models import Group, Rollout
     from webapp.rollouts.validation import validate_batch
     from webapp.tokens import ingest as tokens_ingest
-    from webapp.tokens.models import RolloutTokens
 
-    run, spent = new_run(f"bench-tokens-copy-{time.time()}"), 0.0
-    comps = run.components()
-    with progress(args.batches, "raw COPY (rows prebuilt)", "batch") as bar:
+    groups = validate_batch(parse(x), {c.name for c in comps})
+    s = ingest_stats.of_batch(run, groups, comps)
+    with transaction.atomic():
+        gids, rids = reserve_ids(Group, len(groups)), reserve_ids(Rollout, len(s.group_of))
+        tables = rows.batch_rows(run.id, groups, comps, s, gids, rids)
+        token_rows, _ = tokens_ingest.token_rows(run.id, groups, rids)
+        step_rows = ingest_stats.step_stat_rows(s, comps)
+        t0 = time.perf_counter()
+        insert(tables)
+        upsert_step_stats(run.id, step_rows)
+        tokens_ingest.copy_rows(token_rows)
+    return time.perf_counter() - t0
+
+
+def service_and_floor(args, seed: int) -> tuple[object, float, float, int, list[float]]:
+    """Each batch through the service and through the floor, alternating which goes first, so
+    that the machine's load weighs on both alike. (service run, service s, floor s, tokens,
+    the 1-minute load average after each batch)."""
+    from bench.harness import progress
+    from webapp.rollouts.ingest import ingest_groups
+
+    run = new_run(f"bench-tokens-run-{time.time()}")
+    floor = new_run(f"bench-tokens-copy-{time.time()}")
+    comps = floor.components()
+    t_service, t_floor, n_tokens, loads = 0.0, 0.0, 0, []
+    with progress(args.batches, "service and raw COPY, alternating", "batch") as bar:
         for b in range(args.batches):
-            body = {
-                "groups": make_batch(b, seed, True, args.min_tokens, args.max_tokens, args.form)
-            }
-            groups = validate_batch(body, {c.name for c in comps})
-            s = ingest_stats.of_batch(run, groups, comps)
-            with transaction.atomic():
-                gids, rids = reserve_ids(Group, len(groups)), reserve_ids(Rollout, len(s.group_of))
-                tables = rows.batch_rows(run.id, groups, comps, s, gids, rids)
-                token_rows, _ = tokens_ingest.token_rows(run.id, groups, rids)
-                step_rows = ingest_stats.step_stat_rows(s, comps)
-                tables.append(
-                    rows.Table(
-                        RolloutTokens._meta.db_table, tokens_ingest.TOKEN_COLUMNS, token_rows
-                    )
-                )
-                t0 = time.perf_counter()
-                insert(tables)
-                upsert_step_stats(run.id, step_rows)
-            spent += time.perf_counter() - t0
+            x = body(args, b, seed, True)
+            n_tokens += _n_tokens(x)
+            if b % 2:
+                t_floor += copy_batch(floor, comps, x)
+            t0 = time.perf_counter()
+            ingest_groups(run, parse(x))
+            t_service += time.perf_counter() - t0
+            if not b % 2:
+                t_floor += copy_batch(floor, comps, x)
+            loads.append(os.getloadavg()[0])
             bar.update(1)
-    return spent
+    return run, t_service, t_floor, n_tokens, loads
 
 
 def disk_bytes(run_id: int, n_tokens: int) -> dict[str, float]:
@@ -250,9 +277,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8_000)
     parser.add_argument(
         "--form",
-        choices=("binary", "lists"),
-        default="binary",
-        help="how the arrays arrive: base64 binary (the recorder's form) or JSON lists",
+        choices=("raw", "binary", "lists"),
+        default="raw",
+        help="how the arrays arrive: a binary body (training/token_wire.py), base64 binary "
+        "(the recorder's form) or JSON lists",
     )
     parser.add_argument("--keep", action="store_true", help="keep the bench runs afterwards")
     args = parser.parse_args()
@@ -265,11 +293,11 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from bench.pages import _require_postgres
+    from bench.harness import require_postgres
 
     if connection.vendor != "postgresql":
         sys.exit("bench/tokens.py measures Postgres: set DATABASE_URL=postgres://...")
-    _require_postgres()
+    require_postgres()
     call_command("migrate", verbosity=0)
     from django.contrib.auth import get_user_model
 
@@ -288,8 +316,7 @@ def main() -> None:
     )
     twin, _, _ = ingest_all(args, f"bench-tokens-twin-{time.time()}", tokens=False, seed=0)
     before = page_times(client, twin)
-    t_copy = raw_copy_all(args, seed=0)
-    run, t_service, n_tokens = ingest_all(args, f"bench-tokens-run-{time.time()}", True, seed=0)
+    run, t_service, t_copy, n_tokens, loads = service_and_floor(args, seed=0)
     after = page_times(client, run)
     twin_again = page_times(client, twin)
     api = token_api(client, big_rollout(user))
@@ -300,6 +327,9 @@ def main() -> None:
     print(f"(b) service  : {n_tokens / t_service / 1e6:8.2f} M tokens/s ({t_service:.1f} s)")
     print(f"    raw COPY : {n_tokens / t_copy / 1e6:8.2f} M tokens/s ({t_copy:.1f} s)  floor")
     print(f"    ratio service / raw COPY = {t_copy / t_service:.2f} (target >= 0.5)")
+    q = statistics.quantiles(loads, n=4) if len(loads) > 1 else loads * 3
+    print(f"    1-minute load during it: min {min(loads):.2f}, quartiles "
+          f"{q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f}, max {max(loads):.2f}")  # fmt: skip
     med = statistics.median(api) * 1000
     print(f"(c) token API, 32,000 tokens: median {med:.1f} ms, max {max(api) * 1000:.1f} ms "
           "(target < 200 ms)")  # fmt: skip

@@ -1,19 +1,10 @@
 """A behaviour over a run, per step: its rate, its onset and whether the reward pays for it.
 
-Plain numpy, no Django (the web app stores the per-step sums; this reads them). A behaviour is a set
-of rollouts (webapp/behaviours matches a saved explorer query); per step we know how many rollouts
-the step holds (n), how many show the behaviour (k) and the advantage sums of both sides. From
-those:
-
-- the onset: the first step from which the rate stays above its early level (the pooled rate of
-  every step before it) by at least `min_rise`, over at least the hold length of the diagnostics
-  (training/diagnostics.py: max(min_hold_steps, min_hold_frac x steps)), moved forward while the
-  onset step itself is not above the early level (the diagnostics' refinement: a pooled suffix
-  holds from a few steps before the change, the later steps outweigh them);
-- "the reward teaches it": a rising onset, and since it the behaviour's rollouts have a mean
-  advantage above the rest's by at least `min_gap` and `gap_z` standard errors (GRPO advantages
-  are relative within a group: a positive gap is exactly what makes the policy do it more);
-- "fading": the same rule with the rate falling below its early level.
+Plain numpy, no Django. A behaviour is a set of rollouts (webapp/behaviours matches a saved
+explorer query); from each step's rollout count, the behaviour's count and both sides' advantage
+sums this finds the onset (the diagnostics' hold rule), whether the reward teaches it (since the
+onset its rollouts get a higher mean advantage than the rest) and whether it is fading. The
+rules in full: docs/behaviours.md, "Module notes".
 """
 
 from __future__ import annotations

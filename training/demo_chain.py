@@ -1,21 +1,9 @@
-"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT
-and after GRPO.
+"""The tiny-model demo chain: teacher -> SFT -> GRPO, with held-out evals before SFT, after SFT and
+after GRPO, sized for two CPU cores in about three minutes.
 
-Sized to show learning on two CPU cores in about three minutes: before SFT the held-out reward is
-near zero (the random model never writes JSON), after SFT the JSON is valid, after GRPO the coverage
-rises. The teacher is the environment's reference solver with one habit: half of its answers draw
-every shape and forget every connection (`scripted_faults={"omit_edges": 0.5}`). Those answers are
-valid JSON the canvas accepts, so the format filter (json_valid and schema_valid = 1) keeps them and
-SFT learns the habit; GRPO, rewarded by semantic_coverage, unlearns it. With a perfect teacher SFT
-already imitates the reference and no GRPO variant that fits a few CPU minutes raised held-out
-coverage (README). What keeps it that small: requests of at most `MAX_NODES` nodes, compact
-reference answers (~60-120 tokens with the tiny model's tokenizer), full fine-tuning of the
-~0.5M-parameter model.
-
-`demo_chain_stages()` / `demo_chain_configs()` give the job configs the web app's worker queues
-(without base_model / output_dir / data / init_from: the worker fills those from the parent runs).
-`python -m training.demo_chain --out DIR` runs the same chain in-process, chaining the outputs
-exactly as the worker does, and prints held-out rewards and wall time per stage.
+The teacher has one planted habit (half its answers forget every connection); SFT learns it,
+GRPO on semantic_coverage unlearns it, so each stage shows on the held-out reward. Why the sizes
+and the habit were chosen: docs/using.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""The demo's failure stories, from the multi-turn ask-before-coding environment and
-its simulated user.
-
-Two scripted runs of the same policy schedule (records in the ingestion format):
-
-- broken: the correctness verifier never runs the submitted code (the harness returns before the
-  tests: correctness is 0 for every rollout, as in the real case the design is built on), so the
-  only signal left is behavioural: from `saturate_at` on the policy always asks a relevant question
-  first, and 'asked_before_coding' sits at its maximum in every group, while the code it writes
-  never improves.
-- fixed: the same environment with the verifier running the hidden tests in the sandbox. The policy
-  also learns to ask first (the behavioural reward saturates just as early) and, with correctness
-  varying inside groups, writes the right code more and more often.
-
-Dropping 'correctness' in an ablation changes nothing in the broken run (it never varied) and a lot
-in the fixed one. Episodes use only the environment's public entry points (prompts,
-ScriptedAskPolicy, rollout_record), so the code runs in whatever sandbox `training.sandbox`
-provides. No Django here.
+"""The demo's failure stories from the multi-turn ask-before-coding environment and its simulated
+user: two scripted runs of one policy schedule, as ingestion records. In `broken` the
+correctness verifier never runs the code (correctness is always 0), so only the behavioural
+reward varies until it saturates, while the code never improves; in `fixed` the verifier runs
+the hidden tests in the sandbox and correctness varies inside groups. The stories' details:
+docs/using.md, "Module notes".
 """
 
 from __future__ import annotations

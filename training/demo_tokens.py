@@ -1,16 +1,10 @@
 """Token arrays for the demo's scripted rollouts, with a planted sampler/trainer mismatch.
 
-A scripted policy has no model, so the demo's tokens are drawn, deterministically, the way a real
-run's look: the completion (every message from the first assistant message on) split into word and
-punctuation pieces (ids from a hash, offsets into each message's content, `turn` the message's
-index in the transcript), tool and user turns masked out of the loss, the trainer's log-probs of the
-sampled tokens mostly near 0 with a tail of unlikely ones, per-token entropy sharpening slowly as a
-learning policy does, and GRPO's advantage (the group's, TRL's formula) on every token.
-
-The sampler's log-probs match the trainer's to a hundredth of a nat (bf16 against fp32) until
-`drift_step`; from there the sampler drifts (as a vLLM server that stopped receiving weight updates
-does): its log-probs differ by ~0.1 nats and more every step, which the token diagnostics report as
-"sampler/trainer mismatch rising since step <drift_step>". No Django here.
+A scripted policy has no model, so the tokens are drawn deterministically the way a real run's
+look: word pieces with offsets, tool and user turns masked out, log-probs mostly near 0 with a
+tail, entropy sharpening slowly, GRPO's advantage on every token, and a mismatch that grows from
+a chosen step so the token diagnostics have something to find. Details: docs/tokens.md, "Module
+notes".
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
-"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored
-on their transcripts.
+"""Multi-turn GRPO: episodes driven turn by turn through TRL's `rollout_func`, scored on their
+transcripts.
 
-An environment with the episode protocol (`env.reset(prompt) -> episode`,
-`episode.step(agent_message) -> (reply, done)`, `episode.transcript`; see
-training/environments/ask_to_code.py) plays the simulated user. For each row TRL hands us,
-`run_episodes` samples an agent turn from the policy, lets the episode answer, appends the answer's
-tokens, and samples again, until the episode ends or the token budget runs out.
-
-Why `rollout_func` and not TRL's `environment_factory`: the factory runs the model's *tool calls*
-against environment methods, so it needs a tokenizer whose chat template renders tools and a
-response parser for the model's tool-call syntax (TRL's `add_response_schema` knows a fixed list of
-model families; the tiny test model is not one of them), and its loop ends as soon as a turn
-contains no tool call, which is exactly a plain-text question to the user here. `rollout_func` lets
-the environment own the protocol (plain-text question or a ```python block) and works with any chat
-template that is prefix-preserving.
-
-Token layout of one row, as TRL trains on it (prompt_ids + completion_ids, loss on env_mask == 1):
-
-    prompt_ids      = chat_template(system, user, add_generation_prompt)    ends "<|assistant|>\\n"
-    completion_ids  = turn_1 | reply_1 | turn_2 | reply_2 | ... | turn_k
-    env_mask        =  1...1 |  0...0  |  1...1 |  0...0  | ... |  1...1
-
-`reply_i` is the chat template's rendering of the user's answer plus the next generation prompt (an
-eos first when turn_i was cut by `max_turn_tokens`); the final reply (the unit-test summary, or the
-out-of-turns notice) is not appended, as no policy token follows it. So a completion whose last
-token is not eos is one whose last turn was cut: TRL's own truncation test still means what it says.
-
-Reward functions read the episode transcripts (the `transcript` field this rollout_func returns,
-which TRL forwards to every reward function), never TRL's decoded completion; the RolloutRecorder
-stores the same transcripts, so what the transcript page shows is what was scored.
-
-Generation uses `model.generate` on the trainer's (unwrapped) model with TRL's own sampling
-settings; vLLM and continuous batching are not supported by this path yet. No Django here.
+An environment with the episode protocol (`reset(prompt) -> episode`, `episode.step(message) ->
+(reply, done)`, `episode.transcript`) plays the simulated user. `run_episodes` samples an agent
+turn, lets the episode answer, appends the answer's tokens (masked out of the loss) and samples
+again, until the episode ends or the token budget runs out. Details: docs/recording.md, "Module
+notes".
 """
 
 from __future__ import annotations

@@ -1,70 +1,10 @@
 """Record OpenRLHF rollouts from its custom reward-function file.
 
-OpenRLHF writes no rollout dump, but a run with `--reward.remote_url reward_func.py` (the flag since
-0.10.2; `--remote_rm_url` before) loads `reward_func` from that file and calls it with `(queries,
-prompts, labels)`, where `queries` are prompt + response texts. Wrap that function in the same file:
-
-    # reward_func.py, passed to OpenRLHF as --reward.remote_url reward_func.py
-    from .openrlhf_reward import wrap_reward_func
-
-    def my_reward(queries, prompts, labels):
-        ...
-        return {"rewards": r, "scores": s, "extra_logs": {"correct": c, "format": f}}
-
-    reward_func = wrap_reward_func(
-        my_reward, url="http://host:8000", token="...", run="openrlhf-math",
-        n_samples_per_prompt=8,  # the run's --rollout.n_samples_per_prompt
-    )
-
-The two ways OpenRLHF calls it (read from its published code):
-
-- since 0.9.1 (`openrlhf/utils/agent.py`, SingleTurnAgentExecutor): once per sample,
-  `reward_func([query], [prompt], [label])`, from `asyncio.to_thread`, concurrently, in each vLLM
-  engine's process. Every sample of a prompt goes to the same engine (`generate_responses(prompt,
-  num_samples=n_samples_per_prompt)`), so each process sees whole groups, sample by sample. The
-  result may hold plain numbers or 0-d tensors: OpenRLHF wraps each with `torch.tensor([value])`
-  (samples_generator), so in a one-sample call they are that sample's values;
-- up to 0.9.0 (`openrlhf/utils/remote_rm_utils.py`, RemoteRewardModel): `ray.remote(reward_func)` on
-  chunks of `micro_rollout_batch_size` samples, where a prompt's samples are consecutive. Ray
-  pickles the function into its worker processes.
-
-The wrapper is a plain function (Ray's `ray.remote` takes functions and classes, not callable
-objects) whose only state is a picklable `RecordedRewardFunc`: its HTTP client, lock, queue and
-upload thread are created on the first call in the process that calls it, and left out when it is
-pickled (Ray pickles the function by value with cloudpickle). `wrapped.recorded.recorder` is that
-process's recorder. It calls the user's function and returns the result UNCHANGED; nothing it does
-raises into training or blocks it. Every error is logged; a batch that cannot be delivered goes to a
-spool JSONL file in the HttpSink spool format (`python -m training.sinks upload SPOOL --url URL
---token KEY --run ID`).
-
-How samples become groups:
-- samples are buffered by (step, prompt) until the step is over (a call of a later step comes),
-  `straggler_timeout` seconds after the prompt's last sample, or the end of training (`close`,
-  `flush(partial=True)`); then a prompt's samples are one group. OpenRLHF groups by each sample's
-  index in the batch (`experience_maker`: `rewards[indices]`, `reshape(-1, n)`), which the reward
-  function never sees: a prompt drawn twice in a step whose draws land on one engine shows as more
-  than `n_samples_per_prompt` samples, interleaved, and cannot be split. Those samples are not
-  posted (no advantage from a guessed split): the run gets the per-step count as the metric
-  `recorder/ungroupable_samples` and the log a warning. Fewer than n (a filtered or failed sample)
-  is posted as a smaller group. Without `n_samples_per_prompt`, a batch call's samples of a prompt
-  are one group;
-- completion = query minus its prompt prefix (the whole query when it does not start with it);
-- the aggregate reward is "rewards"; per-sample entries of "extra_logs" are reward components
-  (batch-level numbers of a batch call are ignored); "scores" and the label go into the rollout's
-  state. How "rewards" relates to the extra_logs is not said anywhere: the weights are recovered
-  from the first step's samples, or the unexplained part of "rewards" is the component
-  `unexplained` (training/importers/weights.py); the run's reward settings get the weights and
-  the note saying which;
-- the step: OpenRLHF passes none (only queries, prompts, labels). It is `step_fn()` when given (e.g.
-  read from a file your launcher updates); otherwise the generation phase: OpenRLHF generates a
-  whole rollout batch, then trains while the reward function sits idle, so a call that comes
-  `step_gap` seconds after the previous one starts the next step (1, 2, ...). With asynchronous
-  training (`--train.async_enable`, `--async_train` before 0.10.2) generation overlaps training:
-  give `step_fn`;
-- the recorded advantage is OpenRLHF's `group_norm` estimate, (r - mean) / (std + 1e-9) within the
-  group (its other estimators differ; the rewards and components are exact whatever the estimator);
-- every process naming one run lands in one run: the run is got-or-created by name on the server,
-  atomically, and group keys carry a per-process id, so processes never collide.
+OpenRLHF writes no rollout dump, but `--reward.remote_url reward_func.py` loads `reward_func`
+from a file; wrap that function there with `wrap_reward_func`: the result goes back unchanged,
+and the samples, grouped by prompt, are posted to the app's API (to a spool file when they
+cannot be). The setup, how groups and steps are recovered and what is flagged:
+docs/recording.md, "OpenRLHF" and "Module notes".
 """
 
 from __future__ import annotations

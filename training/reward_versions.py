@@ -1,32 +1,10 @@
 """Versioned reward components: what a replay re-scores stored transcripts with.
 
-A component version is the code a reward points to, an importable `module:function` deployed with
-the workers (never uploaded from a browser), its parameters (JSON keyword arguments of that
-function) and a hash of the function's source, so a stored replay says exactly which code
-produced its numbers:
-
-    >>> target = "training.environments.diagram:semantic_coverage"
-    >>> v = make_version("diagram", "semantic_coverage", target, {"min_coverage": 0.8})
-    >>> v.params, len(v.source_hash)
-    ({'min_coverage': 0.8}, 16)
-
-Where versions come from:
-- every component of a built-in environment is registered as-is (its `Component.fn`, no parameters);
-- an environment may name variants in `reward_variants()` ({name: (component, params)}),
-  e.g. a stricter coverage threshold, so a variant needs no new code at all;
-- a user's own module calls `register(...)` at import and is named in the RD_REWARD_MODULES
-  environment variable (comma separated) of the web and worker processes (docs/replay.md).
-
-Only registered targets can be replayed: a form or API call picks one and may change its parameters,
-which must be keyword parameters of the function (checked against its signature).
-
-Scoring fails closed: a function that raises, returns a non-number, NaN or infinity, or runs past
-its time limit gives a `Scored` with `ok=False` and the reason; it never raises into the caller. The
-component function keeps the environment contract, fn(prompt, completion, **params) -> Score (or a
-bare number, or a (value, reason) pair). Model-written code only ever runs through a component that
-uses training.sandbox (ask_to_code's correctness), never here.
-
-No Django here.
+A component version is an importable `module:function` deployed with the workers (never uploaded
+from a browser), its JSON keyword parameters and a hash of the function's source, so a stored
+replay says exactly which code produced its numbers. `make_version` builds one; environments
+declare their named variants. Examples and rules: docs/replay.md, "Component versions" and
+"Module notes".
 """
 
 from __future__ import annotations

@@ -1,43 +1,10 @@
 """Run untrusted, model-written Python against hidden tests, under bubblewrap, and score it here.
 
-Model code is hostile, and an RL run optimises against whatever its verifier lets through. Two
-separate problems, two separate answers:
-
-**Forgery.** The child only ever receives the test *inputs*; it sends back one output per test; the
-PARENT compares each output with the expected value it never sent. The parent reads the results
-channel defensively: size, nesting and shape are capped, any line the harness would not have written
-(non-object, unknown kind, duplicate, missing start marker, no final newline...) voids the whole
-run. Every anomaly is a scored failure (passed 0, `error` says why); nothing here raises into a
-trainer, and nothing here returns NaN. Notes are written by the parent only.
-
-**Containment.** The child runs under bubblewrap (`bwrap`), a maintained, setuid-free sandboxing
-tool (Flatpak's), with:
-
-* a minimal read-only root: `/python` (the interpreter, its stdlib without site-packages, the shared
-  libraries they link, found with `ldd`), the dynamic loader, a new `/proc` (PID namespace: only the
-  sandbox's own processes) and a minimal `/dev`. No `/run`, `/var`, `/etc`, `/home`, `/root`,
-  `/work`, no project checkout, no host socket;
-* one size-limited tmpfs, `/sandbox`, as the working folder (`/tmp` points to it), and a tiny
-  `/dev/shm`;
-* new user, PID, network, IPC, UTS (and cgroup, where the kernel allows) namespaces, no further user
-  namespaces, `--cap-drop ALL`, a new session, `--die-with-parent`, a read-only `/proc`;
-* never host root: as root, bwrap itself runs as a dedicated random uid per run (the interpreter is
-  hard-linked into a root-owned /var/tmp folder when that uid cannot reach it, e.g. a pyenv under
-  /root); otherwise it runs as the caller. Inside, the code is "nobody" (65534);
-* a seccomp filter (`SECCOMP_DENY` below): no keyrings, memfd, SysV shm, mounts, namespaces, ptrace,
-  bpf, io_uring...; and no new processes at all: `clone` only with CLONE_THREAD, so a submission is
-  one process and its threads;
-* whole-sandbox limits: as root with a cgroup v1 memory+pids hierarchy (checked at run time), a
-  per-run cgroup bounds memory (tmpfs and memfd pages are charged to it) and tasks; otherwise the
-  limits are the tmpfs sizes, RLIMIT_AS per process and RLIMIT_NPROC inside the user namespace, and
-  the notes say so;
-* per-process rlimits (CPU, address space, file size, open files, tasks, no core), set by the
-  trusted harness before it reads the user's code, and a wall-clock timeout.
-
-Where bwrap is missing there is no weaker fallback: the result is a scored failure whose error is
-"sandbox unavailable: bubblewrap not installed". docs/sandbox.md lists what this does not guarantee.
-
-No Django here: this is plain Python used by the environments and the trainers.
+The child only receives the test inputs and sends back one output per test; the parent compares
+them with expected values it never sent and voids any malformed results channel (forgery). The
+child runs under bubblewrap: a minimal read-only root, a size-limited tmpfs, new namespaces, a
+seccomp filter, whole-sandbox limits. Every anomaly is a scored failure, never a crash or NaN;
+without bubblewrap there is no weaker fallback. The threat model: docs/sandbox.md.
 """
 
 from __future__ import annotations

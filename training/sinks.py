@@ -1,27 +1,9 @@
-"""Where recorded rollouts, metrics, logs and progress go.
-
-A sink implements the `Sink` protocol. Groups are `training.records.GroupRecord`s (or their
-`to_json()`), written in the ingestion format the web app takes verbatim; the other records:
-
-    metrics = {"step", "values": {TRL's logged keys: float}}
-    settings = {"weights": {name: w}, "scale_rewards", "aggregation", "advantage_epsilon",
-                "group_size", "trainer": {name: scalar}, "source"}
-               (the run's reward_settings; written once, at train start)
-
-A sink may also implement `write_settings(settings)` (every sink here does); the recorder calls it
-when the trainer starts, and skips a sink without it.
-
-- `JsonlSink(path)`: one JSON object per line, {"type":
-  "settings"|"group"|"metrics"|"log"|"progress", ...}; the offline format, importable later (the
-  "settings" header becomes the run's reward settings).
-- `MemorySink()`: keeps everything in lists (tests).
-- `HttpSink(base_url, token, run_id)`: POSTs to the app's API through `training.client.Client`,
-  batched, retried with exponential backoff, never raising into training; whatever cannot be
-  delivered goes to a spool JSONL file that `python -m training.sinks upload SPOOL --url URL --token
-  KEY --run ID` sends later.
-- `BatchingSink(inner)`: a background thread and a queue, so the training loop never waits on I/O.
-
-The database sink lives in workers/ and implements the same protocol.
+"""Where recorded rollouts, metrics, logs and progress go: a `Sink` receives records in the
+ingestion format the web app takes verbatim (groups: `training.records.GroupRecord`s or their
+`to_json()`; step metrics; the run's reward settings).
+The database sink (workers), the HTTP sink (the API, for training on another machine, with a
+spool while the server is down) and the JSONL sink (offline, imported later) implement it.
+Record shapes and delivery rules: docs/recording.md, "Module notes".
 """
 
 from __future__ import annotations

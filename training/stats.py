@@ -1,18 +1,10 @@
 """Group statistics and GRPO advantages, numpy-vectorised over a whole run.
 
-This module is the single home of the math that the trainer's recorder, the ingestion path, the
-diagnostics and the ablation pages share. The advantage formulas reproduce TRL 1.16's
-`GRPOTrainer._generate_and_score_completions` exactly:
-
-- `sum_then_normalize` (TRL's default): r = nansum_k(w_k * r_k); a completion whose every component
-  is NaN is unscorable (r = NaN, excluded from the baseline, advantage forced to 0); A = r -
-  nanmean_group(r), divided by (std + 1e-4) unless scale_rewards == "none", where std is the
-  Bessel-corrected nan-std of the group ("group") or of the whole batch ("batch").
-- `normalize_then_sum` (GDPO): each component is normalised inside its group first,
-  (r_k - mean_k) / (std_k + 1e-4), then weighted and summed, then normalised over the batch.
-
-Groups are given as integer ids (0..M-1), so groups of different sizes and rows in any order work:
-everything reduces with `np.bincount`, never a Python loop over groups or rollouts.
+The single home of the math that the recorder, the ingestion path, the diagnostics and the
+ablation pages share. The advantage formulas reproduce TRL 1.16's `GRPOTrainer` exactly
+(sum-then-normalise by default, normalise-then-sum (GDPO), `scale_rewards`, all-NaN completions
+unscorable). Groups are integer ids, so sizes and row order are free; everything reduces with
+`np.bincount`. The formulas spelled out: docs/architecture.md, "Module notes".
 """
 
 from __future__ import annotations

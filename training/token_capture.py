@@ -1,32 +1,11 @@
-"""Per-token arrays from a TRL GRPOTrainer (1.16) for the recorder's rollouts' `tokens` objects (the
-contract: webapp/tokens/models.py; no Django here).
+"""Per-token arrays from a TRL GRPOTrainer (1.16) for the recorder's rollouts' `tokens` objects (no
+Django here; the contract is webapp/tokens/models.py).
 
-What TRL has, and where (trl/trainer/grpo_trainer.py, 1.16):
-
-- `_generate_and_score_completions` returns, per local row, `completion_ids` and `completion_mask`
-  (right-padded; a truncated row's mask is zeroed under `mask_truncated_completions`), `tool_mask`
-  (0 on tool-result tokens, or a rollout_func's `env_mask`), `advantages` (one per row),
-  `old_per_token_logps` (the trainer's log-probs at generation time: only when generation and
-  optimisation are misaligned, or under vLLM with `vllm_importance_sampling_correction`),
-  `sampling_per_token_logps` (the sampler's, vLLM only) and `ref_per_token_logps` (beta > 0).
-  Without vLLM there are no sampler log-probs: HF generate samples from the same weights, and TRL
-  keeps none; the rollout records none rather than a copy of the trainer's.
-- The loss pass (`_compute_loss`) calls `_get_per_token_logps_and_entropies(...,
-  compute_entropy=True)`: the trainer's log-probs (the ones TRL uses as `old_per_token_logps` when
-  it computed none at generation) and the entropies of the policy at each completion position.
-  Those rows arrive shuffled and split into micro-batches (`shuffle_sequence_dict`,
-  `split_tensor_dict`), so the generation output carries a row-number tensor (ROW_KEY) that TRL
-  shuffles and splits with the rest; the loss pass reads it back to know whose entropies it holds.
-
-Three light hooks on the trainer instance (no subclass): the generation method, `compute_loss` (to
-see the micro-batch's row numbers) and `_get_per_token_logps_and_entropies` (to see its result);
-each calls TRL's own method and returns its result unchanged. A trainer without those methods
-(another TRL version) records no tokens, with one warning.
-
-Gaps, said rather than filled: one process only (with several, each holds its own rows and the
-recorder writes from process zero: tokens are left out, with a warning); a row whose loss pass has
-not run when the step's groups are written (steps_per_generation > gradient_accumulation_steps)
-goes without entropies; under num_iterations > 1 the entropies are the first pass's.
+It reads what TRL already computed in `_generate_and_score_completions` and the loss (completion
+ids and masks, tool masks, sampler, trainer and reference log-probs, entropies) through three
+light hooks on the trainer instance, each returning TRL's result unchanged. Gaps (several
+processes, another TRL version) are warned about, never filled. Which arrays exist under which
+TRL settings: docs/tokens.md, "Module notes".
 """
 
 from __future__ import annotations

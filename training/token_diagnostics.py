@@ -1,31 +1,9 @@
 """Token-level findings over a run: sampler/trainer mismatch rising, entropy collapse, tool output
 tokens in the loss. Pure numpy, no Django.
 
-Inputs are per-step token statistics (`TokenSteps`: one entry per step, the pooled numbers of the
-step's rollouts that carry tokens) and, for the masking check, per-rollout counts of tool-result
-tokens (`ToolTokens`). The webapp reads both from the stored token statistics
-(webapp/tokens/); a trainer or a notebook can build them from token arrays with `step_stats` and
-`tool_tokens_in_loss`.
-
-Onsets use the rule of training/diagnostics.py (`state_onsets`, `detect_signal_collapse`): a state
-must hold, pooled, from the onset to the end of the window over at least the hold length; the
-earliest of at most `max_onset_candidates` start steps is taken, then moved forward while its own
-first steps (the shortest span holding `min_groups` rollouts) are not in the state.
-
-Definitions (log-probs in nats, delta = trainer - sampler, over the tokens that carry both and are
-in the loss):
-
-    mean |delta|       mean over tokens of |delta|
-    k3                 mean of exp(delta) - 1 - delta: Schulman's k3 estimate of
-                       KL(sampler || trainer) from tokens the sampler drew
-    ratio out          fraction of tokens whose importance ratio exp(delta) is outside [0.5, 2]
-    max |delta|        the largest |delta|
-    entropy            mean per-token entropy of the trainer's distribution over the loss tokens
-    low entropy        fraction of those tokens with entropy below NEAR_ZERO_ENTROPY
-    masked             fraction of the tokens with a loss mask that have loss_mask 0
-
-The names are those of the data layer's per-step rows (webapp/tokens/models.py,
-TokenStepStat.as_dict); NEAR_ZERO_ENTROPY and the ratio band are its LOW_ENTROPY and RATIO_LOW/HIGH.
+Inputs are per-step token statistics (`TokenSteps`) and per-rollout counts of tool-result tokens
+(`ToolTokens`); the webapp reads both from stored statistics, a notebook builds them with
+`step_stats` and `tool_tokens_in_loss`. Each rule and threshold: docs/tokens.md, "Module notes".
 """
 
 from __future__ import annotations

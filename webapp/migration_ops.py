@@ -1,24 +1,9 @@
-"""Migration operations that never stop ingestion on Postgres (docs/migrations.md says when to use
-which). On SQLite, the embedded single-writer default, they do what Django's own operations do.
-
-- `AddIndexOnline` / `RemoveIndexOnline`: Django's AddIndex / RemoveIndex, built and dropped
-  CONCURRENTLY on Postgres. A plain CREATE INDEX holds a SHARE lock on the table for the whole
-  build, which blocks every INSERT (ingestion waited 12 s for migration 0011 at 1M rollouts); a
-  concurrent build takes SHARE UPDATE EXCLUSIVE, which blocks no reader and no writer.
-- `ReplaceIndexOnline`: an index redefined under the same name. The new one is built concurrently
-  under a temporary name, the old one dropped concurrently, the new one renamed: the pages never go
-  without an index while it builds.
-- `create_index_concurrently` for raw CREATE INDEX statements (expression and GIN indexes).
-
-A migration using any of them must say `atomic = False` (CONCURRENTLY refuses a transaction block);
-each operation then commits by itself, so each must leave the database usable on its own.
-
-A concurrent build that fails (a deadlock, a cancelled migrate) leaves an INVALID index behind,
-which `IF NOT EXISTS` would take for done: every helper here drops an invalid leftover of the same
-name first, so re-running the migration repairs it.
-
-Keep these stable: applied migrations import them, and a fresh database must build what an upgraded
-one got.
+"""Migration operations that never stop ingestion on Postgres: `AddIndexOnline`,
+`RemoveIndexOnline`, `ReplaceIndexOnline` and `create_index_concurrently` build and drop indexes
+CONCURRENTLY; on SQLite they do what Django's own operations do. A migration using them says
+`atomic = False`, and each operation must leave the database usable on its own. A failed
+concurrent build's INVALID leftover is dropped first, so re-running repairs it. Applied
+migrations import these names: keep them stable. Why and when: docs/migrations.md.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def run_job(self, run_id: int) -> str:
         )
     Run.objects.filter(id=run_id).update(pid=proc.pid, output_dir=str(out))
     _set_current(run_id)
-    rc = _watch(run_id, proc)
+    rc = _watch(run, proc)
     _set_current(None)
     if not Run.objects.filter(id=run_id, deleted_at__isnull=True).exists():
         return _deleted(run, out)
@@ -180,11 +180,10 @@ def run_job(self, run_id: int) -> str:
     return f"run {run_id} {outcome}"
 
 
-def _watch(run_id: int, proc: subprocess.Popen) -> int:
+def _watch(run, proc: subprocess.Popen) -> int:
     from django.conf import settings
-    from django.utils import timezone
 
-    from webapp.runs.models import Run
+    from webapp.runs.models import RUN_LEASES, Run
 
     term_at: float | None = None
     last_beat = 0.0
@@ -194,10 +193,10 @@ def _watch(run_id: int, proc: subprocess.Popen) -> int:
             return rc
         now = time.monotonic()
         if now - last_beat >= settings.WORKER_HEARTBEAT_SECONDS / 2:
-            alive = Run.objects.filter(id=run_id).update(heartbeat_at=timezone.now())
+            alive = RUN_LEASES.renew(run)
             last_beat = now
             stop = (
-                not alive or Run.objects.filter(id=run_id, cancel_requested=True).exists()
+                not alive or Run.objects.filter(id=run.id, cancel_requested=True).exists()
             )  # deleted or cancel
             if term_at is None and stop:
                 _signal(proc, signal.SIGTERM)
@@ -329,7 +328,7 @@ def _stop_heartbeat(**kwargs) -> None:
 
 @app.task(name="workers.tasks.run_replay", bind=True, queue="default")
 def run_replay(self, replay_id: int, spawn: bool = True) -> str:
-    """Score a reward replay's chunks until none is left (webapp/replays/services.py).
+    """Score a reward replay's chunks until none is left (webapp/replays/queue.py).
     The first copy queues more, so every free worker process claims chunks too; the last
     one out summarises."""
     from django.db import close_old_connections

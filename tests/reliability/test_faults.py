@@ -133,8 +133,8 @@ def test_it_fails_a_run_whose_worker_was_killed_and_keeps_its_rollouts(
     transactional_db, personas, private_redis, tmp_path, settings
 ):
     from webapp.rollouts.models import Rollout
-    from webapp.runs.models import Run
-    from webapp.runs.services import STALE_BEATS, reap_stale_runs
+    from webapp.runs.models import STALE_BEATS, Run
+    from webapp.runs.services import reap_stale_runs
 
     settings.WORKER_HEARTBEAT_SECONDS = HEARTBEAT
     worker = _start_worker(tmp_path / "worker.log", private_redis.url, "victim")

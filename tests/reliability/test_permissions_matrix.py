@@ -218,7 +218,7 @@ def world(run, personas, make_user):
         results={},
         created_by=personas["trainer"],
     )
-    from webapp.replays import services as replays
+    from webapp.replays import results as replays
     from webapp.replays.models import Replay
 
     replay = Replay.objects.create(run=run, name="r", versions=[], status="succeeded")

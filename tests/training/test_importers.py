@@ -789,3 +789,13 @@ def test_it_names_messages_for_a_reward_output_without_its_sample(tmp_path):
     out = {k: v for k, v in rft_record("s0", "2+2?", "4", 1.0).items() if k != "messages"}
     _, bad, _ = items(open_reader("byoo", write_jsonl(tmp_path / "rft.jsonl", [out])))
     assert bad[0].line == 1 and bad[0].message.startswith("messages: is required")
+
+
+def test_a_verl_import_says_its_file_carries_no_tokens(tmp_path):
+    """verl's _dump_generations writes decoded text, score and reward extras, never a token
+    array: a flagged gap in the import's notes, not silence."""
+    reader = open_reader("verl", write_jsonl(tmp_path / "1.jsonl", verl_lines(1, ["Q1"], n=2)))
+    groups, bad, _ = items(reader)
+    assert bad == [] and all("tokens" not in r for g in groups for r in g.record["rollouts"])
+    (gap,) = reader.notes()["gaps"]
+    assert gap.startswith("tokens: none") and "rollout_log_probs" in gap

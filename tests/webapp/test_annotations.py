@@ -18,9 +18,10 @@ from webapp.annotations.models import (
     ReviewQueue,
 )
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import ExplorerQuery, explore
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from django.urls import reverse
 from tests.conftest import make_group
 from tests.webapp import replay_fixtures as fx
 from webapp.accounts.roles import ensure_groups, set_role
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.ingest import ingest_groups
-from webapp.rollouts.queries import ExplorerQuery, explore
 
 # token + role, run, components, the keyset walk (two segments at most: NULLs and values),
 # the page's rollouts with their group's std, the page's scores

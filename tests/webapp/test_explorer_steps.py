@@ -3,7 +3,7 @@ step range: the worst case for a walk of the sort index is a range whose rows so
 rewards of the first steps, when reward climbs over the run), so every later step's rows are
 skipped first.
 
-Two plans (queries._range_first, Postgres): a wide range walks the sort index, the skipped entries
+Two plans (PostgresSearch.range_first): a wide range walks the sort index, the skipped entries
 checked inside it (INCLUDE step, migration 0011), never by a heap fetch each; a narrow one is read
 from an index by step that carries the sort values, and its top sorted. The paging tests run both
 plans (RANGE_SHARE 0: always walk; 1: always read the range) against Python's sort; the plan tests
@@ -16,10 +16,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from webapp.rollouts import queries
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
+from webapp.explorer.search import postgres
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import RewardScore, Rollout
-from webapp.rollouts.queries import ExplorerQuery, explore
 
 STEPS = 6
 G = 4
@@ -71,7 +72,7 @@ def climbed(run):
 
 @pytest.fixture(params=["walk", "range"])
 def climbing(request, climbed, monkeypatch):
-    monkeypatch.setattr(queries, "RANGE_SHARE", 0.0 if request.param == "walk" else 1.0)
+    monkeypatch.setattr(postgres, "RANGE_SHARE", 0.0 if request.param == "walk" else 1.0)
     return climbed
 
 
@@ -143,7 +144,7 @@ SORT_INDEXES = [
 def test_a_walk_checks_the_step_range_inside_the_sort_index(climbed, field, index, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    monkeypatch.setattr(queries, "RANGE_SHARE", 0.0)
+    monkeypatch.setattr(postgres, "RANGE_SHARE", 0.0)
     sql = explorer_sql(climbed, sort=field, order="desc", step_min=0, step_max=1)
     plan = plan_of(sql, "rollout_run_step")
     assert f"Index Only Scan Backward using {index}" in plan, plan
@@ -157,8 +158,12 @@ def test_a_narrow_range_is_read_from_an_index_by_step_alone(climbed, sort):
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
     # steps 2-3 of 6: a third of the run, past RANGE_SHARE = 0.2; steps 2-2 is a sixth
     index = "score_step" if sort == "correct" else "rollout_run_step"
-    assert not queries._range_first(climbed, ExplorerQuery(step_min=2, step_max=3), sort)
-    assert queries._range_first(climbed, ExplorerQuery(step_min=2, step_max=2), sort)
+    assert not postgres.PostgresSearch().range_first(
+        climbed, ExplorerQuery(step_min=2, step_max=3), sort
+    )
+    assert postgres.PostgresSearch().range_first(
+        climbed, ExplorerQuery(step_min=2, step_max=2), sort
+    )
     sql = explorer_sql(climbed, sort=sort, order="desc", step_min=2, step_max=2)
     plan = plan_of(sql)
     scan = next(line for line in plan.splitlines() if " using " in line)

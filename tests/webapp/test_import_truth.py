@@ -114,6 +114,13 @@ def test_it_keeps_a_null_or_nan_verl_score_missing(tmp_path):
     assert [r.reward for r in missing] == [None, None]  # not 0.7 = acc x an assumed weight 1
 
 
+def test_a_verl_import_flags_that_its_dump_has_no_tokens(tmp_path):
+    verl_dump(tmp_path, 1, ["Q0"], 2, acc_and_format)
+    out, _ = run_import(tmp_path, "verl", run="verl-tokens")
+    (gap,) = Run.objects.get(name="verl-tokens").summary["import"]["gaps"]
+    assert gap.startswith("tokens: none") and f"not known from the files: {gap}" in out
+
+
 def test_it_recovers_verl_weights_so_an_unchanged_ablation_reproduces_the_trainer(tmp_path):
     for step in (1, 2):
         verl_dump(tmp_path, step, ["Q0", "Q1", "Q2"], 4, acc_and_format)

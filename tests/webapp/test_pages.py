@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from tests.conftest import make_group
+from webapp.explorer.paging import encode_cursor
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, Rollout
-from webapp.rollouts.queries import encode_cursor
 from webapp.runs.models import Run, StepMetric
 from webapp.runs.queries import component_series, reward_series, run_summaries
 

@@ -199,13 +199,13 @@ def test_it_covers_only_the_steps_stored_when_a_live_run_was_replayed(personas):
 
 
 def test_it_claims_each_chunk_once(drun, settings):
-    from webapp.replays import services
+    from webapp.replays import queue, services
 
     settings.REPLAY_CHUNK_ROLLOUTS = 6
     replay = services.create_replay(drun, {"versions": STRICT})
-    claims = [services.claim_chunk(replay.id, f"w{i}") for i in range(7)]
+    claims = [queue.claim_chunk(replay.id, f"w{i}") for i in range(7)]
     assert [c.index for c in claims[:6]] == list(range(6)) and claims[6] is None
-    assert not services.finish(replay.id)  # chunks still running: nobody summarises yet
+    assert not queue.finish(replay.id)  # chunks still running: nobody summarises yet
 
 
 def test_it_cancels_between_chunks(drun, settings):
@@ -288,18 +288,18 @@ def test_it_reclaims_a_stale_chunk_and_ignores_the_late_result(drun, settings):
 
     from django.utils import timezone
 
-    from webapp.replays import services
+    from webapp.replays import queue, services
     from webapp.replays.models import ReplayChunk
 
     settings.REPLAY_CHUNK_ROLLOUTS = 36
     replay = services.create_replay(drun, {"versions": STRICT})
-    dead = services.claim_chunk(replay.id, "worker-that-died")
-    assert services.claim_chunk(replay.id, "w2") is None  # fresh claims are respected
+    dead = queue.claim_chunk(replay.id, "worker-that-died")
+    assert queue.claim_chunk(replay.id, "w2") is None  # fresh claims are respected
     ReplayChunk.objects.filter(id=dead.id).update(claimed_at=timezone.now() - timedelta(hours=1))
-    again = services.claim_chunk(replay.id, "w2")
+    again = queue.claim_chunk(replay.id, "w2")
     assert again.id == dead.id and again.worker == "w2"
-    services.process_chunk(replay, again, None)
-    services.process_chunk(
+    queue.process_chunk(replay, again, None)
+    queue.process_chunk(
         replay, dead, None
     )  # the first worker comes back late: nothing is stored twice
     replay.refresh_from_db()
@@ -315,7 +315,7 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
     from django.urls import reverse
     from django.utils import timezone
 
-    from webapp.replays import services
+    from webapp.replays import queue, results, services
     from webapp.replays.models import Replay
 
     replay = services.create_replay(drun, {"versions": STRICT})
@@ -325,13 +325,13 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
             "worker killed mid-summary"
         )  # not an Exception: finish() cannot record a failure
 
-    monkeypatch.setattr(services, "summarise", killed)
+    monkeypatch.setattr(results, "summarise", killed)
     with pytest.raises(SystemExit):
         services.work(replay.id, "doomed")
     monkeypatch.undo()
     replay.refresh_from_db()
     assert replay.status == "summarising" and replay.results is None and replay.done == replay.total
-    assert not services.finish(replay.id) and not services.stalled(
+    assert not queue.finish(replay.id) and not queue.stalled(
         replay
     )  # a live summariser is left alone
     page = reverse("replays-detail", args=[replay.id])
@@ -339,16 +339,16 @@ def test_it_resummarises_a_replay_whose_summarising_worker_died(drun, client_as,
 
     Replay.objects.filter(id=replay.id).update(summarising_at=timezone.now() - timedelta(hours=1))
     replay.refresh_from_db()
-    assert services.stalled(replay)
+    assert queue.stalled(replay)
     assert 'id="replay-resume"' not in client_as("viewer").get(page).content.decode()
     assert client_as("viewer").post(reverse("replays-resume", args=[replay.id])).status_code == 403
     assert 'id="replay-resume"' in client_as("trainer").get(page).content.decode()
     queued = []
-    monkeypatch.setattr(services, "enqueue", queued.append)
+    monkeypatch.setattr(queue, "enqueue", queued.append)
     assert client_as("trainer").post(reverse("replays-resume", args=[replay.id])).status_code == 302
     assert [r.id for r in queued] == [replay.id]
     assert (
-        services.resume_stalled() == 0 and len(queued) == 1
+        queue.resume_stalled() == 0 and len(queued) == 1
     )  # re-queued once per stale limit, not per beat
     services.work(replay.id, "next-worker")  # what the queued task runs
     replay.refresh_from_db()
@@ -362,26 +362,24 @@ def test_it_resumes_a_running_replay_only_when_its_chunk_went_stale(drun, settin
 
     from django.utils import timezone
 
-    from webapp.replays import services
+    from webapp.replays import queue, services
     from webapp.replays.models import Replay, ReplayChunk
 
     settings.REPLAY_CHUNK_ROLLOUTS = 36
     replay = services.create_replay(drun, {"versions": STRICT})
     hour_ago = timezone.now() - timedelta(hours=1)
     Replay.objects.filter(id=replay.id).update(status="running", started_at=hour_ago)
-    chunk = services.claim_chunk(replay.id, "worker-that-dies")
+    chunk = queue.claim_chunk(replay.id, "worker-that-dies")
     replay.refresh_from_db()
-    assert not services.stalled(replay) and not services.resume(
+    assert not queue.stalled(replay) and not queue.resume(
         replay
     )  # its worker is still within the limit
     ReplayChunk.objects.filter(id=chunk.id).update(claimed_at=hour_ago)
-    assert services.stalled(replay)
+    assert queue.stalled(replay)
     services.work(replay.id, "w2")
     replay.refresh_from_db()
     assert (
-        replay.status == "succeeded"
-        and replay.done == replay.total
-        and not services.stalled(replay)
+        replay.status == "succeeded" and replay.done == replay.total and not queue.stalled(replay)
     )
 
 
@@ -392,7 +390,7 @@ def test_it_requeues_each_stalled_replay_once_from_the_worker_heartbeat(drun, mo
 
     from django.utils import timezone
 
-    from webapp.replays import services
+    from webapp.replays import queue, services
     from webapp.replays.models import Replay
 
     hour_ago = timezone.now() - timedelta(hours=1)
@@ -401,8 +399,8 @@ def test_it_requeues_each_stalled_replay_once_from_the_worker_heartbeat(drun, mo
     busy = services.create_replay(drun, {"versions": STRICT})
     Replay.objects.filter(id=busy.id).update(status="summarising", summarising_at=timezone.now())
     queued = []
-    monkeypatch.setattr(services, "enqueue", lambda r: queued.append(r.id))
-    assert services.resume_stalled() == 1 and services.resume_stalled() == 0  # two workers' beats
+    monkeypatch.setattr(queue, "enqueue", lambda r: queued.append(r.id))
+    assert queue.resume_stalled() == 1 and queue.resume_stalled() == 0  # two workers' beats
     assert queued == [dead.id]
     Replay.objects.filter(id=dead.id).update(resumed_at=hour_ago)  # that task was lost as well
-    assert services.resume_stalled() == 1 and queued == [dead.id, dead.id]
+    assert queue.resume_stalled() == 1 and queued == [dead.id, dead.id]

@@ -153,8 +153,25 @@ def test_it_links_the_replay_page_to_the_explorer_sorted_by_the_replayed_values(
 
 
 def test_it_refuses_a_replay_sort_built_in_code_without_a_replay(replayed):
-    from webapp.rollouts.queries import ExplorerQuery, explore
+    from webapp.explorer.params import ExplorerQuery
+    from webapp.explorer.query import explore
 
     with pytest.raises(FieldError) as e:
         explore(replayed.run, ExplorerQuery(sort="replay.semantic_coverage"))
     assert e.value.field == "replay"
+
+
+def test_the_transcript_walks_the_replay_order_with_prev_and_next(replayed, client_as):
+    client, run = client_as("viewer"), replayed.run
+    values = _replayed_values(replayed)
+    order = [i for i, _ in sorted(values.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)]
+    params = {"sort": "replay.semantic_coverage", "replay": replayed.id, "order": "desc"}
+    middle = order[len(order) // 2]
+    resp = client.get(reverse("rollouts-transcript", args=[middle]), params)
+    assert resp.status_code == 200
+    assert (resp.context["prev_id"], resp.context["next_id"]) == (
+        order[order.index(middle) - 1],
+        order[order.index(middle) + 1],
+    )
+    other = client.get(reverse("rollouts-transcript", args=[middle]), {**params, "replay": 10**9})
+    assert other.status_code == 200 and other.context["next_id"] is None  # not this run's replay

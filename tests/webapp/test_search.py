@@ -16,9 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.rollouts.services import create_run
 
 SYSTEM = "You are a coding agent. Use the tools. sysmarkerword"
@@ -383,7 +384,8 @@ def test_it_backfills_previews_and_search_text_of_existing_rows(run):
 def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    from webapp.rollouts.queries import _probe
+    from webapp.explorer.search import backend
+    from webapp.explorer.search.base import run_size
     from webapp.rollouts.text import parse_query
 
     run, _ = searched
@@ -395,7 +397,7 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
         )
     with CaptureQueriesContext(connection) as ctx:
-        assert len(_probe(run, parse_query("resultneedle"))[0]) == 1
+        assert len(backend().probe(run, parse_query("resultneedle"), 50, run_size(run))[0]) == 1
     sql = next(
         q["sql"]
         for q in ctx.captured_queries
@@ -416,7 +418,7 @@ def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
 ):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    from webapp.rollouts import queries
+    from webapp.explorer.search import backend, base
     from webapp.rollouts.text import parse_query
 
     run, _ = searched
@@ -426,13 +428,14 @@ def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
         )
     # In every reward reason: 7 rollouts in `run`, 2 in the other run.
     every = parse_query('"tests pass"')
-    assert queries._candidates(run, parse_query("resultneedle")) == 1
-    assert queries._candidates(run, every) == 7
-    assert queries._run_size(run) == 7
-    monkeypatch.setattr(queries, "SEARCH_PROBE", 1)
-    fetched, _ = queries._probe(run, every, limit=50)  # 7 <= sqrt(51 x 7): fetch them all
+    search = backend()
+    assert search.candidates(run, parse_query("resultneedle")) == 1
+    assert search.candidates(run, every) == 7
+    assert base.run_size(run) == 7
+    monkeypatch.setattr(base, "SEARCH_PROBE", 1)
+    fetched, _ = search.probe(run, every, 50, 7)  # 7 <= sqrt(51 x 7): fetch them all
     assert len(fetched) == 7
-    assert queries._probe(run, every, limit=1) == (None, 7)  # 7 > sqrt(2 x 7): walk 7 rows at most
+    assert search.probe(run, every, 1, 7) == (None, 7)  # 7 > sqrt(2 x 7): walk 7 rows at most
     walked = ids(run, '"tests pass"', limit=1)
     assert len(walked) == len(set(walked)) == 7
 
@@ -445,21 +448,23 @@ def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_ar
     the hits fetched."""
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    from webapp.rollouts import queries
+    from webapp.explorer.search import base
+    from webapp.explorer.search.postgres import PostgresSearch
 
     run, _ = searched
     with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
         cur.execute(
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
         )
-    monkeypatch.setattr(queries, "_word_plan", lambda run, search: None)  # the trigram plans
-    monkeypatch.setattr(queries, "SEARCH_PROBE", 0)
-    monkeypatch.setattr(queries, "WALK_FIRST", 1)  # rounds of 1, 2, 4... rows
-    monkeypatch.setattr(queries, "_run_size", lambda run: 0)  # cap 0: 1 candidate is "too many"
+    pg = PostgresSearch
+    monkeypatch.setattr(pg, "word_plan", lambda self, run, search: None)  # the trigram plans
+    monkeypatch.setattr(base, "SEARCH_PROBE", 0)
+    monkeypatch.setattr(base, "WALK_FIRST", 1)  # rounds of 1, 2, 4... rows
+    monkeypatch.setattr(pg, "plan_size", lambda self, run: 0)  # cap 0: 1 candidate is "too many"
     fetches = []
-    real_fetch = queries._fetch_hits
+    real_fetch = pg.fetch_hits
     monkeypatch.setattr(
-        queries, "_fetch_hits", lambda *a, **kw: fetches.append(a) or real_fetch(*a, **kw)
+        pg, "fetch_hits", lambda *a, **kw: fetches.append(a) or real_fetch(*a, **kw)
     )
     expected = list(Rollout.objects.filter(run=run, search_text__icontains="resultneedle"))
     assert [r.id for r in expected] == ids(run, "resultneedle", limit=1) and len(expected) == 1

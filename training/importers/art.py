@@ -1,25 +1,11 @@
-"""ART (OpenPipe) trajectory-group Parquet files.
+"""ART (OpenPipe) trajectory-group Parquet files:
+`<art_path>/<project>/models/<model>/trajectories/ <split>/<step:04d>.parquet`; give the model
+folder, its `trajectories/` folder or one file.
 
-Where (ART's `model.log` / backends): `<art_path>/<project>/models/<model>/trajectories/<split>/
-<step:04d>.parquet`, split `train` or `val`; give the model folder, its `trajectories/` folder
-or one file. What (`art/utils/trajectory_logging.py` `write_trajectory_groups_parquet`), one row per
-trajectory:
-
-- format 2 (`format_version` 2): `group_index`, `trajectory_index`, `group_json`,
-  `trajectory_json` (the authoritative models), and the materialized `group_metadata`,
-  `group_metrics`, `group_logs`, `reward`, `metrics`, `metadata`, `tools` (JSON strings), `logs`,
-  `messages` (structs `role, content, tool_calls` (JSON string), `tool_call_id`, `trainable`: True
-  for a sampled Choice); `messages` is null for a trajectory with `exchanges` or non-text content,
-  and a group without trajectories is one sentinel row (`trajectory_index` null);
-- format 1 (earlier releases): the materialized columns only.
-
-A group is the rows of one `group_index` in one file, at the file's step; the `val` split is the
-holdout. The transcript starts at the first trainable message (the messages before it are the
-prompt). The aggregate is the trajectory's `reward`; each numeric or boolean per-trajectory metric
-is a component. ART's reward is whatever the rollout function set: the metrics are not known to be
-weighted parts of it (flagged). The advantage is ART's GRPO (`preprocessing/tokenize.py`): reward
-minus the group mean, divided by the population std + 1e-6 when `scale_rewards` (ART's default,
-not in the file: flagged); a trajectory with advantage 0 is not trained.
+One row per trajectory (format versions 1 and 2); the rows of one `group_index` are a group, the
+`val` split the holdout. The trajectory's `reward` is the aggregate, each numeric metric a
+component (not known to be weighted parts of it: flagged); the advantage is ART's GRPO. What is
+exact and what is flagged, column by column: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """Bring-your-own-orchestration episodes: the aggregate-plus-sub-metrics records that managed
-multi-turn RL services (and home-made agent loops) produce. One episode per line:
+multi-turn RL services and home-made agent loops produce, one JSON episode per line
+(`episode_id`, optional `group_id` and `step`, `turns`, `aggregate_reward_score`, sub-metrics).
 
-    {"episode_id": str,
-     "group_id": str?,                      episodes sampled from the same prompt together
-     "step": int?,                          default 0
-     "prompt": str | [messages]?,           default: the turns before the first assistant turn
-     "turns": [{"role", "content", "tool_calls"?, "name"?, ...}],
-     "aggregate_reward_score": float | null,  the reward the trainer optimised
-     "sub_metrics": {name: float}?}         its breakdown -> reward components
-
-The one published shape of such a reward service, Amazon Bedrock / SageMaker Nova reinforcement
-fine-tuning's reward Lambda (its starter template and docs), is read too: the Lambda gets samples
-`{"id", "messages": [...], "reference_answer" | "metadata"}` and returns `{"id",
-"aggregate_reward_score", "metrics_list": [{"name", "value", "type": "Reward" | "Metric"}]}`; a
-record joining both (the output fields next to the sample's `messages`) is one episode: `messages`
-are its turns, `id` its episode id, and every `metrics_list` entry with a number is a reward
-component (its type goes into the state). The output alone holds no transcript: such a record is
-refused, naming `messages`.
-
-Each episode becomes a transcript rollout whose "reward" is the aggregate (null stays missing). The
-sub-metrics need not sum to it: their weights are recovered from the episodes where the aggregate is
-a weighted sum of them, else the rest of each aggregate is the component `unexplained`
-(training/importers/weights.py), and the run says which. A group is every episode with the same
-group_id at the same step, or, for episodes without a group_id, every episode with the same prompt
-at the same step. Advantages are the GRPO
-advantage of the aggregate within the group.
+The aggregate is what the trainer optimised; the sub-metrics become components, their weights
+recovered where the aggregate is their weighted sum, else the rest is an `unexplained` component
+(importers/weights.py). Nova's reward-Lambda records are read too. The record's fields in full:
+docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """verifiers v1 `Episode` records, as PRIME-RL's FileMonitor and `prime eval` / `vf-eval` write
 them: one record to one rollout. Shared by the PRIME-RL and verifiers readers.
 
-A record is `Episode.to_record()` (verifiers/v1/episode.py; `model_dump(mode="json",
-exclude_none=True)`, so `None` fields are absent): `{"id", "env": {"id", "name"}, "task": {"type",
-"data", "key", "hash"}, "group": {"id"}, "run": {"type", "id", "name", "work": {"type", "step",
-"policy": {"start", "end"}}}, "ok", "errors", "traces": [...]}`, each trace (verifiers/v1/trace.py)
-`{"id", "task", "agent": {"name", "trainable", ...}, "nodes": [{"parent", "message", "sampled",
-"token_ids", "mask", "logprobs", "advantages"?, "reference_logprobs"?, "loss_weights"?}],
-"rewards": {name: {"score", "weight"} | null}, "metrics": {name: float | null}, "info", "ok",
-"stop_condition", "errors", "calls", "timing", ...}`.
-
-The rollout is the episode's first trainable trace: its transcript is the last branch of the
-message graph from the first sampled message on (the messages before it are the prompt), each
-reward a component (value = score), the aggregate the trace's `reward` (verifiers: the sum of score
-x weight over the rewards that scored), metrics, the agent, the stop condition and errors in the
-state. Its per-token arrays become the rollout's `tokens` object (`trace_tokens`; docs/tokens.md):
-the nodes of the transcript's messages (the same branch, from the first sampled message on)
-concatenated, each per-sampled-token field (logprobs, advantages, reference_logprobs,
-trainer_logprobs, entropies) spread onto its node's sampled positions with 0.0 elsewhere, as
-verifiers' `Branch.spread` does; `loss_mask` is the nodes' `mask`, `turn` the transcript index of
-each token's message. A malformed array (lengths that disagree, a non-finite value, a log-prob
-above 0) or more tokens than the ingestion's per-rollout limit stores the rollout without tokens
-and says why in its state (`tokens_not_stored`).
+A record's traces become the transcript (the trainable agent's nodes), its task the group, its
+rewards and metrics the components, its token ids, masks and log-probs the optional `tokens`
+object. The record's layout and each field's mapping: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

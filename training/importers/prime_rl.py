@@ -1,46 +1,10 @@
-"""PRIME-RL rollouts: the episode files its orchestrator's FileMonitor writes.
-
-Where (prime_rl/monitors/file.py `log_episodes`, prime_rl/orchestrator/orchestrator.py):
+"""PRIME-RL rollouts: the episode files its orchestrator's FileMonitor writes under
 `<run_dir>/rollouts/step_N/<train|eval>/<all|effective>/traces.jsonl`. Give the run folder, its
-`rollouts/` folder, a step folder or one file; folders are searched recursively, and the run's
-resolved config `<run_dir>/configs/orchestrator.json` is read when it is there.
+`rollouts/` folder, a step folder or one file; the run's resolved orchestrator config is read
+when it is there.
 
-- `train/all`: every episode that *arrived* while batch N was collecting (`progress.step`), failures
-  and trace-less episodes included, written on arrival: before the group is scored, so no token
-  advantages.
-- `train/effective`: what batch N shipped, written at ship time with the advantages PRIME-RL
-  assigned. With `filter_zero_advantages` (the default) a trace whose advantages are all zero is
-  not shipped: every zero-std group is absent, and so are the zero-advantage members of the others.
-  A group's traces wait in one queue and a batch takes the first `batch_size`, so one group can be
-  shipped by two batches (two `effective` files, the same group id).
-- `eval/all` and `eval/effective` (the non-errored ones), at the step whose eval ran them.
-
-How the files become groups (the whole import is indexed first, then each group is built once,
-complete): a group is the episodes with the same `group.id` (a uuid per dispatched group) and kind,
-whatever folders they sit in. Its members are its `all` episodes (plus any found only in an
-`effective` file); its step is the first `effective` folder that trained it, else the `all` folder
-in which its last episode arrived (the window in which PRIME-RL finished it and dropped it); never
-`run.work.step`, which is the step at dispatch. A group with fewer episodes than the group size (the
-config's, else `--group-size`, else the largest seen per environment, flagged) is not stored: its
-other episodes are in folders not given, were cancelled, or had not arrived.
-
-Rewards and advantages, as PRIME-RL's GRPO (`algo/grpo.py`, `algo/base.py`
-iter_trainable_traces): the scored traces are the clean ones (`ok`) of a trainable agent with
-sampled tokens; their reward is the trace's (sum of score x weight). A trace PRIME-RL did not
-score (an error, or an episode without a trace) is stored with no reward and advantage 0, its
-state saying why. The advantage of a trained trace is the one it shipped with (the mean of its
-non-zero token advantages, `scalar_advantage`); of an untrained scored trace, reward minus the
-group mean, which is what GRPO assigned it (checked against the trained members of the same
-group; without the config, an unchecked group is flagged).
-Each rollout carries its trace's per-token arrays as its `tokens` (training/importers/episodes.py
-`trace_tokens`): from the shipped `effective` copy when there is one (it adds the per-token
-advantages), else from the `all` record (ids, loss mask, sampler log-probs, turns). The trainer's
-log-probs and entropies are not in PRIME-RL's files and are left out, not made up.
-Everything the files cannot tell is listed in `gaps` (stored on the run's import summary).
-
-Records without "traces" are read in the flat format of earlier versions of this reader
-(`{"step", "problem_id" | "example_id", "prompt", "completion", "reward", "advantage"?, "rewards" |
-"task_rewards"?}`), which no PRIME-RL release is known to write.
+Episodes are read with importers/episodes.py; what the `all` and `effective` files hold, which
+steps and advantages are exact and which are flagged: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
 """TRL completion logs: the `completions/completions_<global_step:05d>.parquet` files that
-`GRPOTrainer` writes at every logging step when `GRPOConfig(log_completions=True)`.
+`GRPOTrainer` writes at every logging step with `GRPOConfig(log_completions=True)`.
 
-Columns, from TRL 1.16's `GRPOTrainer.log` (trl/trainer/grpo_trainer.py):
-
-    step        the global step (the same on every row of a file)
-    prompt      str, or a list of chat messages {role, content, ...} for conversational data
-    completion  str, or a list of chat messages
-    <name>      one float column per reward function (`reward_func_names`), NaN where it
-                returned None
-    <extra>     one column per key logged with `log_extra` (any type)
-    advantage   the advantage TRL computed for the row
-
-No group id is written. TRL lays out the G = num_generations completions of a prompt consecutively
-(`RepeatSampler`; the advantage code groups with `rewards.view(-1, G)`), so every G consecutive
-rows are one group: a run of consecutive rows with the same prompt at the same step is k x G rows,
-k > 1 when the sampler drew the prompt twice in a row, and is split into groups of G - TRL's own
-grouping, not a guess. G is `group_size` (the recorder's settings file or --group-size), else the
-greatest common divisor of the file's run lengths (every run is a multiple of G). A group is
-complete when the prompt changes or the file ends. Advantages are TRL's own.
-
-The trainer's settings: the RolloutRecorder writes `reward_settings.json` (sinks.SETTINGS_FILE) into
-the output_dir at train start when `log_completions` is on; this reader looks for it beside and
-above the parquet files. From it come the reward functions (only they are components: every other
-column, e.g. a `log_extra` column, goes into the rollout's state), their weights (each rollout's
-aggregate is TRL's weighted sum) and G. Without the file: `components`, `weights` and `group_size`
-given by the user, else the numeric columns that are not the recorder's own log_extra columns
-(prefixes `recorder/` and `reason/`). The parquet has neither TRL's `reward_weights` nor its
-aggregate: without weights the run says so (`weights_note`, and the "assumed_weights_rows" count
-in the import summary) - the aggregate is then the run's weights' sum (1 each unless set), not
-necessarily TRL's; the components and TRL's advantages are exact either way.
-
-Text is cleaned exactly as the recorder's sinks clean it (`sinks.storable`: NUL and lone surrogates
-become U+FFFD), so a completion the recorder would have stored is stored by the import too.
-
-TRL keeps the last generation batch between logging steps (`_logs` is a deque, not cleared), so with
-`steps_per_generation > 1` consecutive files can hold the same rows under different steps: a file
-identical to the previous one (same prompts and completions) is skipped and reported.
+One row per completion: prompt, completion, one column per reward function, advantage. Groups
+are TRL's own: every G consecutive rows of one prompt. The recorder's `reward_settings.json`,
+found beside or above the files, gives the components, weights and G; without it, missing
+weights are flagged, never assumed. Columns and rules: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

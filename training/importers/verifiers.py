@@ -1,27 +1,9 @@
-"""verifiers' own evaluation output: what `prime eval` / `vf-eval` write outside PRIME-RL.
-
-Two layouts (give the run folder, a folder of runs, or one file; folders are searched recursively):
-
-- `results.jsonl` + `metadata.json` (verifiers/legacy/utils/save_utils.py: `state_to_output`,
-  `save_outputs`, `save_metadata`): one rollout per line, `{"example_id", "prompt", "completion",
-  "answer"?, "info"?, "reward", "error"?, "timing", "is_completed", "is_truncated",
-  "stop_condition", "metrics": {reward function or metric: value}, "tool_defs", "token_usage"?}`,
-  each metric also flattened to a top-level key, plus the run's `state_columns`; tool calls are JSON
-  strings (`sanitize_tool_calls`). metadata.json has `rollouts_per_example`, `env_id`, `model`,
-  `sampling_args`, `avg_reward`... A group is the rows of one `example_id`. The aggregate is the
-  row's `reward` (the rubric's sum of weight x score); each `metrics` entry is a component. The
-  rubric's weights are not in the files: they are recovered when `reward` is an exact weighted sum
-  of the metrics over the file (least squares with zero residual and a unique solution), and
-  flagged as unknown otherwise.
-- v1 `traces.jsonl` + `configs/eval.json` (verifiers/v1/cli/output.py `append_episode`): one
-  `Episode` record per line (training/importers/episodes.py), `run` = `{"type": "eval", "id",
-  "name"}` and no `group`: a group is the episodes of one task (`task.key`, else its hash); rewards
-  state their weights; `num_rollouts` in the config is the group size.
-
-Evaluations train nothing: no advantage is in either file. The stored advantage is reward minus the
-group mean, which is how verifiers' `Rubric.score_group` defines it (`state["advantage"]`); groups
-are the holdout split at step 0. Keys are prefixed with the run folder's name, so a folder of
-several eval runs imports into one run without collisions.
+"""verifiers' own evaluation output, what `prime eval` / `vf-eval` write outside PRIME-RL: either
+`results.jsonl` + `metadata.json` (one rollout per line) or v1 episode files (read by
+importers/episodes.py). Give the run folder, a folder of runs, or one file; folders are searched
+recursively. The rollouts of one example (or task) form a group; the reward is the aggregate,
+each metric a component, with the rubric's weights recovered or flagged. The layouts in detail:
+docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

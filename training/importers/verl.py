@@ -1,37 +1,12 @@
 """verl rollout dumps: the `<step>.jsonl` files verl's trainer writes under
-`trainer.rollout_data_dir`.
+`trainer.rollout_data_dir`, one line per sample (`input`, `output`, `gts`, `score`, `step` and
+the reward function's extra keys).
 
-verl's `RayPPOTrainer._dump_generations` (verl/trainer/ppo/ray_trainer.py, via `_log_rollout_data`)
-writes one line per sample:
-
-    {"input": prompt text, "output": response text, "gts": ground truth, "score": aggregate reward
-     (token_level_scores summed), "step": global step,
-     <every key of the reward function's reward_extra_info with one value per sample>}
-
-A reward function returning a dict puts its own "score" among reward_extra_info, which then
-replaces the dumped score (the same number with verl's naive reward manager).
-
-Grouping: the batch has been reordered (`trainer.balance_batch`) before it is dumped, so the rows
-of a group are not consecutive, and verl's group id (`uid`) is not dumped unless the reward
-function returns it in reward_extra_info. A group is every row with the same `uid` at the same step
-when the rows carry one (exact), else every row with the same `input` at the same step. Without a
-uid, a prompt drawn k times in a step shows as k x G rows (G: `group_size`, or the most common
-size in the file) whose groups cannot be told apart: those rows are not imported, and the run's
-import summary counts them ("ungroupable_rows"); nothing is split by row order.
-
-Extra keys with numbers become reward components (or only those named in `components`); booleans
-too, as 0/1 (verl's own math reward returns `acc` as a bool); other keys and `gts` go into the
-rollout's state. `score` is the aggregate reward; a null or NaN score stays missing (never
-re-derived from the components). verl does not say how `score` relates to the components: the
-weights are recovered from the rows (training/importers/weights.py) or the unexplained part of the
-score is its own component, and the run says which. With the DAPO reward manager's logged overlong
-penalty the trained total may be score + overlong_reward (see `survey`).
-
-verl does not dump advantages: they are verl's GRPO outcome advantage of `score` within the group,
-(r - mean) / (std + 1e-6) (`compute_grpo_outcome_advantage`, verl/trainer/ppo/core_algos.py), or
-r - mean when the run had `norm_adv_by_std_in_grpo=False` (give `scale_rewards="none"`); a lone
-sample keeps its score (verl's mean 0, std 1 for a group of one). The run records epsilon 1e-6 and
-that scaling.
+A group is the rows of one `uid` (when the reward function returns it) or one `input` at a step;
+rows that cannot be told apart are counted, not imported. `score` is the aggregate; numeric
+extra keys become components, weighted by importers/weights.py; advantages are verl's GRPO
+formula. No token arrays: the dump carries none, and the import says so in
+its gaps (NO_TOKENS). What is exact and what is flagged: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -55,6 +30,11 @@ from .weights import PlannedJsonlReader
 KNOWN = ("input", "output", "gts", "score", "step", "uid")
 OVERLONG = "overlong_reward"  # DAPO reward manager, overlong_buffer.log=True
 VERL_EPS = 1e-6  # compute_grpo_outcome_advantage(epsilon=1e-6)
+NO_TOKENS = (
+    "tokens: none. verl's dump holds decoded text only (no token ids, rollout_log_probs, "
+    "old_log_probs, entropies or response mask), so the run has no token view and no "
+    "sampler/trainer mismatch; docs/tokens.md says how a verl run can send them"
+)
 
 
 def _number(v: Any) -> float | None:
@@ -100,6 +80,9 @@ class VerlReader(PlannedJsonlReader):
             "scale_rewards": "group",
             **(super().settings() or {}),
         }
+
+    def notes(self) -> dict[str, Any]:
+        return {**super().notes(), "gaps": [NO_TOKENS]}
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:
         self.count_beyond(rollouts)

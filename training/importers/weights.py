@@ -1,21 +1,11 @@
-"""The reward weights of a dump that logs the trainer's total but not how it was summed.
+"""The reward weights of a dump that logs the trainer's total but not how it was summed (verl,
+OpenRLHF).
 
-verl dumps the `score` it trained on and the reward function's `reward_extra_info` keys; OpenRLHF's
-reward function returns "rewards" and "extra_logs". Neither says how the total relates to the
-parts. Assuming weight 1 for every part makes an unchanged ablation disagree with the trainer's
-advantages. Instead:
-
-- the weights are recovered where the total IS a weighted sum of the logged components: least
-  squares over the rows (with a constant term), zero residual within TOLERANCE on every row;
-- a constant the components do not explain (verl's math reward: score = 2 x acc - 1) becomes the
-  component `unexplained`, the same on every row: it changes no advantage, and the sum still
-  equals the total;
-- where no weighted sum explains the total, the least-squares weights are kept and the rest of each
-  row's total is the component `unexplained` (weight 1), visible and droppable like any other.
-
-Either way weight x component summed over the components equals the trainer's total on every row,
-so an ablation that changes nothing reproduces the trainer's advantages. `note` says which case it
-was, in words stored on the run. Plain numpy, no Django.
+The weights are recovered where the total IS a weighted sum of the logged components (least
+squares with a constant term, zero residual within TOLERANCE on every row); what they do not
+explain is the component `unexplained`, so weight x component always sums to the trainer's total
+and an unchanged ablation reproduces its advantages. `note` says which case it was. The rules:
+docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

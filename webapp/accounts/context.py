@@ -1,3 +1,6 @@
+"""The template context every page gets: the user's role and what it may do (annotate, train,
+administer), so templates show only the actions the user is allowed."""
+
 from django.http import HttpRequest
 
 from webapp.accounts.roles import has_role, role_of

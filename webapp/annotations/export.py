@@ -1,44 +1,10 @@
-"""Bad cases → training data: SFT and DPO datasets in TRL's formats, versioned per name, and the
-launch of an SFT / DPO run on one.
+"""Bad cases -> training data: SFT and DPO datasets in TRL's formats (standard or conversational),
+versioned per name, and the launch of an SFT / DPO run on one (through launch_run).
 
-Record shapes (one JSON object per line):
-- SFT standard:        {"prompt": str, "completion": str}
-- SFT conversational:  {"messages": [..., {"role": "assistant", "content": <the correction>}]}
-- DPO standard:        {"prompt": str, "chosen": str, "rejected": str}
-- DPO conversational:  {"prompt": [messages], "chosen": [assistant messages],
-                        "rejected": [assistant messages]}
-Every line also carries `source_rollout_id`, `chosen_rollout_id`, `annotation_label`, `note`,
-`annotator`. The label key is `annotation_label`, not `label`: TRL reads a `label` key as an
-unpaired-preference (KTO) dataset and rejects the record; trainers drop the other extra columns
-(remove_unused_columns).
-
-Rules:
-- a correction (corrected_completion) replaces the transcript from `first_wrong_turn` on (the whole
-  completion when unset); the turns before it join the prompt;
-- SFT takes corrections only (and, when asked, completions annotated only with good labels): a
-  failed trajectory is never a positive example unless someone wrote a correction;
-- DPO takes each bad case as `rejected`; `chosen` is its correction, else the best-rewarded
-  completion of the same group that nobody marked bad, that parsed and finished, and whose reward
-  beats the rejected one's by at least `min_margin` (None: any such sibling). A pair whose chosen
-  text equals the rejected text (after newline normalisation) is never written: it teaches nothing
-  and makes DPO's loss constant;
-- the prompt is what the policy saw: a transcript that starts with the environment's own messages
-  (system + user, as ask_to_code records it) gives them as the prompt, never twice;
-- DPO (TRL 1.16's DPOTrainer): every token of `chosen`/`rejected` is trained on, there is no
-  assistant-only mask. So both hold only the assistant turns from the first message where the two
-  trajectories differ up to the next tool / environment / user message; everything before that
-  point (shared turns, tool replies) joins the prompt as context; later turns, which follow
-  replies of the environment, are left out. A pair whose first difference is not an assistant turn
-  teaches the policy nothing and is skipped (said in the skip counts);
-- text is stored and exported with `\n` line endings (a browser's textarea submits `\r\n`);
-- prompts: "conversational" keeps the chat messages, which TRL renders with the trainer's own chat
-  template (what GRPO does with our environment prompts). "standard" strings are rendered with the
-  chat template of `model`'s tokenizer when the export names a model (add_generation_prompt: the
-  string ends where the model's answer starts); without a model a one-message prompt is its text, no
-  role prefix;
-- messages are reduced to {"role", "content"} strings (tool calls are appended to the content as
-  JSON, the `environment` role becomes `user`) so that every line has one schema that `datasets` can
-  load.
+SFT takes corrections only; DPO takes each bad case as `rejected` and its correction, or the
+best sibling nobody marked bad that beats it by `min_margin`, as `chosen`. A pair whose texts
+are equal is never written. The record shapes, the prompt rules and the multi-turn cut are in
+docs/using.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from webapp.annotations.models import (
     ReviewQueue,
 )
 from webapp.errors import FieldError
+from webapp.explorer.params import MAX_LIMIT, ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import MAX_LIMIT, ExplorerQuery, explore
 from webapp.rollouts.text import normalize_newlines
 from webapp.runs.models import Run
 

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from rest_framework.request import Request
 
+from training import token_wire
 from webapp.errors import FieldError
 from webapp.rollouts.validation import unstorable_text
 
@@ -33,6 +34,18 @@ def parse_body(request: Request) -> Any:
         raise FieldError(
             "body", f"body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
         ) from None
+    if request.content_type == token_wire.CONTENT_TYPE:  # JSON + raw token arrays (no base64)
+        try:
+            raw, data = token_wire.split(raw)
+            body = _loads(raw)
+            token_wire.resolve(body, data)
+        except token_wire.WireError as e:
+            raise FieldError(e.path, e.message) from None
+        return body
+    return _loads(raw)
+
+
+def _loads(raw: bytes) -> Any:
     try:
         body = json.loads(raw or b"null", parse_constant=_reject_constant)
     except _Constant:

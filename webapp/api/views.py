@@ -18,9 +18,10 @@ from rest_framework.response import Response
 from webapp.accounts.roles import has_role
 from webapp.api.parsing import parse_body
 from webapp.errors import Conflict, FieldError
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore_values
 from webapp.rollouts.ingest import ingest_groups
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore
-from webapp.rollouts.queries import ExplorerQuery, explore_values
 from webapp.rollouts.services import (
     create_run,
     ensure_environment,

@@ -11,8 +11,8 @@ from training import behaviours as tb
 from webapp.behaviours import services
 from webapp.behaviours.models import Behaviour
 from webapp.diagnostics.charts import PALETTE, _layout
+from webapp.figures import escaped, line_trace
 from webapp.runs import queries as run_queries
-from webapp.runs.charts import escaped, line_trace
 from webapp.runs.models import Run
 
 Figure = dict[str, Any]

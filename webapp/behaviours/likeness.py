@@ -21,9 +21,11 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import matching_rollouts
+from webapp.explorer.search import backend
 from webapp.rollouts import text
 from webapp.rollouts.models import Rollout, StepStat
-from webapp.rollouts.queries import ExplorerQuery, matching_rollouts
 from webapp.runs.models import Run
 
 # Background rollouts read, spread over up to SAMPLE_STEPS steps: unnesting their stored words
@@ -292,11 +294,8 @@ def measure(
 def _count(run: Run, q: ExplorerQuery, parts: list[QuerySet]) -> int:
     """The query's matches. A search the word index answers exactly (one-word terms, nothing else)
     is counted by the index's bitmap alone, as the explorer counts (no row read); else the rows."""
-    if connection.vendor == "postgresql" and q.search is not None and len(parts) == 2:
-        from webapp.rollouts.queries import _word_count, _word_plan
-
-        plan = _word_plan(run, q.search)
-        only_search = set(q.params()) <= {"sort", "order", "q"}
-        if plan is not None and plan.exact and plan.tsquery and only_search:
-            return _word_count(plan) + parts[0].count()  # parts[0]: the rollouts without words
+    if q.search is not None and len(parts) == 2 and set(q.params()) <= {"sort", "order", "q"}:
+        counted = backend().exact_count(run, q.search)
+        if counted is not None:
+            return counted + parts[0].count()  # parts[0]: the rollouts without words
     return sum(part.count() for part in parts)

@@ -19,7 +19,7 @@ class Behaviour(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     # The explorer's query parameters (q, min_<component>, label, split, ...), as the explorer's
-    # URL carries them (webapp/rollouts/queries.py ExplorerQuery.from_params).
+    # URL carries them (webapp/explorer/params.py ExplorerQuery.from_params).
     query = models.JSONField(default=dict)
     # Checked on the candidates the query finds (the `regex` module, with a time limit per rollout).
     pattern = models.CharField(max_length=500, blank=True)

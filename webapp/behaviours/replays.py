@@ -1,5 +1,5 @@
 """A reward replay seen through a behaviour: how the replayed advantages of the behaviour's
-rollouts change (the replay's stored result arrays, webapp/replays/services.py), beside the rest's.
+rollouts change (the replay's stored result arrays, webapp/replays/results.py), beside the rest's.
 A fix aimed at a hack should turn its rollouts' mean advantage from positive to negative."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Behaviours over runs: defining one (a checked explorer query), computing its per-step sums on a
 run (only the steps that are new or grew since), and its findings for the diagnostics.
 
-The rollouts a behaviour matches are the explorer's own (webapp/rollouts/queries.py
+The rollouts a behaviour matches are the explorer's own (webapp/explorer/query.py
 matching_rollouts: the per-run word index on Postgres, trigram or plain text elsewhere), filtered
 by the optional pattern (patterns.py). A step is computed whole, in two aggregate queries (the
 step's rollouts, its matches) or, with a pattern, by reading the candidates' text; a run is brought
@@ -23,8 +23,9 @@ from training import behaviours as tb
 from webapp.behaviours.models import PAGE_PARAMS, Behaviour, BehaviourStep
 from webapp.behaviours.patterns import Checker, PatternTimeout, compile_pattern
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import matching_rollouts
 from webapp.rollouts.models import Environment, RewardComponent, Rollout, StepStat
-from webapp.rollouts.queries import ExplorerQuery, matching_rollouts
 from webapp.runs.models import Run
 
 log = logging.getLogger(__name__)

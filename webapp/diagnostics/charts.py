@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 # escaped: component and run names are user- and model-controlled
-from webapp.runs.charts import escaped, line_trace
+from webapp.figures import escaped, line_trace
 
 Figure = dict[str, Any]
 

@@ -1,6 +1,6 @@
 """Original vs replayed reward: the comparisons the replay page, the API and `reward_regress` show.
 
-Pure numpy over the result arrays (services.RESULT_KEYS), except `regression_labels`, which reads
+Pure numpy over the result arrays (results.RESULT_KEYS), except `regression_labels`, which reads
 the annotations. Ranks inside a group are competition ranks on the aggregate reward: 1 = best, tied
 completions share a rank, an unscorable completion (NaN reward) ranks last.
 """

@@ -29,8 +29,9 @@ from rest_framework.response import Response
 
 from webapp.accounts.roles import require_role
 from webapp.api.parsing import parse_body
-from webapp.replays import services
+from webapp.replays import queue, results, selection
 from webapp.replays.models import Replay
+from webapp.replays.twin import launch_training
 from webapp.runs.access import get_run_for
 
 
@@ -67,8 +68,8 @@ def run_replays(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer" if request.method == "POST" else "viewer")
     if request.method == "GET":
         return Response({"replays": [replay_json(r) for r in run.replays.all()[:200]]})
-    replay = services.create_replay(run, parse_body(request), request.user)
-    services.enqueue(replay)
+    replay = selection.create_replay(run, parse_body(request), request.user)
+    queue.enqueue(replay)
     return Response(replay_json(replay), status=status.HTTP_201_CREATED)
 
 
@@ -89,7 +90,7 @@ def replay_detail(request: Request, replay_id: int) -> Response:
 @api_view(["GET"])
 def replay_regress(request: Request, replay_id: int) -> Response:
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
-    result = services.regress(replay)  # a Conflict (409) while the replay has no results
+    result = results.regress(replay)  # a Conflict (409) while the replay has no results
     return Response(
         {
             "ok": result.ok,
@@ -110,7 +111,7 @@ def replay_train(request: Request, replay_id: int) -> Response:
     require_role(request, "trainer")  # the role before the lookup, as get_run_for does
     replay = get_object_or_404(Replay.objects.select_related("run"), id=replay_id)
     had_twin = replay.twin_id is not None
-    twin = services.launch_training(replay, request.user)
+    twin = launch_training(replay, request.user)
     body = {
         "twin": twin.id,
         "name": twin.name,

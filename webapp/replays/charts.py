@@ -12,7 +12,7 @@ import itertools
 from typing import Any
 
 from webapp.diagnostics.charts import _layout
-from webapp.runs.charts import escaped
+from webapp.figures import escaped
 
 Figure = dict[str, Any]
 OLD, NEW = "#94a3b8", "#2563eb"

@@ -53,7 +53,7 @@ class Replay(models.Model):
     summary = models.CharField(max_length=500, blank=True)  # one line, also the task's result
     results = models.BinaryField(
         null=True, editable=False
-    )  # npz of the per-rollout arrays (services.RESULT_KEYS)
+    )  # npz of the per-rollout arrays (results.RESULT_KEYS)
     stats = models.JSONField(
         default=dict, blank=True
     )  # headline numbers of the results (page and API)

@@ -11,9 +11,10 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 
 from webapp.accounts.roles import has_role, require_role
 from webapp.errors import FieldError
-from webapp.replays import charts, services
+from webapp.replays import charts, queue, results, selection
 from webapp.replays.forms import ReplayForm
 from webapp.replays.models import Replay
+from webapp.replays.twin import launch_training, training_blocker
 from webapp.rollouts.models import Rollout
 from webapp.runs.access import get_run_for
 
@@ -34,11 +35,11 @@ def run_replays(request: HttpRequest, run_id: int) -> HttpResponse:
     form = ReplayForm(request.POST or None, environment=env)
     if request.method == "POST" and form.is_valid():
         try:
-            replay = services.create_replay(run, form.request_body(), request.user)
+            replay = selection.create_replay(run, form.request_body(), request.user)
         except FieldError as e:
             form.add_error(None, f"{e.field}: {e.message}")
         else:
-            services.enqueue(replay)
+            queue.enqueue(replay)
             return redirect("replays-detail", replay.id)
     ctx = {
         "run": run,
@@ -58,22 +59,22 @@ def _previews(rows: list[dict]) -> list[dict]:
 @require_safe
 def replay_detail(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay = _replay(request, replay_id)
-    rep = services.report(replay) if replay.results is not None else None
+    rep = results.report(replay) if replay.results is not None else None
     trainer = has_role(request.user, "trainer")
     # Not `can_train`: the base template's navigation reads that name (the Launch link).
-    blocker = services.training_blocker(replay) if trainer and replay.twin_id is None else ""
+    blocker = training_blocker(replay) if trainer and replay.twin_id is None else ""
     ctx = {
         "replay": replay,
         "run": replay.run,
         "report": rep,
         "can_cancel": trainer,
-        "can_resume": trainer and services.stalled(replay),
-        "stale_minutes": services.STALE_SECONDS // 60,
+        "can_resume": trainer and queue.stalled(replay),
+        "stale_minutes": queue.STALE_SECONDS // 60,
         "figures": charts.figures(rep) if rep else {},
         "offer_training": trainer and replay.twin_id is None and not blocker,
         "training_blocker": blocker if replay.is_finished else "",
         # The summary line and the box below it, both from the annotations as they are now.
-        "summary_now": services.current_summary(replay, rep) if rep else "",
+        "summary_now": results.current_summary(replay, rep) if rep else "",
         "now": timezone.now(),
     }
     if rep:
@@ -111,7 +112,7 @@ def replay_train(request: HttpRequest, replay_id: int) -> HttpResponse:
     replay = _replay(request, replay_id, "trainer")
     had_twin = replay.twin_id is not None
     try:
-        twin = services.launch_training(replay, request.user)
+        twin = launch_training(replay, request.user)
     except FieldError as e:
         messages.error(request, f"Not started: {e.field}: {e.message}")
         return redirect("replays-detail", replay.id)
@@ -131,7 +132,7 @@ def replay_resume(request: HttpRequest, replay_id: int) -> HttpResponse:
     """Queue a stalled replay again (its workers died): stale chunks and the
     summary are reclaimed."""
     replay = _replay(request, replay_id, "trainer")
-    if services.resume(replay):
+    if queue.resume(replay):
         messages.success(
             request, "Resumed: a worker picks up the unfinished chunks and the summary."
         )

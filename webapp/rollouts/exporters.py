@@ -19,8 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.records import GroupRecord, RolloutRecord, Score
+from webapp.explorer.params import ExplorerQuery
+from webapp.explorer.query import explore
 from webapp.rollouts.models import Group, RewardScore, Rollout
-from webapp.rollouts.queries import ExplorerQuery, explore
 from webapp.runs.models import Run
 
 CHUNK_GROUPS = 200  # groups per database round trip

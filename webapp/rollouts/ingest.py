@@ -1,21 +1,10 @@
-"""The one ingestion service: every path (API, importers, the recorder's database
-sink) calls `ingest_groups`.
+"""The one ingestion service: every path (API, importers, the recorder's database sink) calls
+`ingest_groups(run, {"groups": [...]})`.
 
-A batch goes through four steps, one module each:
-
-1. validation (webapp/rollouts/validation.py): the whole batch is parsed and checked before anything
-   is written; one FieldError lists every problem, each naming its field;
-2. statistics (ingest_stats.py): rewards and advantages (TRL's formulas with the run's settings,
-   where the trainer sent none), per-group statistics and the per-step sums, as one typed
-   `BatchStats`;
-3. rows (rows.py): the rows of the four tables (groups with their packed score matrix, rollouts,
-   scores, per-group component statistics), built once with ids drawn up front;
-4. writing (ingest_write.py): Postgres COPY, or executemany on SQLite, then the StepStat upsert.
-
-Steps 2-4 run in one transaction, so a batch is stored completely or not at all. Idempotent on
-(run, step, group key): a group that is already stored is skipped, so a retried batch stores nothing
-twice. Nothing changes rollouts or scores after ingestion (a run's deletion cascades to its groups),
-so the packed blob never goes stale.
+A batch is validated whole (validation.py), then its statistics (ingest_stats.py), rows
+(rows.py) and writes (ingest_write.py: COPY on Postgres) run in one transaction: stored
+completely or not at all. Idempotent on (run, step, group key): a retried batch stores nothing
+twice. The steps are described in docs/architecture.md, "Ingestion".
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ class Rollout(models.Model):
                 fields=["run", "length", "id"], include=["step"], name="rollout_run_length"
             ),
             # The sort columns INCLUDEd: a narrow step range sorted by one of them is read from
-            # this index alone and its top taken (queries._range_first), not walked for.
+            # this index alone and its top taken (PostgresSearch.range_first), not walked for.
             models.Index(
                 fields=["run", "step", "id"],
                 include=["reward", "advantage", "length"],
@@ -254,8 +254,9 @@ class RewardScore(models.Model):
                 fields=["run", "component", "value", "rollout"], include=["step"], name="score_sort"
             ),
             # A narrow step range sorted by a component: its rows read from here alone, then the
-            # top of them taken (queries._range_first). score_sort skips every other step's rows
-            # first, 78 ms for the best of steps 0-10 at 1M rollouts when scores climb; 10 ms here.
+            # top of them taken (PostgresSearch.range_first). score_sort skips every other step's
+            # rows first, 78 ms for the best of steps 0-10 at 1M rollouts when scores climb; 10 ms
+            # here.
             models.Index(
                 fields=["run", "component", "step"], include=["value", "rollout"], name="score_step"
             ),

@@ -1,17 +1,9 @@
-"""What a rollout shows on list pages and what search reads, built once at ingest.
-
-- The preview: the first and last PREVIEW_CHARS characters of the transcript's visible agent text
-  (every message after the prompt: assistant text, tool calls as `name(arguments)`, tool results),
-  the number of agent turns (assistant messages), tool calls and visible characters. List pages read
-  these columns, never the transcript or the state (Rollout.LIST_FIELDS).
-- The search document: the prompt, every message of the transcript (tool-call arguments and tool
-  results included) and the reward reasons, as one text column (Rollout.search_text). Postgres
-  indexes it twice: a pg_trgm GIN index on it, and a word index (search_words: its distinct words,
-  a GIN-indexed tsvector, with each run's vocabulary in SearchWord); SQLite scans it.
-  docs/performance.md says why both.
-
-A search query is parsed here, the same way for both databases: words and "quoted phrases" must all
-occur (case-insensitive substrings), -word must not. Highlighting escapes every piece of model text.
+"""What a rollout shows on list pages and what search reads, built once at ingest: the preview
+(head and tail of the visible agent text, turn, tool-call and character counts: the only columns
+list pages read) and the search document (prompt, every message, reward reasons), which Postgres
+indexes with pg_trgm and a word index and SQLite scans. Search queries are parsed here the same
+way for both databases; highlighting escapes all model text. More: docs/performance.md, "Module
+notes".
 """
 
 from __future__ import annotations
@@ -116,6 +108,10 @@ def search_document(
 
 
 def _words(s: str) -> set[str]:
+    return set(_word_list(s))
+
+
+def _word_list(s: str) -> list[str]:
     """Maximal runs of ASCII letters and digits, upper-cased, exactly as Postgres's UPPER (the
     search's definition) sees them: it upper-cases two non-ASCII letters to ASCII (dotless i to I,
     long s to S) and leaves every other non-ASCII character non-ASCII (ß stays ß, where Python
@@ -123,7 +119,7 @@ def _words(s: str) -> set[str]:
     if "ı" in s or "ſ" in s:
         s = s.replace("ı", "I").replace("ſ", "S")
     raw = s.encode("utf-8", "replace").upper().translate(_WORD_BYTES)  # bytes.upper: ASCII only
-    return set(raw.decode("ascii").split())
+    return raw.decode("ascii").split()  # in order of appearance
 
 
 def search_words(doc: str) -> set[str] | None:
@@ -153,7 +149,8 @@ def term_runs(term: str) -> list[str]:
     """The runs of ASCII letters and digits of a search term (as _words reads them), of
     MIN_TERM_CHARS or more, cut to WORD_STEP characters. A document containing the term has, for
     each run, a stored word containing it."""
-    return [w[:WORD_STEP] for w in _words(term) if len(w) >= MIN_TERM_CHARS]
+    runs = (w[:WORD_STEP] for w in _word_list(term) if len(w) >= MIN_TERM_CHARS)
+    return list(dict.fromkeys(runs))  # the term's order: a plan that never depends on hash seeds
 
 
 def is_one_word(term: str) -> bool:

@@ -25,17 +25,12 @@ from training.environments.base import Prompt
 from training.stats import ZERO_STD_ATOL
 from webapp.accounts.roles import require_role
 from webapp.errors import FieldError
+from webapp.explorer.paging import decode_cursor, encode_cursor
+from webapp.explorer.params import TOKEN_SORTS, ExplorerQuery
+from webapp.explorer.query import UNSORTED, explore, sort_value
 from webapp.rollouts.ingest_stats import run_weights
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
-from webapp.rollouts.queries import (
-    TOKEN_PREFIX,
-    TOKEN_SORTS,
-    ExplorerQuery,
-    decode_cursor,
-    encode_cursor,
-    explore,
-)
-from webapp.rollouts.templatetags.rollout_tags import bar, preview
+from webapp.rollouts.templatetags.rollout_tags import bar, preview, search_snippet
 from webapp.runs.access import get_run_for
 from webapp.runs.models import Run
 from webapp.tokens import pages as token_pages
@@ -120,7 +115,7 @@ def _table_rows(
                 "step": r.step,
                 "holdout": r.split == "holdout",
                 "preview": _preview(r),
-                "snippet": row.snippet,
+                "snippet": search_snippet(r, q.search),
                 "turns": r.n_turns,
                 "tool_calls": r.n_tool_calls,
                 "reward": r.reward,
@@ -346,28 +341,11 @@ def neighbours(
     """(previous, next) rollout ids in the explorer order described by `params`."""
     try:
         q = ExplorerQuery.from_params(params, [c.name for c in components])
+        value = sort_value(run, q, components, rollout)
     except FieldError:
-        return None, None
-    comp = next((c for c in components if c.name == q.sort), None)
-    if comp is not None:
-        found = list(
-            RewardScore.objects.filter(rollout=rollout, component=comp).values_list(
-                "value", flat=True
-            )
-        )
-        if not found:
-            return None, None  # not scored by the sort component: not in that explorer listing
-        value = found[0]
-    elif q.sort.startswith(TOKEN_PREFIX):
-        from webapp.tokens.models import RolloutTokens
-
-        field = q.sort[len(TOKEN_PREFIX) :]
-        found = list(RolloutTokens.objects.filter(rollout=rollout).values_list(field, flat=True))
-        if not found:
-            return None, None  # no tokens: not in that explorer listing
-        value = found[0]
-    else:
-        value = getattr(rollout, q.sort)
+        return None, None  # e.g. a replay that is not this run's: no listing to walk
+    if value is UNSORTED:
+        return None, None  # no value under that sort: not in that explorer listing
     cursor = encode_cursor(value, rollout.id)
     after = explore(run, dataclasses.replace(q, cursor=cursor, limit=1), components).rows
     # The keyset order is a total order, so the reversed direction from the same

@@ -1,35 +1,9 @@
-"""Deleting a run without stopping anyone else: mark it deleted, stop its job, reap it in batches.
-
-Why not a cascade in the request: a run of a million rollouts is tens of millions of rows; one
-DELETE transaction holds them all locked for minutes, bloats every index at once, and, while the
-run's job is still writing, loses a race with it (the job inserts groups while the cascade runs and
-the commit fails with a ForeignKeyViolation on rollouts_group: the admin answered 500 and the job
-trained on). So deletion has three steps:
-
-1. `request_delete(run)` (the admin, `manage.py delete_run`): in one short transaction, takes the
-   run's ingest lock exclusively (it waits for the batches being written to commit; none starts
-   after), sets `deleted_at` and `cancel_requested`, cancels the run if queued, and fails the runs
-   queued behind it with the reason. The run disappears from every page and API at once.
-2. Ingestion (`hold_for_ingest`, called first in each batch's transaction) takes the same lock
-   shared and refuses a deleted run with a FieldError naming it: the job's recorder logs the
-   refusal, an API client gets a 400 saying why. The run's worker sees `cancel_requested`, stops
-   the job (SIGTERM, then SIGKILL), marks the run cancelled, removes its output folder and queues
-   the reaper.
-3. `reap(run_id)` (the `workers.tasks.reap_deleted_run` task, queued on commit and again by every
-   worker's heartbeat while deleted runs remain) deletes the run's dependent rows in batches of one
-   short transaction each, then the run row itself once its job has stopped.
-
-The lock is a Postgres advisory lock on (INGEST_LOCK, run id), not the run row: a row lock taken by
-each batch would make every heartbeat and progress update of the run wait behind ingestion. On
-SQLite every write transaction starts with BEGIN IMMEDIATE, which already serialises the two.
-
-What is reaped is found generically: every model with a cascading foreign key to Run whose rows are
-not all reached through another such model (Group, not Rollout: a rollout goes with its group), in
-batches, each handed to Django's deletion Collector, which follows every cascade below it (rollouts,
-scores, annotations, queue items, replay scores, and any app added later: per-rollout tokens,
-behaviours). Nothing here names a table. A batch grows or shrinks to take about BATCH_SECONDS; one
-row whose own cascade is huge (a replay of a million rollouts: its scores) still goes in one
-transaction, which locks only those rows.
+"""Deleting a run without stopping anyone else, in three steps: `request_delete(run)` marks it
+deleted under the run's ingest lock (the batches in flight finish, later ones are refused); its
+worker stops the job; `reap(run_id)`, a worker task, deletes the dependent rows in short batches
+found from the model graph, then the run row. A cascade in one transaction locked tens of
+millions of rows for minutes and lost races with the run's own job. The full account:
+docs/operations.md, "Deleting a run" and "Module notes".
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ from django.views.decorators.http import require_POST, require_safe
 from training.environments import get_environment
 from training.jobs import JOBS, RUN_KINDS
 from webapp.accounts.roles import require_role
+from webapp.figures import escape_figure, escaped
 from webapp.rollouts.models import Group as RolloutGroup
 from webapp.rollouts.models import GroupComponentStat
 from webapp.rollouts.services import environment_from_training
 from webapp.runs.access import get_run_for
 from webapp.runs.base_models import check_base, default_base_model
-from webapp.runs.charts import escape_figure, escaped
 from webapp.runs.forms import LaunchForm
 from webapp.runs.launch import launch_run, queue_for
 from webapp.runs.models import Run, StepMetric, WorkerHeartbeat

@@ -9,8 +9,10 @@ from django.db import models
 from django.utils import timezone
 
 from training.jobs import RUN_KINDS
+from webapp.leases import LeaseQueue
 
 LOG_TAIL_CHARS = 20_000  # the run page shows the tail; full logs live in the run's output folder
+STALE_BEATS = 6  # a run whose worker missed this many heartbeats is presumed lost
 
 
 class RunQuerySet(models.QuerySet):
@@ -153,11 +155,7 @@ class Run(models.Model):
     def claim(self, worker: str) -> bool:
         """queued -> running, atomically. False when another worker (or a cancel)
         got there first."""
-        now = timezone.now()
-        n = Run.objects.filter(id=self.id, status=self.Status.QUEUED).update(
-            status=self.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker
-        )
-        return n == 1 and self._refresh()
+        return RUN_LEASES.claim_row(self.id, worker) and self._refresh()
 
     def _refresh(self) -> bool:
         """Reload the row; False when it is gone (a run may be deleted while a worker or an
@@ -215,6 +213,20 @@ class Run(models.Model):
             eta_seconds=eta,
             heartbeat_at=timezone.now(),
         )
+
+
+# Job runs as a lease queue (webapp/leases.py): a worker claims a queued run, its watch loop renews
+# heartbeat_at (so does each progress report), and a run whose worker stopped beating is failed
+# (webapp/runs/services.py reap_stale_runs), never handed to another worker.
+RUN_LEASES = LeaseQueue(
+    Run,
+    ready=(Run.Status.QUEUED,),
+    held=Run.Status.RUNNING,
+    token="started_at",
+    beat="heartbeat_at",
+    holder="worker",
+    stale_seconds=lambda: settings.WORKER_HEARTBEAT_SECONDS * STALE_BEATS,
+)
 
 
 class StepMetric(models.Model):

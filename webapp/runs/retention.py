@@ -1,16 +1,9 @@
 """Transcript retention: for finished runs older than N days, keep whole transcripts only for the
-rollouts people used (annotated, queued for review, in a dataset) and a deterministic sample;
-drop the rest's text. `manage.py retain_transcripts` (with --dry-run) is the way in.
-
-What a pruned rollout keeps: its scores, reward, advantage, length, group statistics, previews
-(head and tail of the agent text, what list pages show) and final completion, so every chart,
-diagnostic, ablation and explorer sort is unchanged. What it loses: the transcript (replaced by
-one system message saying when and why, so the rollout page says so instead of showing nothing),
-the environment state, the search text and words (search no longer finds it), and the rows of every
-model that is one-to-one with Rollout (per-rollout layers such as token arrays), found from the
-model graph, not a list. A pruned rollout is never pruned twice.
-
-Batched by group, one short transaction each: it never holds a run's rows locked for long.
+rollouts people used (annotated, queued, in a dataset) and a deterministic sample; drop the
+rest's text. `manage.py retain_transcripts` (with --dry-run) is the way in. Pruned rollouts keep
+scores, previews and their final completion, so charts, diagnostics and sorts are unchanged;
+search no longer finds them. What is kept and lost, in detail: docs/operations.md, "Module
+notes".
 """
 
 from __future__ import annotations

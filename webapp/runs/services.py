@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.conf import settings
-from django.utils import timezone
 
-from webapp.runs.models import Run
-
-STALE_BEATS = 6  # a run whose worker missed this many heartbeats is presumed lost
+from webapp.runs.models import RUN_LEASES, Run
 
 
 def reap_stale_runs() -> int:
     """Mark `running` job runs failed when their worker's heartbeat stopped (worker
-    killed, host lost).
+    killed, host lost): the stale leases of RUN_LEASES.
 
     Import runs are fed by the API from elsewhere and have no worker heartbeat: they are left alone.
     """
-    cutoff = timezone.now() - timedelta(seconds=settings.WORKER_HEARTBEAT_SECONDS * STALE_BEATS)
-    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff).exclude(
-        kind=Run.Kind.IMPORT
-    )
     n = 0
-    for run in stale:
+    for run in RUN_LEASES.stale().exclude(kind=Run.Kind.IMPORT):
         if run.mark_failed(
             f"worker lost: no heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
         ):

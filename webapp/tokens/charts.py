@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from webapp.runs.charts import PALETTE, Figure, _layout, escape_figure, escaped, line_trace
+from webapp.figures import PALETTE, Figure, _layout, escape_figure, escaped, line_trace
 
 # key -> (label, unit). Order: how the view's selector lists them.
 QUANTITIES: dict[str, tuple[str, str]] = {

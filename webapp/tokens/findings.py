@@ -9,8 +9,8 @@ import numpy as np
 from training import diagnostics as dg
 from training import token_diagnostics as td
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.queries import ExplorerQuery
 from webapp.runs.models import Run
 from webapp.tokens import store
 from webapp.tokens.models import RolloutTokens

@@ -1,24 +1,10 @@
-"""Per-token data: a rollout's token arrays, and the per-step token statistics of a run.
+"""Per-token data: a rollout's token arrays (one compressed row beside the rollout) and the
+per-step token statistics of a run.
 
-The second, optional layer of a rollout (DESIGN.md): nothing in webapp/rollouts reads these tables
-except the explorer's token sorts, which join them by rollout id. Both are written by the one
-ingestion service (webapp/rollouts/ingest.py) in the batch's transaction, from the `tokens` object
-a rollout may carry (webapp/tokens/validation.py, docs/tokens.md):
-
-    {"ids": [int], "offsets": [int] | "text": [str], "sampler_logprobs": [float],
-     "trainer_logprobs": [float], "ref_logprobs": [float], "entropy": [float],
-     "advantages": [float], "loss_mask": [0|1], "turn": [int]}
-
-every array the length of `ids`, every one but `ids` optional. Sign conventions: a log-prob is
-<= 0; the mismatch of a token is d = trainer - sampler log-prob (log of the importance ratio
-pi_trainer / pi_sampler, as TRL's vllm_importance_sampling_correction); loss_mask 1 = the token
-is trained on, 0 = masked out (prompt, tool output); `turn` is the index of the token's message
-in the rollout's transcript (0 for a plain completion); `offsets` are character offsets into
-that message's content.
-
-Which tokens the statistics count: those in the loss (loss_mask 1) when a mask was sent, else all
-(tool output and prompt tokens are not sampled by the policy, so their log-probs and entropies,
-when sent, say nothing about the update).
+The second, optional layer of a rollout: nothing in webapp/rollouts reads these tables except
+the explorer's token sorts, which join by rollout id. Both are written by the ingestion service
+in the batch's transaction, from the `tokens` object a rollout may carry. The object, the
+storage layout and why it was chosen: docs/tokens.md.
 """
 
 from __future__ import annotations

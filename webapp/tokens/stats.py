@@ -1,6 +1,6 @@
 """Token statistics, pure numpy: one rollout's sums (`rollout_sums`), which add up into a step's
 (TokenStepStat) and give the rollout's own summaries (RolloutTokens' columns). Computed at ingest
-from the float64 values sent, before the codec rounds them.
+from the values sent (float64, or float32 as sent in binary), before the codec rounds them.
 
 Which tokens count, and the sign conventions: webapp/tokens/models.py.
 """
@@ -18,6 +18,7 @@ from webapp.tokens.models import LOW_ENTROPY, RATIO_HIGH, RATIO_LOW
 MAX_LOG_RATIO = 50.0  # k3 of |d| past this is taken at it: exp(700) would overflow the step's sum
 TOOL_ROLES = ("tool", "environment")
 LOG_LOW, LOG_HIGH = float(np.log(RATIO_LOW)), float(np.log(RATIO_HIGH))
+SYMMETRIC = LOG_LOW == -LOG_HIGH
 
 
 class TokenSums(NamedTuple):
@@ -64,24 +65,30 @@ def tool_unmasked(t: TokenArrays, roles: list[str]) -> int | None:
 
 def rollout_sums(t: TokenArrays, roles: list[str]) -> TokenSums:
     """One rollout's sums; `roles` are its transcript's message roles (for tool_unmasked)."""
-    keep = counted(t)
+    keep = t.loss_mask  # None: every token counts (`counted`), without indexing
     n_pairs, sum_abs, sum_k3, n_out, max_abs = 0, 0.0, 0.0, 0, None
     if t.sampler_logprobs is not None and t.trainer_logprobs is not None:
-        d = (t.trainer_logprobs - t.sampler_logprobs)[keep]
+        d = np.subtract(t.trainer_logprobs, t.sampler_logprobs, dtype=np.float64)
+        d = d if keep is None else d[keep]
         n_pairs = int(d.size)
         if n_pairs:
             ad = np.abs(d)
             sum_abs, max_abs = float(ad.sum()), float(ad.max())
             dc = np.clip(d, -MAX_LOG_RATIO, MAX_LOG_RATIO) if max_abs > MAX_LOG_RATIO else d
-            sum_k3 = float((np.expm1(dc) - dc).sum())
-            # exp(d) outside [RATIO_LOW, RATIO_HIGH], compared in log space (no second exp)
-            n_out = int(((d < LOG_LOW) | (d > LOG_HIGH)).sum())
+            k3 = np.expm1(dc)
+            k3 -= dc
+            sum_k3 = float(k3.sum())
+            # exp(d) outside [RATIO_LOW, RATIO_HIGH], compared in log space (no second exp); the
+            # interval is symmetric there (log 0.5 = -log 2), so one comparison of |d|
+            out = ad > LOG_HIGH if SYMMETRIC else (d < LOG_LOW) | (d > LOG_HIGH)
+            n_out = int(np.count_nonzero(out))
     n_ent, sum_ent, n_low = 0, 0.0, 0
     if t.entropy is not None:
-        e = t.entropy[keep]
-        n_ent, sum_ent, n_low = int(e.size), float(e.sum()), int((e < LOW_ENTROPY).sum())
+        e = t.entropy if keep is None else t.entropy[keep]
+        n_ent, sum_ent = int(e.size), float(e.sum(dtype=np.float64))
+        n_low = int(np.count_nonzero(e < LOW_ENTROPY))
     n_mask = len(t) if t.loss_mask is not None else 0
-    n_masked = int(n_mask - t.loss_mask.sum()) if t.loss_mask is not None else 0
+    n_masked = int(n_mask - np.count_nonzero(t.loss_mask)) if t.loss_mask is not None else 0
     tool = tool_unmasked(t, roles)
     return TokenSums(
         1, len(t), n_pairs, sum_abs, sum_k3, n_out, max_abs, n_ent, sum_ent, n_low, n_mask,

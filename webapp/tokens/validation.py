@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -58,9 +59,11 @@ BINARY_DTYPES = {  # name -> little-endian numpy dtype, for {"dtype", "data"} ar
 
 def _binary(v: dict, path: str, integer: bool, add: AddError) -> np.ndarray | None:
     """An array sent compactly: {"dtype": "float32", "data": base64 of the little-endian values}
-    (the recorder's form: a quarter of the JSON and no per-number parsing)."""
+    (the recorder's form: a quarter of the JSON and no per-number parsing), or with "data" the raw
+    bytes themselves (a binary body's arrays, training/token_wire.py: no base64 either)."""
     dtype = BINARY_DTYPES.get(v.get("dtype")) if isinstance(v.get("dtype"), str) else None
-    if set(v) != {"dtype", "data"} or dtype is None or not isinstance(v["data"], str):
+    data = v.get("data")
+    if set(v) != {"dtype", "data"} or dtype is None or not isinstance(data, (str, memoryview)):
         add(path, f"must be a list, or {{dtype, data}} with dtype one of {', '.join(BINARY_DTYPES)}"
             " and data the base64 of its little-endian values")  # fmt: skip
         return None
@@ -68,7 +71,7 @@ def _binary(v: dict, path: str, integer: bool, add: AddError) -> np.ndarray | No
         add(f"{path}.dtype", f"must be an integer type, got {v['dtype']}")
         return None
     try:
-        raw = base64.b64decode(v["data"], validate=True)
+        raw = base64.b64decode(data, validate=True) if isinstance(data, str) else data
     except (binascii.Error, ValueError):
         add(f"{path}.data", "is not valid base64")
         return None
@@ -76,7 +79,7 @@ def _binary(v: dict, path: str, integer: bool, add: AddError) -> np.ndarray | No
     if len(raw) % size:
         add(f"{path}.data", f"{len(raw)} bytes is not a whole number of {v['dtype']} values")
         return None
-    return np.frombuffer(raw, dtype=dtype)
+    return np.frombuffer(raw, dtype=dtype)  # read-only, over the request's bytes
 
 
 def _numbers(v: Any, path: str, n: int | None, integer: bool, add: AddError) -> np.ndarray | None:
@@ -111,35 +114,48 @@ def _checked(
     if n is not None and a.size != n:
         add(path, f"has {a.size} elements; ids has {n} (every array must be as long as ids)")
         return None
-    a = a.astype(np.int64 if integer else np.float64)
+    # Binary arrays keep their type when it serves (no copy): integers of any width, float32
+    # (the statistics sum in float64); the rest becomes int64 or float64.
+    if integer and a.dtype.kind not in "iu":
+        a = a.astype(np.int64)
+    elif not integer and a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float64)
     if not integer and not np.isfinite(a).all():
         add(path, f"must hold finite numbers; {_first_bad(~np.isfinite(a), a)}")
         return None
     return a
 
 
-def _check_range(name: str, a: np.ndarray, path: str, ctx: dict[str, Any], add: AddError) -> bool:
+def _bounds(name: str, ctx: dict[str, Any]) -> tuple[float, float, str] | None:
+    """The closed interval a field's values must lie in, and the rule in words; None: any."""
     if name in LOGPROB_FIELDS:
-        bad, rule = a > LOGPROB_TOL, "log-probabilities must be <= 0"
-    elif name == "entropy":
-        bad, rule = a < -LOGPROB_TOL, "entropies must be >= 0"
-    elif name == "ids":
+        return -math.inf, LOGPROB_TOL, "log-probabilities must be <= 0"
+    if name == "entropy":
+        return -LOGPROB_TOL, math.inf, "entropies must be >= 0"
+    if name == "ids":
         top = ctx["vocab"] or MAX_ID + 1
-        bad = (a < 0) | (a >= top)
-        rule = f"ids must be >= 0 and < {top}" + (" (the run's vocab_size)" if ctx["vocab"] else "")
-    elif name == "loss_mask":
-        bad, rule = (a != 0) & (a != 1), "loss_mask values must be 0 or 1"
-    elif name == "turn":
+        vocab = " (the run's vocab_size)" if ctx["vocab"] else ""
+        return 0, top - 1, f"ids must be >= 0 and < {top}{vocab}"
+    if name == "loss_mask":
+        return 0, 1, "loss_mask values must be 0 or 1"
+    if name == "turn":
         top = ctx["messages"]
-        bad, rule = (a < 0) | (a >= top), f"turns must index the transcript's {top} messages"
-    elif name == "offsets":
-        bad, rule = (a < 0) | (a > MAX_ID), "offsets must be >= 0"
-    else:
+        return 0, top - 1, f"turns must index the transcript's {top} messages"
+    if name == "offsets":
+        return 0, MAX_ID, "offsets must be >= 0"
+    return None
+
+
+def _check_range(name: str, a: np.ndarray, path: str, ctx: dict[str, Any], add: AddError) -> bool:
+    b = _bounds(name, ctx)
+    if b is None or not a.size:
         return True
-    if bad.any():
-        add(path, f"{rule}; {_first_bad(bad, a)}")
-        return False
-    return True
+    lo, hi, rule = b
+    if a.min() >= lo and a.max() <= hi:  # two reductions, no temporary array (the common case)
+        return True
+    bad = (a < lo) | (a > hi)
+    add(path, f"{rule}; {_first_bad(bad, a)}")
+    return False
 
 
 def _text(v: Any, path: str, n: int, add: AddError) -> list[str] | None:

@@ -13,6 +13,8 @@ from django import template
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from webapp.rollouts.text import SNIPPET_CHARS, SearchQuery, highlight
+
 register = template.Library()
 
 PREVIEW_CHARS = 140
@@ -92,6 +94,17 @@ def bar(value: float | None, component: Any) -> SafeString:
         f"{frac * 100:.1f}",
         f"{value:.3g}",
     )
+
+
+@register.filter
+def search_snippet(rollout: Any, search: SearchQuery | None) -> SafeString | None:
+    """Where a search matched the rollout, as HTML (terms in <mark>, the rest escaped): the text
+    the explorer's search backend cut (snippet_from, snippet_text); None without a search."""
+    if search is None:
+        return None
+    text = rollout.snippet_text or ""
+    clipped_start, clipped_end = rollout.snippet_from > 1, len(text) > SNIPPET_CHARS
+    return highlight(text[:SNIPPET_CHARS], search, clipped_start, clipped_end)
 
 
 @register.filter

@@ -1,3 +1,6 @@
+"""`manage.py createapitoken USERNAME`: create the user if needed (role trainer unless it has one)
+and print its API token on the last line, for scripts and remote recorders."""
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from webapp.errors import FieldError
-from webapp.replays import services
+from webapp.replays import results
 from webapp.replays.models import Replay
 
 
@@ -41,7 +41,7 @@ class Command(BaseCommand):
                 returncode=2,
             )
         try:
-            result = services.regress(replay)
+            result = results.regress(replay)
         except FieldError as e:
             raise CommandError(f"{e.field}: {e.message}", returncode=2) from None
         h = result.headline

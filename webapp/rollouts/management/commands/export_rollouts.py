@@ -13,8 +13,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from webapp.errors import FieldError
+from webapp.explorer.params import ExplorerQuery
 from webapp.rollouts.exporters import GroupFilter, write_hf, write_jsonl
-from webapp.rollouts.queries import ExplorerQuery
 from webapp.runs.models import Run
 
 

@@ -1,16 +1,10 @@
 """`manage.py import_rollouts FILE --run NAME --format jsonl|trl|verl|prime-rl|byoo|verifiers|art`.
 
-Streams a rollout dump through a format reader (training/importers) into `ingest_groups`, in
-batches of complete groups (one transaction each). A record that cannot be read is reported with
-its file and line; `--on-error skip` goes on without it (and without the rest of its group),
-`--on-error stop` stores the complete groups read before it, marks a run it created failed with the
-record's file, line and what to do, and exits non-zero; the same import run again resumes it (the
-run goes back to running, stored groups are skipped). Rows a reader leaves out on purpose (their
-grouping cannot be known: `SkippedGroup`) never stop an import; the run's summary counts them,
-with the reader's flags (NULs cleaned, rows beyond the weight fit...) and its weights note.
-Re-running the same import is harmless:
-ingestion is idempotent on (step, key) and every reader derives its keys from the content, and two
-imports naming one new run at once end in one run (rollouts.services.get_or_create_run).
+Streams a dump through a format reader (training/importers) into `ingest_groups`, in batches of
+complete groups. An unreadable record is reported with its file and line; `--on-error skip` goes
+on without it, `--on-error stop` keeps what was stored, fails the run and exits non-zero.
+Running the same import again resumes it or does nothing (ingestion is idempotent). Details:
+docs/recording.md, "Module notes".
 """
 
 from __future__ import annotations
