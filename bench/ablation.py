@@ -38,6 +38,8 @@ def run_name(n: int) -> str:
 
 
 def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> list[dict]:
+    from training.records import GroupRecord, RolloutRecord
+
     groups = []
     for step in steps:
         p = 0.2 + 0.5 * step / STEPS
@@ -46,27 +48,22 @@ def _batch(rng: np.random.Generator, steps: range, groups_per_step: int) -> list
             fmt = (rng.random(G) < 0.9).astype(float).tolist()
             prog = np.round(rng.random(G), 3).tolist()
             lengths = rng.integers(20, 400, G).tolist()
-            groups.append(
-                {
-                    "step": step,
-                    "key": f"p{gi}",
-                    "prompt": f"prompt {gi}",
-                    "rollouts": [
-                        {
-                            "index": i,
-                            "completion": f"c{i}",
-                            "length": lengths[i],
-                            "rewards": {
-                                "correct": correct[i],
-                                "format": fmt[i],
-                                "coverage": prog[i],
-                                "length_penalty": -round(lengths[i] / 1000, 3),
-                            },
-                        }
-                        for i in range(G)
-                    ],
-                }
-            )
+            rollouts = [
+                RolloutRecord(
+                    index=i,
+                    completion=f"c{i}",
+                    length=lengths[i],
+                    rewards={
+                        "correct": correct[i],
+                        "format": fmt[i],
+                        "coverage": prog[i],
+                        "length_penalty": -round(lengths[i] / 1000, 3),
+                    },
+                )
+                for i in range(G)
+            ]
+            group = GroupRecord(step=step, key=f"p{gi}", prompt=f"prompt {gi}", rollouts=rollouts)
+            groups.append(group.to_json())
     return groups
 
 

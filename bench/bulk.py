@@ -19,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import setup_django  # noqa: E402
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
 TOOLS = ("run_tests", "read_file", "search_docs")
 AGENT_COMPONENTS = ("correct", "format", "penalty")  # the rewards of agent_group's rollouts
@@ -66,20 +67,16 @@ def agent_group(
     step: int, key: str, size: int, rng: random.Random, components=AGENT_COMPONENTS
 ) -> dict[str, Any]:
     """One group record for the ingestion API (webapp/rollouts/validation.py's fields)."""
-    return {
-        "step": step,
-        "key": key,
-        "prompt": f"task {key}",
-        "rollouts": [
-            {
-                "index": i,
-                "transcript": agent_transcript(rng, rng.randint(1, 4)),
-                "rewards": {c: round(rng.random(), 3) for c in components},
-                "length": rng.randint(50, 2000),
-            }
-            for i in range(size)
-        ],
-    }
+    rollouts = [
+        RolloutRecord(
+            index=i,
+            transcript=agent_transcript(rng, rng.randint(1, 4)),
+            rewards={c: round(rng.random(), 3) for c in components},
+            length=rng.randint(50, 2000),
+        )
+        for i in range(size)
+    ]
+    return GroupRecord(step=step, key=key, prompt=f"task {key}", rollouts=rollouts).to_json()
 
 
 def _columns(cur, table: str) -> list[str]:

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,7 @@ from bench.harness import (  # noqa: E402
     require_postgres,
     track,
 )
+from training.records import GroupRecord, RolloutRecord, Score  # noqa: E402
 from webapp.rollouts import packed, text  # noqa: E402
 from webapp.rollouts.ingest import ingest_groups  # noqa: E402
 from webapp.rollouts.models import Group, GroupComponentStat, RewardScore, Rollout  # noqa: E402
@@ -60,26 +62,20 @@ def make_groups(n_rollouts: int, seed: int) -> list[dict]:
     )  # quarter steps: many ties, some zero-std groups
     groups = []
     for gi in range(n_groups):
-        groups.append(
-            {
-                "step": gi // 50,
-                "key": f"prompt-{gi % 50}",
-                "prompt": f"Draw diagram number {gi % 50} with a few boxes and arrows.",
-                "rollouts": [
-                    {
-                        "index": i,
-                        "completion": f'[{{"action": "create_shape", "id": "n{i}", "x": '
-                        f"{gi % 700}}}]",
-                        "rewards": {
-                            NAMES[j]: {"value": float(values[gi, i, j]), "reason": "ok"}
-                            for j in range(K)
-                        },
-                        "length": 20 + i,
-                    }
-                    for i in range(G)
-                ],
-            }
+        rollouts = [
+            RolloutRecord(
+                index=i,
+                completion=f'[{{"action": "create_shape", "id": "n{i}", "x": {gi % 700}}}]',
+                rewards={NAMES[j]: Score(float(values[gi, i, j]), "ok") for j in range(K)},
+                length=20 + i,
+            )
+            for i in range(G)
+        ]
+        prompt = f"Draw diagram number {gi % 50} with a few boxes and arrows."
+        group = GroupRecord(
+            step=gi // 50, key=f"prompt-{gi % 50}", prompt=prompt, rollouts=rollouts
         )
+        groups.append(group.to_json())
     return groups
 
 
@@ -91,12 +87,12 @@ def make_realistic_groups(n_rollouts: int, seed: int) -> list[dict]:
     groups = []
     for step in range(max(1, n_rollouts // (G * 50))):
         for g in make_step("realistic", step, 50, vocab, rng):
+            rollouts = []
             for r in g["rollouts"]:
                 values = rng.integers(0, 5, K) / 4.0
-                r["rewards"] = {
-                    NAMES[j]: {"value": float(values[j]), "reason": "ok"} for j in range(K)
-                }
-            groups.append(g)
+                scores = {NAMES[j]: Score(float(values[j]), "ok") for j in range(K)}
+                rollouts.append(replace(RolloutRecord.from_json(r), rewards=scores))
+            groups.append({**g, "rollouts": [r.to_json() for r in rollouts]})
     return groups
 
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import COMPONENT_NAMES, create_database, database_name, load_line  # noqa: E402
 
 COMPONENTS = list(COMPONENT_NAMES)
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
 
 def free_port() -> int:
@@ -44,22 +45,18 @@ def free_port() -> int:
 def batch(writer: int, n: int, groups: int, size: int, rng: random.Random) -> list[dict]:
     out = []
     for g in range(groups):
-        out.append(
-            {
-                "step": n,
-                "key": f"w{writer}-b{n}-g{g}",
-                "prompt": f"Prompt {writer}.{n}.{g}: solve it",
-                "rollouts": [
-                    {
-                        "index": i,
-                        "completion": f"answer {i} " + "word " * rng.randint(5, 60),
-                        "rewards": {c: round(rng.random(), 3) for c in COMPONENTS},
-                        "length": rng.randint(5, 300),
-                    }
-                    for i in range(size)
-                ],
-            }
-        )
+        rollouts = [
+            RolloutRecord(
+                index=i,
+                completion=f"answer {i} " + "word " * rng.randint(5, 60),
+                rewards={c: round(rng.random(), 3) for c in COMPONENTS},
+                length=rng.randint(5, 300),
+            )
+            for i in range(size)
+        ]
+        prompt = f"Prompt {writer}.{n}.{g}: solve it"
+        group = GroupRecord(step=n, key=f"w{writer}-b{n}-g{g}", prompt=prompt, rollouts=rollouts)
+        out.append(group.to_json())
     return out
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.harness import (  # noqa: E402
     COMPONENTS,
     bench_run,
@@ -31,6 +30,7 @@ from bench.harness import (  # noqa: E402
     setup_django,
     vacuum_analyze,
 )
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
 
 G = 8
 STEPS = 500
@@ -84,27 +84,26 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
             k = g * G + i
             text = " ".join(WORDS[w] for w in words[k])
             rollouts.append(
-                {
-                    "index": i,
-                    "completion": f"[step {step}] {text}",
-                    "length": int(20 + words[k].sum() % 200),
-                    "rewards": {
+                RolloutRecord(
+                    index=i,
+                    completion=f"[step {step}] {text}",
+                    length=int(20 + words[k].sum() % 200),
+                    rewards={
                         "correct": correct[k],
                         "format": fmt[k],
                         "coverage": coverage[k],
                         "length_penalty": penalty[k],
                     },
-                }
+                )
             )
-        groups.append(
-            {
-                "step": step,
-                "key": f"p{g:05d}",
-                "prompt": f"prompt {g} at step {step}",
-                "split": "holdout" if g % 10 == 0 else "train",
-                "rollouts": rollouts,
-            }
+        group = GroupRecord(
+            step=step,
+            key=f"p{g:05d}",
+            prompt=f"prompt {g} at step {step}",
+            split="holdout" if g % 10 == 0 else "train",
+            rollouts=rollouts,
         )
+        groups.append(group.to_json())
     return groups
 
 

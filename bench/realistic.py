@@ -36,6 +36,7 @@ from bench.harness import (  # noqa: E402
     timed,
     vacuum_analyze,
 )
+from training.records import GroupRecord, RolloutRecord, Score  # noqa: E402
 
 G = 8
 STEPS = 250
@@ -216,37 +217,37 @@ def realistic_rollout(
     )
     values = rng.random(4).round(3)
     reason = "tests " + vocab.text(40) + (f" {planted['reason']}" if planted.get("reason") else "")
-    return {
-        "index": index,
-        "transcript": messages,
-        "length": target // 4,
-        "rewards": {
-            "tests_pass": {"value": float(values[0] > 0.4), "reason": reason},
+    return RolloutRecord(
+        index=index,
+        transcript=messages,
+        length=target // 4,
+        rewards={
+            "tests_pass": Score(float(values[0] > 0.4), reason),
             "format": float(values[1] > 0.1),
             "tool_use": float(values[2]),
             "length_penalty": -float(values[3] < 0.2) * float(values[3]),
         },
-        "state": {
+        state={
             "files_changed": int(rng.integers(0, 6)),
             "tests_run": int(rng.integers(0, 40)),
             "exit_code": int(rng.integers(0, 2)),
         },
-    }
+    )
 
 
 def oneline_rollout(vocab: Vocabulary, rng: np.random.Generator, index: int) -> dict:
     values = rng.random(4).round(3)
-    return {
-        "index": index,
-        "completion": vocab.text(80),
-        "length": int(rng.integers(5, 60)),
-        "rewards": {
+    return RolloutRecord(
+        index=index,
+        completion=vocab.text(80),
+        length=int(rng.integers(5, 60)),
+        rewards={
             "tests_pass": float(values[0] > 0.4),
             "format": float(values[1] > 0.1),
             "tool_use": float(values[2]),
             "length_penalty": -float(values[3] < 0.2) * float(values[3]),
         },
-    }
+    )
 
 
 def make_step(
@@ -266,15 +267,14 @@ def make_step(
             rollouts = [realistic_rollout(vocab, rng, i, prompt) for i in range(G)]
         else:
             rollouts = [oneline_rollout(vocab, rng, i) for i in range(G)]
-        out.append(
-            {
-                "step": step,
-                "key": f"t{g:05d}",
-                "prompt": prompt if kind == "realistic" else task,
-                "split": "holdout" if g % 10 == 0 else "train",
-                "rollouts": rollouts,
-            }
+        group = GroupRecord(
+            step=step,
+            key=f"t{g:05d}",
+            prompt=prompt if kind == "realistic" else task,
+            split="holdout" if g % 10 == 0 else "train",
+            rollouts=rollouts,
         )
+        out.append(group.to_json())
     return out
 
 

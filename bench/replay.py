@@ -57,6 +57,7 @@ def _completions(prompt) -> list[str]:
 
 def seed(n: int):
     from training.environments import diagram
+    from training.records import GroupRecord, RolloutRecord, Score
     from webapp.rollouts.ingest import ingest_groups
     from webapp.rollouts.services import create_run, environment_from_training
     from webapp.runs.models import Run
@@ -85,25 +86,19 @@ def seed(n: int):
             for i, c in enumerate(_completions(p)):
                 s = env.score(p, c)
                 rollouts.append(
-                    {
-                        "index": i,
-                        "transcript": [
+                    RolloutRecord(
+                        index=i,
+                        transcript=[
                             {"role": "user", "content": p.text},
                             {"role": "assistant", "content": c},
                         ],
-                        "rewards": {
-                            k: {"value": v.value, "reason": v.reason} for k, v in s.items()
-                        },
-                    }
+                        rewards={k: Score(v.value, v.reason) for k, v in s.items()},
+                    )
                 )
-            groups.append(
-                {
-                    "step": gi // GROUPS_PER_STEP,
-                    "key": f"{p.key}-{gi}",
-                    "prompt": p.text,
-                    "rollouts": rollouts,
-                }
+            group = GroupRecord(
+                step=gi // GROUPS_PER_STEP, key=f"{p.key}-{gi}", prompt=p.text, rollouts=rollouts
             )
+            groups.append(group.to_json())
         ingest_groups(run, {"groups": groups})
     print(f"seeded {n_groups * G:,} rollouts in {time.perf_counter() - t0:.1f} s", flush=True)
     return run

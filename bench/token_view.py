@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 REPEATS = 20
@@ -42,13 +44,9 @@ def twin_without_tokens(rollout_id: int) -> int:
 
     r = Rollout.objects.get(id=rollout_id)
     run = new_run(f"bench-tokens-twin-view-{time.time()}")
-    g = {
-        "step": 0,
-        "key": "big",
-        "prompt": "p",
-        "rollouts": [{"index": 0, "completion": r.completion}],
-    }
-    ingest_groups(run, {"groups": [g]})
+    twin = RolloutRecord(index=0, completion=r.completion, rewards={})
+    g = GroupRecord(step=0, key="big", prompt="p", rollouts=[twin])
+    ingest_groups(run, {"groups": [g.to_json()]})
     return Rollout.objects.get(run=run).id
 
 

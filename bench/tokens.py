@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.records import GroupRecord, RolloutRecord  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 G, K = 8, 2
@@ -60,24 +62,24 @@ def make_batch(
     for gi in range(b * GROUPS_PER_BATCH, (b + 1) * GROUPS_PER_BATCH):
         rollouts = []
         for i in range(G):
-            r = {
-                "index": i,
-                "completion": f"answer {gi} {i}: the diagram has {gi % 7} boxes",
-                "rewards": {"correct": float(rng.integers(0, 2)), "format": 1.0},
-            }
+            rewards = {"correct": float(rng.integers(0, 2)), "format": 1.0}
             n = int(rng.integers(lo, hi + 1))
-            r["length"] = n
-            if tokens:
-                r["tokens"] = synth_tokens(token_rng, n, form)
-            rollouts.append(r)
-        groups.append(
-            {
-                "step": gi // STEPS_GROUPS,
-                "key": f"prompt-{gi % STEPS_GROUPS}",
-                "prompt": f"Draw diagram {gi % STEPS_GROUPS}",
-                "rollouts": rollouts,
-            }
+            rollouts.append(
+                RolloutRecord(
+                    index=i,
+                    completion=f"answer {gi} {i}: the diagram has {gi % 7} boxes",
+                    rewards=rewards,
+                    length=n,
+                    tokens=synth_tokens(token_rng, n, form) if tokens else None,
+                )
+            )
+        group = GroupRecord(
+            step=gi // STEPS_GROUPS,
+            key=f"prompt-{gi % STEPS_GROUPS}",
+            prompt=f"Draw diagram {gi % STEPS_GROUPS}",
+            rollouts=rollouts,
         )
+        groups.append(group.to_json())
     return groups
 
 

@@ -15,7 +15,9 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import records
 from .environments.base import Environment, Prompt, Score
+from .records import GroupRecord, RolloutRecord
 
 MAX_TRAIN_POOL = 256  # prompts are revisited across steps, as epochs over a dataset would
 
@@ -26,20 +28,24 @@ class Policy(Protocol):
     def sample(self, prompt: Prompt, rng: random.Random | None = None) -> str: ...
 
 
-def score_record(score: Score) -> dict[str, Any]:
-    value = None if math.isnan(score.value) else float(score.value)
-    return {"value": value, "reason": score.reason}
+def score_record(score: Score) -> records.Score:
+    return records.Score(None if math.isnan(score.value) else float(score.value), score.reason)
+
+
+def rollout(env: Environment, prompt: Prompt, index: int, completion: str) -> RolloutRecord:
+    return RolloutRecord(
+        index=index,
+        completion=completion,
+        rewards={name: score_record(s) for name, s in env.score(prompt, completion).items()},
+        length=len(completion.split()),  # whitespace tokens: no tokenizer in the demo path
+        truncated=False,
+        state=env.state(prompt, completion),
+    )
 
 
 def rollout_record(env: Environment, prompt: Prompt, index: int, completion: str) -> dict[str, Any]:
-    return {
-        "index": index,
-        "completion": completion,
-        "rewards": {name: score_record(s) for name, s in env.score(prompt, completion).items()},
-        "length": len(completion.split()),  # whitespace tokens: no tokenizer in the demo path
-        "truncated": False,
-        "state": env.state(prompt, completion),
-    }
+    """`rollout` in the ingestion format (the environments' demo generators build on it)."""
+    return rollout(env, prompt, index, completion).to_json()
 
 
 def generate_groups(
@@ -59,25 +65,18 @@ def generate_groups(
     rng = random.Random(seed)
     train = env.prompts("train", min(steps * groups_per_step, MAX_TRAIN_POOL), seed)
     holdout = env.prompts("holdout", holdout_groups, seed) if holdout_groups else []
-    records: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     for step in range(steps):
         if skill_schedule is not None:
             policy.skill = skill_schedule(step)
         chosen = [train[(step * groups_per_step + j) % len(train)] for j in range(groups_per_step)]
         for prompt in chosen + holdout:
-            rollouts = [
-                rollout_record(env, prompt, i, policy.sample(prompt, rng)) for i in range(G)
-            ]
-            records.append(
-                {
-                    "step": step,
-                    "key": prompt.key,
-                    "prompt": prompt.text,
-                    "split": prompt.split,
-                    "rollouts": rollouts,
-                }
+            rollouts = [rollout(env, prompt, i, policy.sample(prompt, rng)) for i in range(G)]
+            group = GroupRecord(
+                step=step, key=prompt.key, prompt=prompt.text, split=prompt.split, rollouts=rollouts
             )
-    return records
+            out.append(group.to_json())
+    return out
 
 
 def linear_schedule(start: float, end: float, steps: int) -> Callable[[int], float]:

@@ -9,6 +9,7 @@ docs/using.md, "Module notes".
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from .environments.ask_to_code import (
@@ -17,6 +18,7 @@ from .environments.ask_to_code import (
     ScriptedAskPolicy,
     rollout_record,
 )
+from .records import GroupRecord, RolloutRecord, Score
 
 # The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the
 # scripted policy writes one of two codes per task, so a few tasks keep seeding to seconds.
@@ -62,17 +64,14 @@ def story_groups(
                 policy = ScriptedAskPolicy(
                     style_for(rng, step, steps, saturate_at, broken), seed=rng.randrange(2**31)
                 )
-                rec = rollout_record(env, prompt, i, policy)
+                # the environment's episode as a record (environments/ still build dicts)
+                rec = RolloutRecord.from_json(rollout_record(env, prompt, i, policy))
                 if broken:
-                    rec["rewards"]["correctness"] = {"value": 0.0, "reason": BROKEN_REASON}
+                    broken_score = {"correctness": Score(0.0, BROKEN_REASON)}
+                    rec = replace(rec, rewards={**rec.rewards, **broken_score})
                 rollouts.append(rec)
-            records.append(
-                {
-                    "step": step,
-                    "key": prompt.key,
-                    "prompt": prompt.text,
-                    "split": prompt.split,
-                    "rollouts": rollouts,
-                }
+            group = GroupRecord(
+                step=step, key=prompt.key, prompt=prompt.text, split=prompt.split, rollouts=rollouts
             )
+            records.append(group.to_json())
     return records

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from . import stats
+from .records import RolloutRecord, Score
 
 PIECE = re.compile(r"\s+|\w+|[^\w\s]")
 VOCAB = 32_000
@@ -73,6 +75,11 @@ def rollout_tokens(
     }
 
 
+def _value(v: Any) -> float:
+    v = v.value if isinstance(v, Score) else v
+    return np.nan if v is None else v
+
+
 def add_tokens(
     records: list[dict[str, Any]],
     weights: dict[str, float],
@@ -84,22 +91,14 @@ def add_tokens(
     steps = max((r["step"] for r in records), default=0) + 1
     names = list(weights)
     for group in records:
-        values = np.array(
-            [
-                [
-                    np.nan if r["rewards"][c]["value"] is None else r["rewards"][c]["value"]
-                    for c in names
-                ]
-                for r in group["rollouts"]
-            ]
-        )
+        rollouts = [RolloutRecord.from_json(r) for r in group["rollouts"]]
+        values = np.array([[_value(r.rewards[c]) for c in names] for r in rollouts])
         w = [weights[c] for c in names]
         adv = stats.compute_advantages(values, w, group_size=len(values)).advantages
-        for r, a in zip(group["rollouts"], adv.tolist(), strict=True):
-            transcript = r.get("transcript") or [
-                {"role": "assistant", "content": r.get("completion", "")}
-            ]
-            r["tokens"] = rollout_tokens(
-                transcript, a, group["step"], steps, rng, drift_step=drift_step
-            )
+        with_tokens = []
+        for r, a in zip(rollouts, adv.tolist(), strict=True):
+            transcript = r.transcript or [{"role": "assistant", "content": r.completion or ""}]
+            tokens = rollout_tokens(transcript, a, group["step"], steps, rng, drift_step=drift_step)
+            with_tokens.append(replace(r, tokens=tokens).to_json())
+        group["rollouts"] = with_tokens
     return records

@@ -6,6 +6,7 @@ environment, emitted as groups (split "holdout") with the advantages GRPO would 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from .common import (
     sample_completions,
 )
 from .config import JobConfig, cli, help_field, require_at_least, require_choice
+from .records import GroupRecord, RolloutRecord, Score
 from .rewards import score_value
 from .sinks import Sink
 
@@ -81,15 +83,13 @@ def score_groups(
     values, NaN where unscorable."""
     names = [c.name for c in env.components]
     weights = [c.weight for c in env.components]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # RolloutRecord fields, less reward and advantage
     values: list[list[float]] = []
     group_ids: list[int] = []
     for gi, (prompt, group) in enumerate(zip(prompts, samples, strict=True)):
         for j, s in enumerate(group):
             scores = env.score(prompt, s.text)
-            rewards = {
-                n: {"value": score_value(scores[n]), "reason": scores[n].reason} for n in names
-            }
+            rewards = {n: Score(score_value(scores[n]), scores[n].reason) for n in names}
             rows.append(
                 {
                     "index": j,
@@ -100,32 +100,35 @@ def score_groups(
                     "finish_reason": "length" if s.truncated else "stop",
                 }
             )
-            values.append(
-                [np.nan if rewards[n]["value"] is None else rewards[n]["value"] for n in names]
-            )
+            values.append([np.nan if rewards[n].value is None else rewards[n].value for n in names])
             group_ids.append(gi)
     matrix = np.array(values, dtype=np.float64).reshape(len(rows), len(names))
     adv = stats.compute_advantages(
         matrix, weights, np.array(group_ids), scale_rewards=scale_rewards, aggregation=aggregation
     )
-    for row, reward, advantage in zip(
-        rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True
-    ):
-        row["reward"] = None if np.isnan(reward) else float(reward)
-        row["advantage"] = float(advantage)
+    built = [
+        RolloutRecord(**row, reward=_finite(reward), advantage=_finite(advantage))
+        for row, reward, advantage in zip(
+            rows, adv.rewards.tolist(), adv.advantages.tolist(), strict=True
+        )
+    ]
     groups, i = [], 0
     for prompt, group in zip(prompts, samples, strict=True):
-        groups.append(
-            {
-                "step": step,
-                "key": prompt.key,
-                "prompt": chat_prompt(prompt.text, prompt.messages),
-                "split": split,
-                "rollouts": rows[i : i + len(group)],
-            }
+        record = GroupRecord(
+            step=step,
+            key=prompt.key,
+            prompt=chat_prompt(prompt.text, prompt.messages),
+            split=split,
+            rollouts=built[i : i + len(group)],
         )
+        groups.append(record.to_json())
         i += len(group)
     return groups, matrix
+
+
+def _finite(v: float) -> float | None:
+    """NaN (unscorable) or inf as null, as the sinks send them."""
+    return float(v) if math.isfinite(v) else None
 
 
 def component_means(names: list[str], matrix: np.ndarray) -> dict[str, float | None]:

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from .client import ApiError, Client
-from .importers.base import component_name, fill_advantages, finite_or_none, stable_hash
+from .importers.base import (
+    component_name,
+    fill_advantages,
+    finite_or_none,
+    group_record,
+    stable_hash,
+)
 from .importers.weights import WeightPlan, plan_weights
 from .sinks import storable  # NUL and lone surrogates would be refused by Postgres
 
@@ -113,14 +119,9 @@ def batch_to_samples(
 def make_group(
     prompt: str, rollouts: list[dict[str, Any]], *, step: int, key: str
 ) -> dict[str, Any]:
-    group = {
-        "step": step,
-        "key": key,
-        "prompt": prompt,
-        "rollouts": [{"index": i, **r} for i, r in enumerate(rollouts)],
-    }
-    fill_advantages(group["rollouts"], eps=OPENRLHF_EPS)
-    return group
+    indexed = [{"index": i, **r} for i, r in enumerate(rollouts)]
+    fill_advantages(indexed, eps=OPENRLHF_EPS)
+    return group_record(step, key, prompt, indexed)
 
 
 def batch_to_groups(

@@ -61,8 +61,10 @@ import numpy as np
 from transformers import Trainer, TrainerCallback
 
 from .common import numeric_metrics
+from .records import GroupRecord, InvalidRecord, RolloutRecord, Score
 from .rewards import REASON_PREFIX
 from .sinks import SETTINGS_FILE, BatchingSink, HttpSink, JsonlSink, Sink
+from .stats import weighted_reward
 from .token_capture import TokenCapture
 
 KEY_COLUMN = "recorder/key"
@@ -300,7 +302,12 @@ class RolloutRecorder(TrainerCallback):
         if self._generated_this_step(args):
             self._pending = 0
             if state.is_world_process_zero:
-                groups = self.collect_groups(state.global_step)
+                try:
+                    groups = self.collect_groups(state.global_step)
+                except InvalidRecord as e:  # a bug (a state_fn's value) must not stop training
+                    self.sink.log(f"recorder: step {state.global_step} not recorded: {e}")
+                    logger.error("recorder: step %s not recorded: %s", state.global_step, e)
+                    return
                 if groups:
                     self.sink.write_groups(groups)
                     self.groups_written += len(groups)
@@ -327,7 +334,7 @@ class RolloutRecorder(TrainerCallback):
 
     # ---- reading TRL's values
 
-    def collect_groups(self, step: int) -> list[dict[str, Any]]:
+    def collect_groups(self, step: int) -> list[GroupRecord]:
         """The last generation batch as ingestion groups, read from TRL's `_logs`."""
         t = self.trainer
         logs = t._logs
@@ -341,6 +348,7 @@ class RolloutRecorder(TrainerCallback):
         extra = {col: list(vals) for col, vals in logs.get("extra", {}).items() if len(vals) == n}
         g = t.num_generations if t.model.training else t.num_generations_eval
         weights = reward_weights(t)
+        weight_of = dict(zip(names, weights, strict=False))
         if n == 0 or n % g or len(prompts) != n or len(weights) != len(names):
             return []  # not a batch this recorder can read: record nothing rather than guess
         keys = extra.get(KEY_COLUMN) or [prompt_key(p) for p in prompts]
@@ -365,36 +373,39 @@ class RolloutRecorder(TrainerCallback):
                     completion = json.loads(
                         transcripts[row]
                     )  # multi-turn: the episode, not the token stream
-                rollout: dict[str, Any] = {"index": j}
-                if isinstance(completion, str):
-                    rollout["completion"] = completion
-                else:
-                    rollout["transcript"] = _jsonable(completion)
-                rollout["rewards"] = {
-                    name: {"value": _value(rewards[name][row]), "reason": _reason(extra, name, row)}
-                    for name in names
-                }
-                rollout["reward"] = _aggregate([rewards[name][row] for name in names], weights)
-                rollout["advantage"] = float(advantages[row])
-                rollout["length"] = int(lengths[row]) if lengths else self._count_tokens(completion)
                 is_trunc = bool(truncated[row]) if truncated else False
-                rollout["truncated"] = is_trunc
-                rollout["finish_reason"] = "length" if is_trunc else "stop"
-                if tokens is not None:
-                    rollout["tokens"] = tokens[row]
+                state_value = None
                 if self.state_fn is not None:
                     state_value = self.state_fn(str(keys[start]), prompts[row], completion)
-                    if state_value is not None:
-                        rollout["state"] = state_value
-                rollouts.append(rollout)
+                text = isinstance(completion, str)
+                rollouts.append(
+                    RolloutRecord(
+                        index=j,
+                        completion=completion if text else None,
+                        transcript=None if text else _jsonable(completion),
+                        rewards={
+                            name: Score(_value(rewards[name][row]), _reason(extra, name, row))
+                            for name in names
+                        },
+                        reward=_finite(
+                            weighted_reward({n: rewards[n][row] for n in names}, weight_of)
+                        ),
+                        advantage=_finite(float(advantages[row])),
+                        length=int(lengths[row]) if lengths else self._count_tokens(completion),
+                        truncated=is_trunc,
+                        finish_reason="length" if is_trunc else "stop",
+                        tokens=tokens[row] if tokens is not None else None,
+                        state=state_value,
+                    )
+                )
             groups.append(
-                {
-                    "step": int(step),
-                    "key": key,
-                    "prompt": _jsonable(prompts[start]),
-                    "split": self.split,
-                    "rollouts": rollouts,
-                }
+                GroupRecord(
+                    step=int(step),
+                    key=key,
+                    prompt=_jsonable(prompts[start]),
+                    split=self.split,
+                    rollouts=rollouts,
+                )
             )
         return groups
 
@@ -515,21 +526,16 @@ def _model_name(trainer: Any) -> str:
 
 
 def _value(v: Any) -> float | None:
+    """A component's value; NaN (not scored) and inf (sent as null by the sinks) as None."""
     if v is None:
         return None
     v = float(v)
-    return None if math.isnan(v) else v
+    return v if math.isfinite(v) else None
 
 
-def _aggregate(values: list[Any], weights: list[float]) -> float | None:
-    """TRL's aggregate reward (its logged "reward"): nansum of weight * value; None when
-    no function scored."""
-    scored = [
-        (float(v), w)
-        for v, w in zip(values, weights, strict=True)
-        if v is not None and not math.isnan(float(v))
-    ]
-    return sum(v * w for v, w in scored) if scored else None
+def _finite(v: float | None) -> float | None:
+    """NaN or inf as null, as the sinks have always sent them (`sinks.storable`)."""
+    return v if v is None or math.isfinite(v) else None
 
 
 def _reason(extra: dict[str, list[Any]], name: str, row: int) -> str:

@@ -1,5 +1,6 @@
 """Where recorded rollouts, metrics, logs and progress go: a `Sink` receives records in the
-ingestion format the web app takes verbatim (groups, step metrics, the run's reward settings).
+ingestion format the web app takes verbatim (groups: `training.records.GroupRecord`s or their
+`to_json()`; step metrics; the run's reward settings).
 The database sink (workers), the HTTP sink (the API, for training on another machine, with a
 spool while the server is down) and the JSONL sink (offline, imported later) implement it.
 Record shapes and delivery rules: docs/recording.md, "Module notes".
@@ -15,10 +16,13 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from . import records
 from .client import ApiError, Client
+from .records import GroupRecord
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +31,12 @@ SETTINGS_FILE = (
 )
 
 
+Groups = Sequence[GroupRecord | dict[str, Any]]  # a sink takes records or their to_json()
+
+
 @runtime_checkable
 class Sink(Protocol):
-    def write_groups(self, groups: list[dict[str, Any]]) -> None: ...
+    def write_groups(self, groups: Groups) -> None: ...
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None: ...
 
@@ -54,6 +61,8 @@ def storable(obj: Any) -> Any:
         return {_storable_text(k) if isinstance(k, str) else k: storable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [storable(v) for v in obj]
+    if isinstance(obj, GroupRecord):
+        return storable(obj.to_json())
     return obj
 
 
@@ -75,7 +84,7 @@ class DiscardSink:
     """Takes everything and keeps nothing: the sink of the non-primary processes of a multi-process
     job (TRL gathers their rollouts and metrics to process 0, which records them once)."""
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         pass
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
@@ -103,7 +112,7 @@ class MemorySink:
         self.progress_events: list[tuple[int, int]] = []
         self.closed = False
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self.groups.extend(storable(groups))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
@@ -137,8 +146,8 @@ class JsonlSink:
             self._f.write(text)
             self._f.flush()
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
-        self._write([{"type": "group", **g} for g in groups])
+    def write_groups(self, groups: Groups) -> None:
+        self._write([{"type": "group", **g} for g in records.to_json(groups)])
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:
         self._write([{"type": "metrics", "step": int(step), "values": dict(values)}])
@@ -238,7 +247,7 @@ class HttpSink:
 
     # ---- Sink protocol
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self._groups.extend(storable(groups))
         self._maybe_flush(len(self._groups))
 
@@ -426,7 +435,7 @@ class BatchingSink:
         except queue.Full:
             logger.error("BatchingSink: queue full for 60s, dropping a %s record", item[0])
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         self._put(("write_groups", (groups,)))
 
     def write_metrics(self, step: int, values: dict[str, float]) -> None:

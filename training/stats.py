@@ -9,8 +9,10 @@ unscorable). Groups are integer ids, so sizes and row order are free; everything
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -238,3 +240,15 @@ def rank_within_groups(values: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     pos = np.arange(v.size) - np.repeat(starts, np.diff(np.r_[starts, v.size]))
     ranks[order] = pos
     return ranks
+
+
+def weighted_reward(rewards: Mapping[str, Any], weights: Mapping[str, float]) -> float | None:
+    """TRL's aggregate reward of one completion (its logged "reward"): the nan-sum of weight x value
+    over the components that scored (None or NaN did not; a component without a weight counts 0);
+    None when none scored. The scalar form of `compute_advantages`' sum_then_normalize rewards."""
+    scored = [
+        (float(v), weights.get(k, 0.0))
+        for k, v in rewards.items()
+        if v is not None and not math.isnan(float(v))
+    ]
+    return float(sum(v * w for v, w in scored)) if scored else None

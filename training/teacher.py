@@ -23,13 +23,14 @@ import os
 import random
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .common import ProgressFn, Sample, chat_prompt, env_prompts, get_env, write_jsonl
 from .config import JobConfig, cli, help_field
 from .eval import score_groups
+from .records import RolloutRecord
 from .sinks import Sink
 
 
@@ -275,11 +276,13 @@ def main(
         chunk = prompts[start : start + batch]
         groups, _ = score_groups(env, chunk, teacher(chunk), step=0, split=config.split)
         for prompt, group in zip(chunk, groups, strict=True):
+            judged = []
             for rollout in group["rollouts"]:
                 failed, mean = problems(rollout, weights, config)
                 keep = not failed
                 why = "; ".join(r for _, r in failed) or f"weighted score {mean:.2f}"
-                rollout["state"] = {"teacher": config.teacher, "kept": keep, "verdict": why}
+                state = {"teacher": config.teacher, "kept": keep, "verdict": why}
+                judged.append(replace(RolloutRecord.from_json(rollout), state=state).to_json())
                 record = {
                     "key": prompt.key,
                     "prompt": group["prompt"],
@@ -292,6 +295,7 @@ def main(
                     rejected.append({**record, "reason": why, "checks": [c for c, _ in failed]})
                     if sink is not None:
                         sink.log(f"rejected {prompt.key}#{rollout['index']}: {why}")
+            group["rollouts"] = judged
         if sink is not None:
             sink.write_groups(groups)
             sink.progress(start + len(chunk), len(prompts))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from training.sinks import storable
+from training.sinks import Groups, storable
 from webapp.errors import FieldError
 from webapp.rollouts.ingest import ingest_groups
 from webapp.runs.metrics import record_metrics
@@ -21,7 +21,7 @@ class DatabaseSink:
     def __init__(self, run_id: int) -> None:
         self.run = Run.objects.get(id=run_id)
 
-    def write_groups(self, groups: list[dict[str, Any]]) -> None:
+    def write_groups(self, groups: Groups) -> None:
         try:
             # storable(): a NUL a tokenizer decoded must not make ingestion refuse the whole batch
             ingest_groups(self.run, {"groups": storable(groups)})

@@ -27,6 +27,7 @@ from .base import (
     ReaderError,
     RecordError,
     component_name,
+    group_record,
     is_number,
     messages,
 )
@@ -169,11 +170,8 @@ class ARTReader(Reader):
                 rollout["state"] = state
             rollouts.append(rollout)
         self._advantages(rollouts)
-        record: dict[str, Any] = {"step": step, "key": f"{split}-g{gi}", "prompt": prompt}
-        record["rollouts"] = rollouts
-        if split != "train":
-            record["split"] = "holdout"
-        return record
+        key = f"{split}-g{gi}"
+        return group_record(step, key, prompt, rollouts, "train" if split == "train" else "holdout")
 
     def _advantages(self, rollouts: list[dict[str, Any]]) -> None:
         rewards = [r["reward"] for r in rollouts]

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import stats
+from ..records import GroupRecord, InvalidRecord, RolloutRecord
 from ..sinks import storable
 
 # Same set as webapp/rollouts/ingest.py ROLES (training/ cannot import it): checked here too so the
@@ -392,11 +393,34 @@ def fill_advantages(
     return "computed"
 
 
-def weighted_reward(rewards: dict[str, float | None], weights: dict[str, float]) -> float | None:
-    """TRL's aggregate: the nan-sum of weight x value over the components that scored; None
-    when none did."""
-    scored = [(v, weights.get(k, 0.0)) for k, v in rewards.items() if v is not None]
-    return float(sum(v * w for v, w in scored)) if scored else None
+def group_record(
+    step: int,
+    key: str,
+    prompt: str | list[dict[str, Any]],
+    rollouts: list[dict[str, Any]],
+    split: str = "train",
+) -> dict[str, Any]:
+    """The group every reader yields: `rollouts` (ingestion rollout fields; "index" is their
+    position when absent) built into a `training.records.GroupRecord`, returned in the ingestion
+    format. Raises RecordError naming the bad field (`rollouts[2].rewards.acc: ...`)."""
+    try:
+        record = GroupRecord(
+            step=step,
+            key=key,
+            prompt=prompt,
+            split=None if split == "train" else split,
+            rollouts=[_rollout(i, r) for i, r in enumerate(rollouts)],
+        )
+    except InvalidRecord as e:
+        raise RecordError(str(e)) from None
+    return record.to_json()
+
+
+def _rollout(i: int, r: dict[str, Any]) -> RolloutRecord:
+    try:
+        return RolloutRecord.from_json(r if "index" in r else {"index": i, **r})
+    except InvalidRecord as e:
+        raise e.within(f"rollouts[{i}]") from None
 
 
 def chunk_group(rows: list[Any], group_size: int | None) -> list[list[Any]]:
@@ -619,14 +643,12 @@ class GroupingJsonlReader(Reader):
         rollouts = [{"index": i, **row.rollout} for i, (_, row) in enumerate(rows)]
         try:
             self._fill(rollouts)
+            record = group_record(gk[0], gk[1], rows[0][1].prompt, rollouts, rows[0][1].split)
         except RecordError as e:
             yield BadRecord(
                 name, rows[0][0], f"step {gk[0]}, key {gk[1]!r}: {e}", records=len(rows)
             )
             return
-        record = {"step": gk[0], "key": gk[1], "prompt": rows[0][1].prompt, "rollouts": rollouts}
-        if rows[0][1].split != "train":
-            record["split"] = rows[0][1].split
         yield GroupItem(self.clean(record), name, rows[0][0], [lineno for lineno, _ in rows])
 
     def _fill(self, rollouts: list[dict[str, Any]]) -> None:

@@ -29,6 +29,7 @@ from .base import (
     completion_fields,
     fill_advantages,
     group_key,
+    group_record,
     int_field,
     jsonl_lines,
     number_field,
@@ -418,15 +419,10 @@ class PrimeRLReader(GroupingJsonlReader):
         if len({s for e in eps for s in e["trained_steps"]}) > 1:
             self._count("groups trained across two or more steps")
         prompt = next((e["prompt"] for e in eps if e["prompt"] is not None), None)
-        record: dict[str, Any] = {
-            "step": step,
-            "key": g.key,
-            "prompt": prompt if prompt is not None else task_prompt(eps[0]["obj_task"]),
-            "rollouts": rollouts,
-        }
-        if g.kind == "eval":
-            record["split"] = "holdout"
-        return record
+        if prompt is None:
+            prompt = task_prompt(eps[0]["obj_task"])
+        split = "holdout" if g.kind == "eval" else "train"
+        return group_record(step, g.key, prompt, rollouts, split)
 
     # ---- gaps and counts
 

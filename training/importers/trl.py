@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..sinks import SETTINGS_FILE
+from ..stats import weighted_reward
 from .base import (
     BadRecord,
     GroupItem,
@@ -34,11 +35,11 @@ from .base import (
     completion_fields,
     component_name,
     finite_or_none,
+    group_record,
     int_field,
     is_number,
     prompt_value,
     stable_hash,
-    weighted_reward,
 )
 
 KNOWN = ("step", "prompt", "completion", "advantage")
@@ -230,10 +231,12 @@ class TRLReader(Reader):
             rollouts = [{"index": i, **row["rollout"]} for i, (_, row) in enumerate(chunk)]
             if not self.weights:
                 self.flag("assumed_weights_rows", len(rollouts))
-            record = self.clean(
-                {"step": step, "key": key, "prompt": chunk[0][1]["prompt"], "rollouts": rollouts}
-            )
-            yield GroupItem(record, name, chunk[0][0], [r for r, _ in chunk])
+            try:
+                record = group_record(step, key, chunk[0][1]["prompt"], rollouts)
+            except RecordError as e:
+                yield BadRecord(name, chunk[0][0], f"step {step}: {e}", records=len(chunk))
+                continue
+            yield GroupItem(self.clean(record), name, chunk[0][0], [r for r, _ in chunk])
 
     def _rollout(self, rec: dict[str, Any], comps: list[str], extras: list[str]) -> dict[str, Any]:
         if rec.get("completion") is None:

@@ -18,6 +18,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training.records import GroupRecord, RolloutRecord, Score
 from webapp.explorer.params import ExplorerQuery
 from webapp.explorer.query import explore
 from webapp.rollouts.models import Group, RewardScore, Rollout
@@ -66,26 +67,20 @@ def _scores(rollout_ids: list[int]) -> dict[int, dict[str, tuple[float | None, s
     return out
 
 
-def _rollout_record(r: Rollout, scores: dict[str, tuple[float | None, str]]) -> dict[str, Any]:
-    rec: dict[str, Any] = {
-        "index": r.index,
-        "transcript": r.transcript,
+def _rollout_record(r: Rollout, scores: dict[str, tuple[float | None, str]]) -> RolloutRecord:
+    return RolloutRecord(
+        index=r.index,
+        transcript=r.transcript,
         # A reason travels as {value, reason}; a bare value stays a number (the compact form).
-        "rewards": {
-            n: ({"value": v, "reason": why} if why else v) for n, (v, why) in scores.items()
-        },
-        "reward": r.reward,
-        "advantage": r.advantage,
-        "length": r.length,
-        "truncated": r.truncated,
-    }
-    if r.finish_reason:
-        rec["finish_reason"] = r.finish_reason
-    if r.parse_error:
-        rec["parse_error"] = r.parse_error
-    if r.state is not None:
-        rec["state"] = r.state
-    return rec
+        rewards={n: (Score(v, why) if why else v) for n, (v, why) in scores.items()},
+        reward=r.reward,
+        advantage=r.advantage,
+        length=r.length,
+        truncated=r.truncated,
+        finish_reason=r.finish_reason or None,
+        parse_error=r.parse_error or None,
+        state=r.state,
+    )
 
 
 def iter_group_records(
@@ -103,13 +98,13 @@ def iter_group_records(
         for r in rollouts:
             by_group.setdefault(r.group_id, []).append(r)
         for g in groups:
-            yield {
-                "step": g.step,
-                "key": g.key,
-                "prompt": g.prompt,
-                "split": g.split,
-                "rollouts": [_rollout_record(r, scores[r.id]) for r in by_group.get(g.id, [])],
-            }
+            yield GroupRecord(
+                step=g.step,
+                key=g.key,
+                prompt=g.prompt,
+                split=g.split,
+                rollouts=[_rollout_record(r, scores[r.id]) for r in by_group.get(g.id, [])],
+            ).to_json()
 
 
 def write_jsonl(run: Run, out: IO[str], filters: GroupFilter | None = None) -> int:

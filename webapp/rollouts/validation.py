@@ -4,12 +4,13 @@
 found (up to MAX_ERRORS), each naming its field path (`groups[3].rollouts[2].rewards.format`), so
 a client fixes a batch in one round trip. What it returns is typed and safe to store: every string
 is storable by both databases, every number finite or None, and each rollout carries its preview
-and search text.
+and search text. The field checks are training/records.py's (the one definition of a rollout
+record), run on the request's dicts; this module adds what only the run knows (its components,
+the group size limit, storable text, token arrays).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,15 +18,30 @@ import orjson
 from django.conf import settings
 from django.db import connection
 
+from training.records import (
+    BATCH_FIELDS,
+    GROUP_FIELDS,
+    MAX_INT,
+    ROLLOUT_FIELDS,
+    check_advantages,
+    check_group_fields,
+    check_index,
+    check_index_unique,
+    check_length_truncated,
+    check_rollout_list,
+    check_state,
+    parse_number,
+    parse_rewards,
+    parse_string,
+    parse_text,
+    unknown_fields,
+)
 from webapp.errors import MAX_ERRORS, FieldError
 from webapp.rollouts import text
 from webapp.tokens.codec import TokenArrays
 from webapp.tokens.validation import parse_tokens
 
-ROLES = {"system", "user", "assistant", "tool", "developer", "environment"}
-MAX_KEY = 300
-# Steps, indexes and lengths are 32-bit integer columns: a larger one would be a 500, not a 400.
-MAX_INT = 2**31 - 1
+__all__ = ["MAX_INT", "GroupIn", "RolloutIn", "unstorable_text", "validate_batch"]
 
 
 @dataclass
@@ -74,10 +90,6 @@ class _Errors:
 
     def __bool__(self) -> bool:
         return bool(self.items)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
 
 
 def unstorable_text(value: Any, path: str) -> tuple[str, str] | None:
@@ -137,148 +149,37 @@ def _bad_text(s: str) -> bool:
     return False
 
 
-def _finite_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _flatten_prompt(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in prompt)
 
 
-def _check_messages(msgs: Any, path: str, errs: _Errors) -> bool:
-    if not isinstance(msgs, list) or not msgs:
-        errs.add(path, "must be a non-empty list of messages")
-        return False
-    ok = True
-    for i, m in enumerate(msgs):
-        p = f"{path}[{i}]"
-        if not isinstance(m, dict):
-            errs.add(p, "must be an object with role and content")
-            ok = False
-            continue
-        if m.get("role") not in ROLES:
-            errs.add(f"{p}.role", f"must be one of {', '.join(sorted(ROLES))}")
-            ok = False
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            errs.add(f"{p}.content", "must be a string or null")
-            ok = False
-        if "tool_calls" in m and not isinstance(m["tool_calls"], list):
-            errs.add(f"{p}.tool_calls", "must be a list")
-            ok = False
-        if "name" in m and not isinstance(m["name"], str):
-            errs.add(f"{p}.name", "must be a string")
-            ok = False
-    return ok
-
-
-def _last_assistant_text(transcript: list[dict[str, Any]]) -> str:
-    for m in reversed(transcript):
-        if m.get("role") == "assistant" and m.get("content"):
-            return m["content"]
-    return ""
-
-
-def _parse_rewards(
-    raw: Any, path: str, components: set[str], errs: _Errors
-) -> dict[str, tuple[float, str]]:
-    if not isinstance(raw, dict):
-        errs.add(path, "must be an object mapping component name to a number or {value, reason}")
-        return {}
-    out: dict[str, tuple[float, str]] = {}
-    for name, v in raw.items():
-        p = f"{path}.{name}"
-        if name not in components:
-            errs.add(
-                p,
-                f"unknown component (this run's environment has: {', '.join(sorted(components))})",
-            )
-            continue
-        reason = ""
-        if isinstance(v, dict):
-            extra = set(v) - {"value", "reason"}
-            if extra:
-                errs.add(p, f"unexpected keys {sorted(extra)}; expected value and reason")
-                continue
-            reason = v.get("reason") or ""
-            if not isinstance(reason, str):
-                errs.add(f"{p}.reason", "must be a string")
-                continue
-            v = v.get("value")
-            p = f"{p}.value"
-        if v is None:
-            out[name] = (math.nan, reason)  # unscorable by this component: TRL's None
-        elif _finite_number(v):
-            out[name] = (float(v), reason)
-        else:
-            errs.add(
-                p,
-                "must be a finite number or null"
-                + (", got a string" if isinstance(v, str) else ""),
-            )
-    return out
-
-
-BATCH_FIELDS = ("groups",)
-GROUP_FIELDS = ("step", "key", "prompt", "split", "rollouts")
-ROLLOUT_FIELDS = (
-    "index",
-    "completion",
-    "transcript",
-    "rewards",
-    "advantage",
-    "reward",
-    "length",
-    "truncated",
-    "finish_reason",
-    "parse_error",
-    "state",
-    "tokens",
-)
-
-
-def _unknown_fields(
-    obj: dict[str, Any], allowed: tuple[str, ...], path: str, errs: _Errors
-) -> None:
-    """A misspelt field would otherwise be dropped without a word (and its data with it)."""
-    for key in obj:
-        if key not in allowed:
-            name = str(key)[:100] or '""'
-            where = f"{path}.{name}" if path else name
-            errs.add(where, f"unknown field; expected {', '.join(allowed)}")
-
-
 def _parse_rollout(
     r: Any, path: str, components: set[str], errs: _Errors, vocab: int | None = None
 ) -> RolloutIn | None:
+    """The checks of training/records.py (the contract), plus what only the run knows: its
+    components and its vocabulary."""
+    add = errs.add
     if not isinstance(r, dict):
-        errs.add(path, "must be an object")
+        add(path, "must be an object")
         return None
     n0 = len(errs.items)
-    _unknown_fields(r, ROLLOUT_FIELDS, path, errs)
+    unknown_fields(r, ROLLOUT_FIELDS, path, add)
     index = r.get("index")
-    if not _is_int(index) or index < 0:
-        errs.add(f"{path}.index", f"must be a non-negative integer (at most {MAX_INT})")
-    transcript, completion = _parse_text(r, path, errs)
-    rewards = _parse_rewards(r.get("rewards", {}), f"{path}.rewards", components, errs)
-    advantage, reward = (_parse_number(r, name, path, errs) for name in ("advantage", "reward"))
-    length = r.get("length")
-    if length is not None and (not _is_int(length) or length < 0):
-        errs.add(f"{path}.length", f"must be a non-negative integer (at most {MAX_INT})")
-    truncated = r.get("truncated", False)
-    if not isinstance(truncated, bool):
-        errs.add(f"{path}.truncated", "must be true or false")
+    check_index(index, path, add)
+    transcript, completion = parse_text(r, path, add)
+    rewards = parse_rewards(r.get("rewards", {}), f"{path}.rewards", add, components)
+    advantage, reward = (parse_number(r, name, path, add) for name in ("advantage", "reward"))
+    length, truncated = check_length_truncated(r, path, add)
     finish_reason, parse_error = (
-        _parse_string(r, name, path, errs) for name in ("finish_reason", "parse_error")
+        parse_string(r, name, path, add) for name in ("finish_reason", "parse_error")
     )
     state = r.get("state")
-    if state is not None and not isinstance(state, dict):
-        errs.add(f"{path}.state", "must be an object")
+    check_state(state, path, add)
     tokens = None
     if r.get("tokens") is not None:
-        tokens = parse_tokens(r["tokens"], f"{path}.tokens", len(transcript) or 1, vocab, errs.add)
+        tokens = parse_tokens(r["tokens"], f"{path}.tokens", len(transcript) or 1, vocab, add)
     if len(errs.items) > n0:
         return None
     if length is None:
@@ -300,43 +201,13 @@ def _parse_rollout(
     )
 
 
-def _parse_text(r: dict[str, Any], path: str, errs: _Errors) -> tuple[list[dict[str, Any]], str]:
-    """(transcript, completion): a completion is a one-message transcript; a transcript's completion
-    is its last assistant text."""
-    has_c, has_t = "completion" in r, "transcript" in r
-    if has_c == has_t:
-        errs.add(path, "give exactly one of completion (string) or transcript (list of messages)")
-    elif has_c:
-        if isinstance(r["completion"], str):
-            return [{"role": "assistant", "content": r["completion"]}], r["completion"]
-        errs.add(f"{path}.completion", "must be a string")
-    elif _check_messages(r["transcript"], f"{path}.transcript", errs):
-        return r["transcript"], _last_assistant_text(r["transcript"])
-    return [], ""
-
-
-def _parse_number(r: dict[str, Any], name: str, path: str, errs: _Errors) -> float | None:
-    v = r.get(name)
-    if v is not None and not _finite_number(v):
-        errs.add(f"{path}.{name}", "must be a finite number or null")
-    return float(v) if _finite_number(v) else None
-
-
-def _parse_string(r: dict[str, Any], name: str, path: str, errs: _Errors) -> str:
-    v = r.get(name) or ""
-    if not isinstance(v, str):
-        errs.add(f"{path}.{name}", "must be a string")
-        return ""
-    return v
-
-
 def validate_batch(body: Any, components: set[str], vocab: int | None = None) -> list[GroupIn]:
     """Parse and check a whole batch. Raises FieldError listing every problem (up to MAX_ERRORS).
     `vocab`: the run's vocabulary size, when known (token ids are checked against it)."""
     errs = _Errors()
     if not isinstance(body, dict) or not isinstance(body.get("groups"), list):
         raise FieldError("groups", "must be a list of groups")
-    _unknown_fields(body, BATCH_FIELDS, "", errs)
+    unknown_fields(body, BATCH_FIELDS, "", errs.add)
     groups: list[GroupIn] = []
     seen: set[tuple[int, str]] = set()  # (step, key) of the batch's groups so far
     for gi, g in enumerate(body["groups"]):
@@ -376,15 +247,15 @@ def _parse_group(
     if bad is not None:
         errs.add(*bad)
         return None
-    _unknown_fields(g, GROUP_FIELDS, gp, errs)
-    _check_group_fields(g, gp, seen, errs)
+    add = errs.add
+    unknown_fields(g, GROUP_FIELDS, gp, add)
+    check_group_fields(g, gp, seen, add)
     rollouts = g.get("rollouts")
     max_size = settings.INGEST_MAX_GROUP_SIZE
-    if not isinstance(rollouts, list) or not rollouts:
-        errs.add(f"{gp}.rollouts", "must be a non-empty list")
+    if not check_rollout_list(rollouts, gp, add):
         return None
     if len(rollouts) > max_size:
-        errs.add(f"{gp}.rollouts", f"group has {len(rollouts)} rollouts; the limit is {max_size}")
+        add(f"{gp}.rollouts", f"group has {len(rollouts)} rollouts; the limit is {max_size}")
         return None
     split = g.get("split", "train")
     group = GroupIn(
@@ -392,37 +263,12 @@ def _parse_group(
     )
     indexes: set[int] = set()
     for ri, r in enumerate(rollouts):
-        parsed = _parse_rollout(r, f"{gp}.rollouts[{ri}]", components, errs, vocab)
+        rp = f"{gp}.rollouts[{ri}]"
+        parsed = _parse_rollout(r, rp, components, errs, vocab)
         if parsed is None:
             continue
-        if parsed.index in indexes:
-            errs.add(
-                f"{gp}.rollouts[{ri}].index",
-                f"duplicate rollout index {parsed.index} in this group",
-            )
-        indexes.add(parsed.index)
+        check_index_unique(parsed.index, indexes, rp, add)
         group.rollouts.append(parsed)
     given = sum(r.advantage is not None for r in group.rollouts)
-    if 0 < given < len(group.rollouts):
-        errs.add(f"{gp}.rollouts", "advantage: give it for every rollout of the group or for none")
+    check_advantages(given, len(group.rollouts), gp, add)
     return group
-
-
-def _check_group_fields(
-    g: dict[str, Any], gp: str, seen: set[tuple[int, str]], errs: _Errors
-) -> None:
-    step, key, prompt = g.get("step"), g.get("key"), g.get("prompt")
-    if not _is_int(step) or step < 0:
-        errs.add(f"{gp}.step", f"must be a non-negative integer (at most {MAX_INT})")
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY:
-        errs.add(f"{gp}.key", f"must be a non-empty string of at most {MAX_KEY} characters")
-    elif _is_int(step):
-        if (step, key) in seen:
-            errs.add(f"{gp}.key", f"duplicate group (step {step}, key {key!r}) in this batch")
-        seen.add((step, key))
-    if isinstance(prompt, list):
-        _check_messages(prompt, f"{gp}.prompt", errs)
-    elif not isinstance(prompt, str):
-        errs.add(f"{gp}.prompt", "must be a string or a list of messages")
-    if g.get("split", "train") not in ("train", "holdout"):
-        errs.add(f"{gp}.split", "must be train or holdout")
