@@ -15,13 +15,7 @@ MAX_WORDS = 150
 # Django wiring, which says nothing a newcomer needs beyond its name.
 WIRING = ("__init__.py", "apps.py", "admin.py", "wsgi.py", "asgi.py")
 # Being rewritten on other branches right now (issue 26): checked once those land.
-PENDING = (
-    "training/environments/",
-    "training/records.py",
-    "training/recorder.py",
-    "training/importers/base.py",
-    "webapp/rollouts/validation.py",
-)
+PENDING: tuple[str, ...] = ()  # modules being rewritten elsewhere, skipped until they land
 
 
 def modules() -> list[str]:
@@ -52,5 +46,5 @@ def test_it_opens_every_module_with_a_short_docstring(name):
 def test_it_checks_the_modules_it_means_to():
     names = modules()
     assert "training/stats.py" in names and "bench/harness.py" in names
-    assert not any(n.startswith("training/environments/") for n in names)
+    assert "training/environments/diagram/rewards.py" in names  # packages are checked too
     assert len(names) > 100

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import records
-from .environments.base import Environment, Prompt, Score
+from .environments.base import Environment, Prompt
 from .records import GroupRecord, RolloutRecord
 
 MAX_TRAIN_POOL = 256  # prompts are revisited across steps, as epochs over a dataset would
@@ -28,15 +27,11 @@ class Policy(Protocol):
     def sample(self, prompt: Prompt, rng: random.Random | None = None) -> str: ...
 
 
-def score_record(score: Score) -> records.Score:
-    return records.Score(None if math.isnan(score.value) else float(score.value), score.reason)
-
-
 def rollout(env: Environment, prompt: Prompt, index: int, completion: str) -> RolloutRecord:
     return RolloutRecord(
         index=index,
         completion=completion,
-        rewards={name: score_record(s) for name, s in env.score(prompt, completion).items()},
+        rewards={name: records.Score.of(s) for name, s in env.score(prompt, completion).items()},
         length=len(completion.split()),  # whitespace tokens: no tokenizer in the demo path
         truncated=False,
         state=env.state(prompt, completion),

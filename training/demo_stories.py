@@ -18,7 +18,7 @@ from .environments.ask_to_code import (
     ScriptedAskPolicy,
     rollout_record,
 )
-from .records import GroupRecord, RolloutRecord, Score
+from .records import GroupRecord, Score
 
 # The sandbox runs each (task, code) once per process (ask_to_code caches the verdicts); the
 # scripted policy writes one of two codes per task, so a few tasks keep seeding to seconds.
@@ -64,8 +64,7 @@ def story_groups(
                 policy = ScriptedAskPolicy(
                     style_for(rng, step, steps, saturate_at, broken), seed=rng.randrange(2**31)
                 )
-                # the environment's episode as a record (environments/ still build dicts)
-                rec = RolloutRecord.from_json(rollout_record(env, prompt, i, policy))
+                rec = rollout_record(env, prompt, i, policy)
                 if broken:
                     broken_score = {"correctness": Score(0.0, BROKEN_REASON)}
                     rec = replace(rec, rewards={**rec.rewards, **broken_score})

@@ -1,49 +1,13 @@
-"""RolloutRecorder: records every GRPO rollout (prompt, completion, each reward component's value
-and reason, group, advantage) and every metric TRL logs, into a sink. Works for our jobs and for
-anyone's TRL script:
+"""RolloutRecorder: records every GRPO rollout (prompt, completion or transcript, each reward
+component's value and reason, group, advantage, per-token arrays) and every metric TRL logs, into
+a sink. Works for our jobs and for anyone's TRL script:
 
     from .recorder import RolloutRecorder
     recorder = RolloutRecorder(url="http://app:8000", token="KEY", run="42")
     trainer = GRPOTrainer(..., callbacks=[recorder])
 
-or, with a trainer already built (and any sink):
-
-    RolloutRecorder.attach(trainer, sink=JsonlSink("rollouts.jsonl"))
-
-Where the numbers come from (TRL 1.16, `GRPOTrainer._generate_and_score_completions`): after each
-generation TRL appends the gathered (all-process) prompts, completions, per-function rewards (NaN
-for None) and the advantages it trains on to `trainer._logs`, deques of length
-`generation_batch_size`. The recorder reads those values, never re-computes them, so a recorded
-advantage is TRL's advantage. Rows are in TRL's order, where each run of `num_generations`
-consecutive rows is one prompt's group: `RepeatSampler` yields each prompt index `num_generations`
-times in a row, and the advantage code groups with `rewards.view(-1, num_generations)`.
-
-What TRL does not log (reasons, prompt keys, token lengths) comes from thin wrappers around the
-reward functions, which pass it through TRL's own `log_extra` hook, so TRL gathers it across
-processes into `trainer._logs["extra"]`, row-aligned with everything else. A reward function may
-also return `Score(value, reason)` objects or `(value, reason)` tuples: the wrapper hands TRL the
-values and records the reasons.
-
-Multi-turn runs (a `rollout_func` such as training/multiturn.py's): TRL's own "completion" is then
-the decoded token stream, user replies included. When the rollout_func returns a per-row
-`transcript` (chat messages, prompt included) and `policy_tokens` (tokens the policy sampled), TRL
-forwards them to the reward functions; the recorder stores the transcript instead of the completion,
-counts only the policy's tokens as the length, and hands the transcript to `state_fn`.
-
-The trainer's settings (reward weights, scale_rewards, multi_objective_aggregation,
-num_generations, loss_type, beta, epsilon, learning rate, model name, steps_per_generation, TRL
-version) are read from the trainer when training starts (`trainer_settings`) and written once
-through the sink's optional `write_settings`: they become the run's reward settings, winning over
-what the run was created with, so every later recomputation (ablation baseline, diagnostics) uses
-what TRL trained on.
-
-Per-token arrays (`tokens=True`, the default): token ids, the loss mask, the trainer's log-probs
-and the entropies of the loss pass, the sampler's under vLLM, the reference model's when beta > 0,
-and each token's text; read from TRL by training/token_capture.py (which says where each comes from
-and what it cannot record) and sent as each rollout's `tokens` object.
-
-Cost on the training thread: building a few dicts once per generation; the sink is a BatchingSink
-(background thread) unless you pass `background=False`.
+It reads the values TRL trains on (`trainer._logs`), never re-computes them, and the trainer's
+settings once at the start. Where each number comes from: docs/recording.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -290,6 +290,12 @@ class Score:
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "reason": self.reason}
 
+    @classmethod
+    def of(cls, scored: Any) -> Score:
+        """From an environment's score (`.value`, NaN when not applicable, and `.reason`)."""
+        value = None if math.isnan(scored.value) else float(scored.value)
+        return cls(value, scored.reason)
+
 
 Reward = float | None | Score
 

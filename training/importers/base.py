@@ -1,22 +1,9 @@
-"""The reader protocol shared by every importer, and the helpers they have in common.
-
-A reader turns another trainer's rollout dump into the web app's ingestion format (see
-`training/sinks.py` for the record shape) without ever holding a whole file in memory. Iterating a
-reader yields, in file order:
-
-- `GroupItem`: one complete group record (every rollout of it), with the file and line/row it came
-  from, so that a later validation error can name the exact line;
-- `MetricsItem`: per-step trainer metrics (only the JSONL sink format carries them);
-- `SettingsItem`: the reward settings the trainer used (weights, scale_rewards, group size...),
-  first;
-- `BadRecord`: a record that could not be read, with its file and line. When the group of a bad
-  record is known, the whole group is dropped with it (one `BadRecord` for the bad line, one for
-  the good lines dropped alongside): nothing downstream ever sees half a group.
-
-Each reader says how it inferred the grouping (`grouping`), which the import command stores on the
-run, because for most formats the group is not in the file and has to be reconstructed.
-
-Plain Python: no Django import (the web app's command drives these readers).
+"""The reader protocol shared by every importer, and the helpers they have in common. A reader turns
+another trainer's rollout dump into ingestion records (training/records.py) without holding a
+whole file in memory, yielding in file order `GroupItem` (a complete group with the file and line
+it came from), `MetricsItem`, `SettingsItem` (first) and `BadRecord` (a record that could not be
+read; its whole group is dropped with it, never half a group). Each reader says how it inferred
+the grouping (`grouping`). Plain Python, no Django. More: docs/integrations.md, "Module notes".
 """
 
 from __future__ import annotations

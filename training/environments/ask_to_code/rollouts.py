@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..base import Prompt, Score, Split
+from ...records import GroupRecord, RolloutRecord
+from ...records import Score as RecordScore
+from ..base import Prompt, Split
 from .environment import AskToCodeEnv
 from .parsing import agent_turns
 from .policy import GOOD_STYLES, STYLES, AgentPolicy, ScriptedAskPolicy
@@ -21,25 +22,20 @@ def run_episode(env: AskToCodeEnv, prompt: Prompt, policy: AgentPolicy) -> list[
     return ep.transcript
 
 
-def _record_score(score: Score) -> dict[str, Any]:
-    value = None if math.isnan(score.value) else float(score.value)
-    return {"value": value, "reason": score.reason}
-
-
 def rollout_record(
     env: AskToCodeEnv, prompt: Prompt, index: int, policy: ScriptedAskPolicy
-) -> dict[str, Any]:
+) -> RolloutRecord:
     transcript = run_episode(env, prompt, policy)
     scores = env.score(prompt, transcript)
-    return {
-        "index": index,
-        "transcript": transcript,
-        "rewards": {name: _record_score(s) for name, s in scores.items()},
+    return RolloutRecord(
+        index=index,
+        transcript=transcript,
+        rewards={name: RecordScore.of(s) for name, s in scores.items()},
         # whitespace tokens of the agent's turns: no tokenizer in the demo path
-        "length": sum(len(t.split()) for t in agent_turns(transcript)),
-        "truncated": False,
-        "state": {**env.state(prompt, transcript), "policy_style": policy.style},
-    }
+        length=sum(len(t.split()) for t in agent_turns(transcript)),
+        truncated=False,
+        state={**env.state(prompt, transcript), "policy_style": policy.style},
+    )
 
 
 def generate_groups(
@@ -75,13 +71,8 @@ def generate_groups(
                     style = styles[(i + rng.randrange(len(styles))) % len(styles)]
                 policy = ScriptedAskPolicy(style, seed=rng.randrange(2**31))
                 rollouts.append(rollout_record(env, prompt, i, policy))
-            records.append(
-                {
-                    "step": step,
-                    "key": prompt.key,
-                    "prompt": prompt.text,
-                    "split": prompt.split,
-                    "rollouts": rollouts,
-                }
+            group = GroupRecord(
+                step=step, key=prompt.key, prompt=prompt.text, split=prompt.split, rollouts=rollouts
             )
+            records.append(group.to_json())
     return records
