@@ -31,7 +31,7 @@ from .importers.base import (
     group_record,
     stable_hash,
 )
-from .importers.weights import WeightPlan, plan_weights
+from .importers.weights import UNEXPLAINED, WeightPlan, plan_weights
 from .sinks import storable  # NUL and lone surrogates would be refused by Postgres
 
 logger = logging.getLogger(__name__)
@@ -389,6 +389,9 @@ class RewardRecorder:
     def _deliver(self, groups: list[dict[str, Any]]) -> None:
         try:
             run_id = self._resolve_run(groups)
+            if self._settle_weights(run_id):  # another process's fit won: complete with it
+                self._recomplete(groups)
+                run_id = self._resolve_run(groups)  # an `unexplained` first seen joins the run
             self.client.post_groups(run_id, storable(groups))
             self.sent += len(groups)
             self._post_run_facts(run_id)
@@ -399,22 +402,51 @@ class RewardRecorder:
             logger.exception("openrlhf recorder: upload failed; spooled to %s", self.spool_path)
             self._spool(groups)
 
-    def _post_run_facts(self, run_id: int) -> None:
-        """What the run must say besides its groups: the weights the plan found (with its note)
-        and the per-step count of samples left out. Clients without these calls skip them."""
+    def _settle_weights(self, run_id: int) -> bool:
+        """Post the plan's weights before the first groups, first wins: every process of a
+        trainer (Ray workers, vLLM engines) fits its own from its own samples, and the run keeps
+        the first posted. True when the run's differ from this process's plan, which then becomes
+        the run's (`_recomplete` redoes the rows already completed)."""
         with self._lock:
-            settings_due, self._settings_due = self._settings_due, False
-            metrics, self._metrics_due = self._metrics_due, {}
+            due, self._settings_due = self._settings_due, False
+            plan = self.plan
         post_settings = getattr(self.client, "post_settings", None)
-        if settings_due and self.plan is not None and post_settings is not None:
-            post_settings(
-                run_id,
-                {
-                    "weights": self.plan.weights,
-                    "trainer": {"weights_note": self.plan.note[:500]},
-                    "source": "openrlhf wrapper",
-                },
-            )
+        if not due or plan is None or post_settings is None:
+            return False
+        answer = post_settings(
+            run_id,
+            {
+                "weights": plan.weights,
+                "trainer": {"weights_note": plan.note[:500]},
+                "source": "openrlhf wrapper",
+                "first_wins": True,
+            },
+        )
+        settled = (answer or {}).get("reward_settings") or {}
+        weights = settled.get("weights")
+        if not isinstance(weights, dict) or weights == plan.weights:
+            return False
+        note = (settled.get("trainer") or {}).get("weights_note") or plan.note
+        adopted = WeightPlan(dict(weights), UNEXPLAINED in weights, str(note))
+        with self._lock:
+            self.plan = adopted
+        return True
+
+    def _recomplete(self, groups: list[dict[str, Any]]) -> None:
+        """The rows' `unexplained` again, from the plan the run settled on."""
+        plan = self.plan
+        if plan is None:
+            return
+        for g in groups:
+            for r in g["rollouts"]:
+                r["rewards"].pop(UNEXPLAINED, None)
+                plan.complete(r["rewards"], r["reward"])
+
+    def _post_run_facts(self, run_id: int) -> None:
+        """What the run must say besides its groups: the per-step count of samples left out.
+        Clients without the call skip it."""
+        with self._lock:
+            metrics, self._metrics_due = self._metrics_due, {}
         post_metrics = getattr(self.client, "post_metrics", None)
         if metrics and post_metrics is not None:
             post_metrics(

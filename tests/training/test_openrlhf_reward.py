@@ -287,6 +287,35 @@ def test_it_records_plain_per_sample_numbers_and_the_weights_of_extra_logs():
     assert settings["trainer"]["weights_note"].startswith("recovered: rewards = 2 x correct")
 
 
+def test_it_completes_its_rows_with_the_weights_the_run_settled_on():
+    """Another process posted its fit first: this process adopts the run's weights (the answer to
+    its first_wins post) and redoes `unexplained`, so its rows sum to their reward under them."""
+    from training.importers.weights import UNEXPLAINED
+
+    class SettledClient(FakeClient):
+        def post_settings(self, run_id: int, settings: dict[str, Any]) -> dict[str, Any]:
+            self.settings.append(settings)
+            return {"reward_settings": {"weights": {"correct": 0.5, UNEXPLAINED: 1.0}}}
+
+    def plain(queries: list[str], prompts: list[str], labels: list[str]) -> dict[str, Any]:
+        correct = float(queries[0][len(prompts[0]) :].removesuffix(EOS) == labels[0])
+        return {"rewards": 2.0 * correct, "extra_logs": {"correct": correct}}
+
+    client = SettledClient()
+    wrapped = wrap_reward_func(plain, client=client, run=9, n_samples_per_prompt=4)
+    rounds = [(f"{k}+{k}?", str(2 * k), [str(2 * k), "x", str(2 * k + 1), "y"]) for k in range(9)]
+    asyncio.run(engine(wrapped, rounds))
+    wrapped.recorded.recorder.close()
+    (posted,) = client.settings
+    assert posted["first_wins"] is True and posted["weights"] == {"correct": 2.0}  # its own fit
+    rollouts = [r for g in client.groups for r in g["rollouts"]]
+    assert len(rollouts) == 36
+    for r in rollouts:  # under the run's weights, not its own
+        total = 0.5 * r["rewards"]["correct"] + r["rewards"][UNEXPLAINED]
+        assert total == pytest.approx(r["reward"])
+    assert {r["rewards"][UNEXPLAINED] for r in rollouts} == {0.0, 1.5}
+
+
 def test_it_survives_a_reward_result_it_cannot_read(caplog):
     client = FakeClient()
     wrapped = wrap_reward_func(
@@ -391,12 +420,6 @@ def engine_process(pickled: bytes, prompts: list[tuple[str, str, list[str]]]) ->
 
 
 @pytest.mark.slow  # a live server and two spawned processes importing torch
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (OpenRLHF <= 0.9.0, Ray workers): each process fits its own weights of "
-    "'rewards' over extra_logs from its own first samples and the last one posted wins, so rows "
-    "completed with another process's fit do not sum to their reward under the run's weights",
-)
 def test_it_lands_many_processes_naming_one_run_in_one_run(live_server, transactional_db):
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token

@@ -334,3 +334,26 @@ def test_it_shows_the_runs_weights_on_its_dashboard(api, personas, client_as):
     )
     page = client_as("viewer").get(f"/runs/{run.id}/").content.decode()
     assert "-1.5" in page and "(default 0.5)" in page
+
+
+def test_first_wins_keeps_the_weights_posted_first_by_the_same_source(api, personas):
+    """Several processes of one trainer each post the weights they fitted: with first_wins the
+    run keeps the first and every answer carries it, so each process completes its rows alike."""
+    c = api(personas["trainer"])
+    run = _create(c, "engines", ENV["components"])
+    url = f"/api/v1/runs/{run.id}/settings/"
+    first = {"weights": {"acc": 2.0, "fmt": 0.5}, "source": "wrapper", "first_wins": True}
+    later = {"weights": {"acc": 3.0, "fmt": 0.0}, "source": "wrapper", "first_wins": True}
+    assert _post(c, url, first).json()["reward_settings"]["weights"] == first["weights"]
+    answer = _post(c, url, later).json()
+    assert answer["reward_settings"]["weights"] == first["weights"] and answer["changed"] == []
+    run.refresh_from_db()
+    assert run.reward_weights() == {"acc": 2.0, "fmt": 0.5}
+    assert "first_wins" not in run.reward_settings  # a request flag, not a setting
+    # Without the flag (or from another source) the new values win, as before.
+    assert _post(c, url, {**later, "first_wins": False}).json()["reward_settings"]["weights"] == {
+        "acc": 3.0,
+        "fmt": 0.0,
+    }
+    res = _post(c, url, {"weights": {"acc": 1.0}, "first_wins": "yes"})
+    assert res.status_code == 400 and "first_wins" in json.dumps(res.json())

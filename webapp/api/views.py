@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -184,7 +185,9 @@ def run_settings(request: Request, run_id: int) -> Response:
     run = get_run_for(request, run_id, "trainer", owner_may=True, related=())
     names = [c.name for c in run.components()]
     settings = reward_settings.validate(parse_body(request), names, path="reward_settings")
-    changed = reward_settings.apply(run, settings, settings.get("source") or "trainer")
+    with transaction.atomic():  # first_wins: two processes posting at once must not both win
+        run = Run.objects.select_for_update().get(id=run.id)
+        changed = reward_settings.apply(run, settings, settings.get("source") or "trainer")
     return Response({"reward_settings": run.reward_settings, "changed": changed})
 
 

@@ -40,6 +40,7 @@ KEYS = (
     "group_size",
     "trainer",
     "source",
+    "first_wins",
 )
 MAX_TRAINER_KEYS = 100
 
@@ -73,6 +74,10 @@ def validate(raw: Any, components: list[str], path: str = "reward_settings") -> 
         if not isinstance(raw["source"], str):
             raise FieldError(f"{path}.source", "must be a string")
         out["source"] = raw["source"][:100]
+    if raw.get("first_wins") is not None:
+        if not isinstance(raw["first_wins"], bool):
+            raise FieldError(f"{path}.first_wins", "must be true or false")
+        out["first_wins"] = raw["first_wins"]
     return out
 
 
@@ -172,6 +177,17 @@ def apply(run: Any, settings: dict[str, Any], source: str) -> list[str]:
     Returns one line per value that changed, which also goes to the run's log. Rollouts stored
     before keep their aggregate reward (it may be the trainer's own); ablations and diagnostics use
     the new values."""
+    settings = dict(settings)
+    stored = run.reward_settings or {}
+    if (
+        settings.pop("first_wins", False)
+        and stored.get("weights")
+        and stored.get("source") == source
+    ):
+        # Several processes of one trainer each fit the weights; the first posted stays, and
+        # each process completes its rows with the run's (the answer carries them).
+        settings.pop("weights", None)
+        settings.pop("trainer", None)
     comps = run.components()
     weights_before = run.reward_weights(comps)
     before = run.advantage_settings()
