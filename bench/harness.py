@@ -153,16 +153,36 @@ def bench_run(
     return get_or_create_run(name=name, environment=env, **fields)[0]
 
 
-def ingest_batches(run: Any, batches: Iterable[list[dict]], rollouts: int, desc: str) -> float:
+def ingest_batches(
+    run: Any, batches: Iterable[list[dict]], rollouts: int, desc: str, window: int = 0
+) -> float:
     """Ingest each batch of groups through the one ingestion service, with progress counted in
-    rollouts (`rollouts`: the total). Returns the seconds taken."""
+    rollouts (`rollouts`: the total). Returns the seconds taken. With `window`, also prints the
+    service's rollouts/s over each `window` rollouts (time inside ingest_groups only, so the
+    batches' generation is not counted) and, at the end, the last window's rate over the first's:
+    whether ingestion slows down as the tables grow."""
     from webapp.rollouts.ingest import ingest_groups
 
     t0 = time.perf_counter()
+    rates: list[float] = []
+    in_window, spent = 0, 0.0
     with progress(rollouts, desc) as bar:
         for groups in batches:
+            t = time.perf_counter()
             ingest_groups(run, {"groups": groups})
-            bar.update(sum(len(g["rollouts"]) for g in groups))
+            spent += time.perf_counter() - t
+            n = sum(len(g["rollouts"]) for g in groups)
+            bar.update(n)
+            in_window += n
+            if window and in_window >= window:
+                rates.append(in_window / spent)
+                report(f"{desc}: window {len(rates)} ({in_window:,} rollouts) {rates[-1]:,.0f}/s")
+                in_window, spent = 0, 0.0
+    if len(rates) >= 2:
+        report(
+            f"{desc}: last window / first window = {ratio(rates[-1], rates[0])} "
+            f"({rates[-1]:,.0f} / {rates[0]:,.0f} rollouts/s; target >= 0.8)"
+        )
     return time.perf_counter() - t0
 
 

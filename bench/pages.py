@@ -107,7 +107,7 @@ def synthetic_step(step: int, groups_per_step: int, rng: Any) -> list[dict[str, 
     return groups
 
 
-def seed(n_rollouts: int) -> Any:
+def seed(n_rollouts: int, window: int = 0, no_seed: bool = False) -> Any:
     import numpy as np
 
     from webapp.rollouts.models import Group
@@ -123,14 +123,14 @@ def seed(n_rollouts: int) -> Any:
     )
     done = set(Group.objects.filter(run=run).values_list("step", flat=True).distinct())
     todo = [s for s in range(STEPS) if s not in done]
-    if not todo:
+    if not todo or no_seed:
         from webapp.rollouts.models import StepStat
         from webapp.rollouts.services import recompute_run_stats
 
         if not StepStat.objects.filter(run=run).exists():  # seeded before StepStat existed
             print("building per-step statistics for the seeded run ...")
             recompute_run_stats(run)
-        print(f"reusing seeded run {run.id} ({name})")
+        print(f"reusing seeded run {run.id} ({name}, {len(done)} of {STEPS} steps)")
         return run
     rng = np.random.default_rng(len(done))
     per_batch = max(1, BATCH_GROUPS // groups_per_step)  # whole steps per batch, ~250 groups
@@ -139,7 +139,7 @@ def seed(n_rollouts: int) -> Any:
         for i in range(0, len(todo), per_batch)
     )
     n = len(todo) * groups_per_step * G
-    dt = ingest_batches(run, batches, n, "seeding")
+    dt = ingest_batches(run, batches, n, "seeding", window)
     report(f"seeded {n:,} rollouts in {dt:.0f} s ({n / dt:,.0f} rollouts/s)")
     vacuum_analyze()
     return run
@@ -152,6 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page", type=int, default=500, help="the deep page for keyset vs OFFSET")
     parser.add_argument(
         "--explain", action="store_true", help="print EXPLAIN ANALYZE of the key queries"
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=1_000_000,
+        help="print the seeding's rollouts/s per this many rollouts (ingestion as tables grow)",
+    )
+    parser.add_argument(
+        "--no-seed", action="store_true", help="time the pages on what is stored (a partial seed)"
     )
     args = parser.parse_args(argv)
     setup_django()
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     from webapp.explorer.query import _hydrate, explore
     from webapp.rollouts.models import Group, RewardComponent, RewardScore, Rollout
 
-    run = seed(args.rollouts)
+    run = seed(args.rollouts, args.window, args.no_seed)
     n = Rollout.objects.filter(run=run).count()
     user, _ = get_user_model().objects.get_or_create(username="bench-viewer")
     set_role(user, "viewer")
@@ -214,6 +223,38 @@ def main(argv: list[str] | None = None) -> None:
             f"{explorer}?sort=correct&order=desc&step_min=0&step_max=10",
             100,
         ),
+        # Step ranges at other positions and widths: the last steps (the top of the sort order),
+        # one step, and ranges either side of RANGE_SHARE (read whole below it, walked above).
+        (
+            "explorer p1, component + last steps",
+            f"{explorer}?sort=correct&order=desc&step_min={STEPS - 11}&step_max={STEPS - 1}",
+            100,
+        ),
+        (
+            "explorer p1, component + one step",
+            f"{explorer}?sort=coverage&order=desc&step_min=250&step_max=250",
+            100,
+        ),
+        (
+            "explorer p1, reward + steps 0-99 (20%)",
+            f"{explorer}?sort=reward&order=desc&step_min=0&step_max=99",
+            100,
+        ),
+        (
+            "explorer p1, component + steps 0-149",
+            f"{explorer}?sort=coverage&order=desc&step_min=0&step_max=149",
+            100,
+        ),
+        (
+            "explorer p1, reward + steps 0-149",
+            f"{explorer}?sort=reward&order=desc&step_min=0&step_max=149",
+            100,
+        ),
+        (
+            "explorer p1, component asc + steps 350-499",
+            f"{explorer}?sort=coverage&order=asc&step_min=350&step_max=499",
+            100,
+        ),
         (
             f"explorer p{args.page} by keyset (page)",
             f"{explorer}?sort=coverage&order=desc&cursor={cursor}",
@@ -223,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         ("transcript (with prev/next)", f"/rollouts/{rollout.id}/?sort=coverage&order=desc", None),
         ("run dashboard", f"/runs/{run.id}/", 300),
         ("runs list", "/", None),
+        ("diagnostics page (cached diagnosis)", f"/diagnostics/runs/{run.id}/", None),
         ("no-signal groups", f"/runs/{run.id}/no-signal/", None),
     ]
     print(
@@ -263,6 +305,19 @@ def main(argv: list[str] | None = None) -> None:
         report(
             f"page {page_no:,} (rows {off:,}..{off + limit:,}) query + hydrate: keyset "
             f"{key_med:.1f} ms, OFFSET {off_med:.1f} ms, OFFSET/keyset = {ratio(off_med, key_med)}"
+        )
+
+    # The ablation's cold recompute (what the diagnostics page's ablation form runs): every
+    # group's packed scores read from the database, then the vectorised math.
+    from training.ablation import AblationSpec
+    from webapp.diagnostics.services import run_ablation
+
+    spec = AblationSpec(drop=("format",), weights={"correct": 2.0})
+    for _ in range(2):
+        t = run_ablation(run, spec)["timing"]
+        report(
+            f"ablation cold (drop format, correct=2): {t['read_s'] + t['compute_s']:.2f} s (read "
+            f"{t['read_s']:.2f} s + recompute {t['compute_s']:.2f} s)  target < 10 s"
         )
 
     if args.explain:

@@ -106,6 +106,24 @@ def test_it_diagnoses_only_the_window_of_last_steps(client_as, run):
     assert (h["step_min"], h["step_max"], h["n_groups"]) == (4, 5, 6)
 
 
+def test_it_rediagnoses_when_the_run_gains_groups_without_counting_them(run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    seed(run, steps=3)
+    assert services.diagnose_run(run, window=None)["health"]["n_groups"] == 9
+    with CaptureQueriesContext(connection) as ctx:
+        services.diagnose_run(run, window=None)  # cached: only the key is read
+    # The key is read per request: bounded by the run's steps, no aggregate over its groups.
+    assert not any(
+        "rollouts_group" in q["sql"] and "COUNT(" in q["sql"] for q in ctx.captured_queries
+    )
+    ingest_groups(run, {"groups": [make_group(1, "late", [{"correct": 1}, {"correct": 0}])]})
+    assert services.diagnose_run(run, window=None)["health"]["n_groups"] == 10  # an earlier step
+    ingest_groups(run, {"groups": [make_group(3, "p0", [{"correct": 1}, {"correct": 0}])]})
+    assert services.diagnose_run(run, window=None)["health"]["n_groups"] == 11
+
+
 def test_it_reports_metric_spikes_from_step_metrics(client_as, run):
     seed(run)
     values = [

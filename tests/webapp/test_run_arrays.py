@@ -141,6 +141,26 @@ def test_it_reads_every_chunk_of_a_large_run(run, monkeypatch):
     assert_same_arrays(arrays.read(run.id, ids, expected=want["ids"].size), want)
 
 
+@pytest.mark.parametrize("step_min", [None, 2, 99])
+def test_it_counts_a_windows_rollouts_from_the_per_step_statistics(run, step_min):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ids = mixed_run(run)
+    with CaptureQueriesContext(connection) as ctx:
+        n = arrays.run_rollouts(run, step_min)
+    assert n == orm_read(run, ids, step_min)["ids"].size
+    assert not any("rollouts_group" in q["sql"] for q in ctx.captured_queries)  # no group scan
+
+
+def test_it_reads_a_window_of_a_large_run_in_chunks(run, monkeypatch):
+    ids = mixed_run(run)
+    monkeypatch.setattr(arrays, "CHUNK_ROLLOUTS", 5)
+    got = arrays.load_run_arrays(run, step_min=2)
+    want = orm_read(run, ids, step_min=2)
+    assert np.array_equal(np.sort(got.rollout_ids), want["ids"])
+
+
 def test_it_reads_an_empty_run(run):
     got = arrays.read(run.id, [1, 2])
     assert got["ids"].size == 0 and got["matrix"].shape == (0, 2)

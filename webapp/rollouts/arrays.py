@@ -164,7 +164,14 @@ def load_run_arrays(run: Run, *, step_min: int | None = None) -> dg.RunArrays:
     )
 
 
-def run_rollouts(run: Run) -> int:
+def run_rollouts(run: Run, step_min: int | None = None) -> int:
+    """The run's rollouts (from `step_min` on) as its per-step statistics count them: one row per
+    step, not a sum over every group (it only sizes the read's chunks)."""
     from django.db.models import Sum
 
-    return int(run.groups.aggregate(n=Sum("size"))["n"] or 0)
+    from webapp.rollouts.models import StepStat
+
+    rows = StepStat.objects.filter(run=run, component_id=0)
+    if step_min is not None:
+        rows = rows.filter(step__gte=step_min)
+    return int(rows.aggregate(n=Sum("n_rollouts"))["n"] or 0)
