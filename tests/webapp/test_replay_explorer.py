@@ -162,7 +162,7 @@ def test_it_refuses_a_replay_sort_built_in_code_without_a_replay(replayed):
 
 
 def test_the_transcript_walks_the_replay_order_with_prev_and_next(replayed, client_as):
-    client, run = client_as("viewer"), replayed.run
+    client = client_as("viewer")
     values = _replayed_values(replayed)
     order = [i for i, _ in sorted(values.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)]
     params = {"sort": "replay.semantic_coverage", "replay": replayed.id, "order": "desc"}
