@@ -87,27 +87,49 @@ def _conditions(
 UNSORTED = object()
 
 
+@dataclass
+class _Source:
+    """Where the query's sort values live: rows of `qs` with the value in `value_field` and the
+    rollout id in `outer`; `prefix` and `step_field` lead from those rows to the rollout."""
+
+    qs: QuerySet
+    outer: str
+    value_field: str
+    prefix: str = "rollout__"
+    step_field: str = "step"
+    by_index: bool = True  # an index by value serves the walk whatever the filters
+
+
+def _source(
+    run: Run,
+    q: ExplorerQuery,
+    comps: dict[str, RewardComponent],
+    filters: list[tuple[ExplorerFilter, Any]],
+) -> _Source:
+    sorter = next(((f, r) for f, r in filters if f.sorts(q.sort, list(comps))), None)
+    if sorter is not None:  # a registered filter's rows (e.g. a replay's scores)
+        qs, step_field = sorter[0].sort_rows(sorter[1], q.sort, comps)
+        return _Source(qs, "rollout_id", "value", step_field=step_field)
+    if q.sort in comps:
+        qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
+        return _Source(qs, "rollout_id", "value", by_index=False)
+    if q.sort in TOKEN_SORTS:  # the (run, <summary>, rollout) index of RolloutTokens
+        qs = RolloutTokens.objects.filter(run=run)
+        return _Source(qs, "rollout_id", q.sort[len(TOKEN_PREFIX) :])
+    return _Source(Rollout.objects.filter(run=run), "id", q.sort, prefix="", by_index=False)
+
+
 def sort_value(
     run: Run, q: ExplorerQuery, comps_list: list[RewardComponent], rollout: Rollout
 ) -> Any:
-    """The rollout's value under the query's sort, read where the listing reads it (a component's
-    score, a registered filter's rows, the token summary, the rollout's column); UNSORTED when
+    """The rollout's value under the query's sort, read where the listing reads it; UNSORTED when
     the rollout has none (so it is not in that listing). Raises FieldError as explore does."""
     comps = {c.name: c for c in comps_list}
-    sorter = next(
-        ((f, r) for f, r in _resolved(run, q, list(comps)) if f.sorts(q.sort, list(comps))), None
-    )
-    if sorter is not None:
-        rows, _ = sorter[0].sort_rows(sorter[1], q.sort, comps)
-        found = list(rows.filter(rollout_id=rollout.id).values_list("value", flat=True)[:1])
-    elif q.sort in comps:
-        scores = RewardScore.objects.filter(rollout=rollout, component=comps[q.sort])
-        found = list(scores.values_list("value", flat=True)[:1])
-    elif q.sort in TOKEN_SORTS:
-        field = q.sort[len(TOKEN_PREFIX) :]
-        found = list(RolloutTokens.objects.filter(rollout=rollout).values_list(field, flat=True))
-    else:
-        return getattr(rollout, q.sort)
+    src = _source(run, q, comps, _resolved(run, q, list(comps)))
+    if src.outer == "id":
+        return getattr(rollout, src.value_field)  # a column of the rollout at hand
+    rows = src.qs.filter(**{src.outer: rollout.id}).values_list(src.value_field, flat=True)
+    found = list(rows[:1])
     return found[0] if found else UNSORTED
 
 
@@ -117,22 +139,9 @@ def _page_hits(
     """The page's (rollout id, sort value) in keyset order, and the next page's cursor."""
     comps = {c.name: c for c in comps_list}
     filters = _resolved(run, q, list(comps))
-    sorter = next(((f, r) for f, r in filters if f.sorts(q.sort, list(comps))), None)
-    tokens = q.sort in TOKEN_SORTS
-    if sorter is not None:  # a registered filter's rows (e.g. a replay's scores)
-        qs, step_field = sorter[0].sort_rows(sorter[1], q.sort, comps)
-        qs = qs.filter(_filters(q, "rollout__", step_field=step_field))
-        outer, value_field = "rollout_id", "value"
-    elif q.sort in comps:
-        qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
-        qs = qs.filter(_filters(q, "rollout__"))
-        outer, value_field = "rollout_id", "value"
-    elif tokens:  # the (run, <summary>, rollout) index of RolloutTokens
-        qs = RolloutTokens.objects.filter(run=run).filter(_filters(q, "rollout__"))
-        outer, value_field = "rollout_id", q.sort[len(TOKEN_PREFIX) :]
-    else:
-        qs = Rollout.objects.filter(run=run).filter(_filters(q, ""))
-        outer, value_field = "id", q.sort
+    src = _source(run, q, comps, filters)
+    qs = src.qs.filter(_filters(q, src.prefix, step_field=src.step_field))
+    outer, value_field = src.outer, src.value_field
     for ex in [
         *range_exists(q.ranges, RewardScore.objects.all(), comps, outer),
         *_token_ranges(q, outer),
@@ -141,7 +150,7 @@ def _page_hits(
         qs = qs.filter(ex)
     search = backend()
     if q.search is None:
-        by_index = sorter is not None or tokens or not search.range_first(run, q, value_field)
+        by_index = src.by_index or not search.range_first(run, q, value_field)
         hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, by_index)
     else:
         hits = search.search_page(run, qs, value_field, outer, q)
