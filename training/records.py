@@ -345,9 +345,7 @@ class RolloutRecord:
 
     @classmethod
     def from_json(cls, obj: Any) -> RolloutRecord:
-        if not isinstance(obj, dict):
-            raise InvalidRecord("", "must be an object")
-        unknown_fields(obj, ROLLOUT_FIELDS, "", raise_first)
+        _an_object(obj, ROLLOUT_FIELDS)
         rewards = obj.get("rewards", {})
         if isinstance(rewards, dict):
             rewards = {k: _score(v) for k, v in rewards.items()}
@@ -363,6 +361,12 @@ _OPTIONAL = (
     "state",
     "tokens",
 )
+
+
+def _an_object(obj: Any, allowed: tuple[str, ...]) -> None:
+    if not isinstance(obj, dict):
+        raise InvalidRecord("", "must be an object")
+    unknown_fields(obj, allowed, "", raise_first)
 
 
 def _score(v: Any) -> Any:
@@ -409,9 +413,7 @@ class GroupRecord:
 
     @classmethod
     def from_json(cls, obj: Any) -> GroupRecord:
-        if not isinstance(obj, dict):
-            raise InvalidRecord("", "must be an object")
-        unknown_fields(obj, GROUP_FIELDS, "", raise_first)
+        _an_object(obj, GROUP_FIELDS)
         raw = obj.get("rollouts")
         check_rollout_list(raw, "", raise_first)
         rollouts = []

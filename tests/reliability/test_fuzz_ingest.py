@@ -28,6 +28,8 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from training.records import GROUP_FIELDS, ROLLOUT_FIELDS
+
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,20 +173,6 @@ def valid_batch(draw: Any) -> dict[str, Any]:
     return {"groups": groups}
 
 
-GROUP_FIELDS = ("step", "key", "prompt", "split", "rollouts")
-ROLLOUT_FIELDS = (
-    "index",
-    "completion",
-    "transcript",
-    "rewards",
-    "advantage",
-    "reward",
-    "length",
-    "truncated",
-    "finish_reason",
-    "parse_error",
-    "state",
-)
 REQUIRED = {
     "group": ("step", "key", "prompt", "rollouts"),
     "rollout": ("index", "completion", "transcript"),
