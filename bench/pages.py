@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
             100,
         ),
         # Step ranges at other positions and widths: the last steps (the top of the sort order),
-        # one step, and ranges either side of RANGE_SHARE (read whole below it, walked above).
+        # one step, wide ranges (a component or the reward: per-step tops merged, migration 0012).
         (
             "explorer p1, component + last steps",
             f"{explorer}?sort=correct&order=desc&step_min={STEPS - 11}&step_max={STEPS - 1}",
@@ -253,6 +253,17 @@ def main(argv: list[str] | None = None) -> None:
         (
             "explorer p1, component asc + steps 350-499",
             f"{explorer}?sort=coverage&order=asc&step_min=350&step_max=499",
+            100,
+        ),
+        (
+            "explorer p1, component + every step 0-499",
+            f"{explorer}?sort=coverage&order=desc&step_min=0&step_max={STEPS - 1}",
+            100,
+        ),
+        # Advantage and length have no per-step index (range_first: read whole or walked).
+        (
+            "explorer p1, advantage + steps 0-99 (20%)",
+            f"{explorer}?sort=advantage&order=desc&step_min=0&step_max=99",
             100,
         ),
         (

@@ -97,8 +97,8 @@ def _block_ranks(v: np.ndarray) -> np.ndarray:
     m, size = v.shape
     if size <= 16:
         # rank = (# smaller) + (# equal - 1) / 2: G passes of (M, G) comparisons beat a per-row sort
-        # for small G.
-        below, equal = np.zeros(v.shape), np.zeros(v.shape)
+        # for small G. Counts of at most 16 fit int8: an eighth of float64's memory traffic.
+        below, equal = np.zeros(v.shape, np.int8), np.zeros(v.shape, np.int8)
         for j in range(size):
             col = v[:, j : j + 1]
             below += col < v

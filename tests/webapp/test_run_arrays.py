@@ -242,3 +242,46 @@ def test_it_refuses_a_group_without_a_blob_at_the_database(run):
     mixed_run(run)
     with pytest.raises(IntegrityError), transaction.atomic():
         Group.objects.filter(run=run).update(packed_scores=None)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_it_reads_the_chunks_of_a_large_run_on_several_connections(run, monkeypatch):
+    """Committed rows (another connection sees only those): the chunks are read on their own
+    connections at once, and the arrays equal the ORM's."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    ids = mixed_run(run)
+    want = orm_read(run, ids)
+    monkeypatch.setattr(arrays, "CHUNK_ROLLOUTS", 5)
+    backends = []
+    real = arrays._chunk_on_own_connection
+
+    def spy(sql):
+        from django.db import connections
+
+        connections["default"].ensure_connection()
+        backends.append(connections["default"].connection.info.backend_pid)
+        return real(sql)
+
+    monkeypatch.setattr(arrays, "_chunk_on_own_connection", spy)
+    assert_same_arrays(arrays.read(run.id, ids, expected=want["ids"].size), want)
+    assert len(backends) > 2 and connection.connection.info.backend_pid not in backends
+    assert not connection.in_atomic_block
+
+
+@pytest.mark.postgres
+def test_it_reads_a_large_run_on_its_own_connection_inside_a_transaction(run, monkeypatch):
+    """Inside a transaction the chunks stay on the transaction's connection: another one would
+    not see its rows."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    ids = mixed_run(run)
+    want = orm_read(run, ids)
+    monkeypatch.setattr(arrays, "CHUNK_ROLLOUTS", 5)
+    monkeypatch.setattr(arrays, "_chunk_on_own_connection", None)  # never called
+    assert_same_arrays(arrays.read(run.id, ids, expected=want["ids"].size), want)

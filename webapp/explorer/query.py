@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Exists, Expression, OuterRef, Q, QuerySet
 
 from webapp.explorer.filters import ExplorerFilter, range_exists, registered
-from webapp.explorer.paging import encode_cursor, keyset_fetch
+from webapp.explorer.paging import encode_cursor, keyset_fetch, per_step_fetch
 from webapp.explorer.params import TOKEN_PREFIX, TOKEN_SORTS, ExplorerQuery
 from webapp.explorer.search import backend
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
@@ -98,6 +98,7 @@ class _Source:
     prefix: str = "rollout__"
     step_field: str = "step"
     by_index: bool = True  # an index by value serves the walk whatever the filters
+    per_step: bool = False  # an index keyed (run, [component,] step, value, id) serves step tops
 
 
 def _source(
@@ -112,11 +113,18 @@ def _source(
         return _Source(qs, "rollout_id", "value", step_field=step_field)
     if q.sort in comps:
         qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
-        return _Source(qs, "rollout_id", "value", by_index=False)
+        return _Source(qs, "rollout_id", "value", by_index=False, per_step=True)
     if q.sort in TOKEN_SORTS:  # the (run, <summary>, rollout) index of RolloutTokens
         qs = RolloutTokens.objects.filter(run=run)
         return _Source(qs, "rollout_id", q.sort[len(TOKEN_PREFIX) :])
-    return _Source(Rollout.objects.filter(run=run), "id", q.sort, prefix="", by_index=False)
+    return _Source(
+        Rollout.objects.filter(run=run),
+        "id",
+        q.sort,
+        prefix="",
+        by_index=False,
+        per_step=q.sort == "reward",
+    )
 
 
 def sort_value(
@@ -149,7 +157,10 @@ def _page_hits(
     ]:
         qs = qs.filter(ex)
     search = backend()
-    if q.search is None:
+    steps = search.range_steps(run, q) if src.per_step and q.search is None else None
+    if steps is not None:
+        hits = per_step_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, steps)
+    elif q.search is None:
         by_index = src.by_index or not search.range_first(run, q, value_field)
         hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, by_index)
     else:

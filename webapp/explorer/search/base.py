@@ -69,6 +69,11 @@ class SearchBackend:
         """Whether a step range's page is read from the range, not walked for (query.py)."""
         return False
 
+    def range_steps(self, run: Run, q: ExplorerQuery) -> list[int] | None:
+        """The run's steps in the query's step range when its page is a merge of per-step tops
+        (paging.per_step_fetch); None: read it another way (no range, or no such plan here)."""
+        return None
+
     def probe(
         self, run: Run, search: SearchQuery, limit: int, size: int
     ) -> tuple[list[int] | None, int | None]:
