@@ -133,6 +133,12 @@ def _batch_mean(rewards: np.ndarray, batch_ids: np.ndarray | None) -> np.ndarray
     return group_stats(rewards, b).mean[b]
 
 
+def _nansum_rows(a: np.ndarray) -> np.ndarray:
+    """np.nansum(a, axis=1); without NaN a plain sum (the same additions, no copy of the array
+    with NaN replaced: a fifth of the advantage math at 10M rollouts)."""
+    return np.nansum(a, axis=1) if np.isnan(a).any() else a.sum(axis=1)
+
+
 def compute_advantages(
     rewards_per_func: np.ndarray,
     weights: np.ndarray | list[float],
@@ -172,7 +178,7 @@ def compute_advantages(
     sizes = np.bincount(ids, minlength=m)
 
     if aggregation == "sum_then_normalize":
-        rewards = np.nansum(rpf * w[None, :], axis=1)
+        rewards = _nansum_rows(rpf * w[None, :])
         rewards[unscorable] = np.nan
         gs = group_stats(rewards, ids, m)
         mean_rows = gs.mean[ids]
@@ -190,7 +196,7 @@ def compute_advantages(
         std_k = np.where(sizes[:, None] > 1, cs.std, 0.0)
         with np.errstate(invalid="ignore"):
             reward_k = (rpf - cs.mean[ids]) / (std_k[ids] + eps)
-        rewards = np.nansum(reward_k * w[None, :], axis=1)
+        rewards = _nansum_rows(reward_k * w[None, :])
         rewards[unscorable] = np.nan
         std_rows = _batch_std(rewards, batch_ids) if n > 1 else np.zeros(n)
         with np.errstate(invalid="ignore"):

@@ -138,7 +138,7 @@ def test_it_reads_a_page_in_a_fixed_number_of_queries(api, personas, scored, par
             res = client.get(url, {**params, "limit": limit})
         assert res.status_code == 200 and len(res.json()["rollouts"]) == min(limit, rows)
         counts.append(len(ctx.captured_queries))
-    # a step range reads the run's per-step counts to choose its plan (Postgres: _range_first)
+    # a step range reads the run's steps from its per-step statistics (Postgres: range_steps)
     most = MAX_QUERIES + (connection.vendor == "postgresql" and "step_min" in params)
     assert counts[0] == counts[1] and max(counts) <= most, counts
 

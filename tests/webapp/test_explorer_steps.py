@@ -3,13 +3,12 @@ step range: the worst case for a walk of the sort index is a range whose rows so
 rewards of the first steps, when reward climbs over the run), so every later step's rows are
 skipped first.
 
-Three plans. A component or the reward: each step's top rows, merged (paging.per_step_fetch over
-score_step / rollout_run_step_reward, keyed by step then value, migration 0012). Advantage and
-length (PostgresSearch.range_first): a wide range walks the sort index, the skipped entries checked
-inside it (INCLUDE step, migration 0011), never by a heap fetch each; a narrow one is read from an
-index by step that carries the sort values, and its top sorted. The paging tests run every plan
-(per_step; walk: RANGE_SHARE 0; range: RANGE_SHARE 1) against Python's sort, NULLs included; the
-plan tests check each plan's index on Postgres.
+Two plans. With a range of at most MERGED_STEPS steps, each step's top rows, merged
+(paging.per_step_fetch over score_step / rollout_run_step_<field>, keyed by step then value,
+migration 0012): steps x page size entries whatever the run's size. Past it, the sort index is
+walked with the step range checked inside it (INCLUDE step, migration 0011), never by a heap fetch
+each. The paging tests run both plans against Python's sort, NULLs included; the plan tests check
+each plan's index on Postgres.
 """
 
 from __future__ import annotations
@@ -94,11 +93,10 @@ def climbed(run):
     return run
 
 
-@pytest.fixture(params=["per_step", "walk", "range"])
+@pytest.fixture(params=["per_step", "walk"])
 def climbing(request, climbed, monkeypatch):
-    if request.param != "per_step":
-        monkeypatch.setattr(postgres.PostgresSearch, "range_steps", lambda *a: None)
-    monkeypatch.setattr(postgres, "RANGE_SHARE", 0.0 if request.param == "walk" else 1.0)
+    if request.param == "walk":
+        monkeypatch.setattr(postgres, "MERGED_STEPS", 0)
     return climbed
 
 
@@ -158,6 +156,12 @@ def plan_of(sql: str, *drop: str) -> str:
         return "\n".join(r[0] for r in cur.fetchall())
 
 
+STEP_INDEXES = (
+    "rollout_run_step",
+    "rollout_run_step_reward",
+    "rollout_run_step_adv",
+    "rollout_run_step_length",
+)
 SORT_INDEXES = [
     ("reward", "rollout_run_reward"),
     ("advantage", "rollout_run_adv"),
@@ -170,43 +174,25 @@ SORT_INDEXES = [
 def test_a_walk_checks_the_step_range_inside_the_sort_index(climbed, field, index, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    monkeypatch.setattr(postgres, "RANGE_SHARE", 0.0)
-    monkeypatch.setattr(postgres.PostgresSearch, "range_steps", lambda *a: None)
+    monkeypatch.setattr(postgres, "MERGED_STEPS", 1)  # steps 0-1: two, walked
     sql = explorer_sql(climbed, sort=field, order="desc", step_min=0, step_max=1)
-    plan = plan_of(sql, "rollout_run_step", "rollout_run_step_reward")
+    plan = plan_of(sql, *STEP_INDEXES)  # any index led by (run, step) offers the range
     assert f"Index Only Scan Backward using {index}" in plan, plan
     assert "step" in plan.split(index, 1)[1], plan  # the step range is a filter of that scan
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("sort", ["reward", "advantage", "length", "correct"])
-def test_a_narrow_range_is_read_from_an_index_by_step_alone(climbed, sort, monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    monkeypatch.setattr(postgres.PostgresSearch, "range_steps", lambda *a: None)
-    # steps 2-3 of 6: a third of the run, past RANGE_SHARE = 0.2; steps 2-2 is a sixth
-    index = "score_step" if sort == "correct" else "rollout_run_step"
-    assert not postgres.PostgresSearch().range_first(
-        climbed, ExplorerQuery(step_min=2, step_max=3), sort
-    )
-    assert postgres.PostgresSearch().range_first(
-        climbed, ExplorerQuery(step_min=2, step_max=2), sort
-    )
-    sql = explorer_sql(climbed, sort=sort, order="desc", step_min=2, step_max=2)
-    # On a table this small a heap fetch is as cheap as an index-only read: without the reward's
-    # per-step index the plan shows whether this one serves the range alone.
-    plan = plan_of(sql, *([] if sort == "correct" else ["rollout_run_step_reward"]))
-    scan = next(line for line in plan.splitlines() if " using " in line)
-    assert f"Index Only Scan using {index}" in scan, plan
-    assert "Sort" in plan and "step >= 2" in plan.split(index, 1)[1], plan
-
-
-@pytest.mark.postgres
 @pytest.mark.parametrize(
-    "sort,index", [("correct", "score_step"), ("reward", "rollout_run_step_reward")]
+    "sort,index",
+    [
+        ("correct", "score_step"),
+        ("reward", "rollout_run_step_reward"),
+        ("advantage", "rollout_run_step_adv"),
+        ("length", "rollout_run_step_length"),
+    ],
 )
 @pytest.mark.parametrize("order", ["asc", "desc"])
-def test_a_step_range_by_a_component_or_the_reward_merges_each_steps_top(
+def test_a_step_range_merges_each_steps_top_from_an_index_by_step_and_value(
     climbed, sort, index, order
 ):
     """Each step of the range is one descent of an index keyed by step then value, read for at

@@ -394,7 +394,8 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
         # the rows are long and it does not. Without them (rolled back with the test) the plan shows
         # whether the trigram index can serve the run condition too.
         cur.execute(
-            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length, "
+            "rollout_run_step_reward, rollout_run_step_adv, rollout_run_step_length"
         )
     with CaptureQueriesContext(connection) as ctx:
         assert len(backend().probe(run, parse_query("resultneedle"), 50, run_size(run))[0]) == 1
@@ -424,7 +425,8 @@ def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
     run, _ = searched
     with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
         cur.execute(
-            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length, "
+            "rollout_run_step_reward, rollout_run_step_adv, rollout_run_step_length"
         )
     # In every reward reason: 7 rollouts in `run`, 2 in the other run.
     every = parse_query('"tests pass"')
@@ -454,7 +456,8 @@ def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_ar
     run, _ = searched
     with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
         cur.execute(
-            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length"
+            "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length, "
+            "rollout_run_step_reward, rollout_run_step_adv, rollout_run_step_length"
         )
     pg = PostgresSearch
     monkeypatch.setattr(pg, "word_plan", lambda self, run, search: None)  # the trigram plans

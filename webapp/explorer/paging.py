@@ -14,16 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import (
-    BigIntegerField,
     BooleanField,
-    ExpressionWrapper,
-    F,
-    FloatField,
     Q,
     QuerySet,
-    Value,
 )
-from django.db.models.expressions import OrderBy, RawSQL
+from django.db.models.expressions import RawSQL
 
 from webapp.errors import FieldError
 
@@ -79,21 +74,13 @@ def keyset_fetch(
     order: str,
     cursor: str | None,
     limit: int,
-    by_index: bool = True,
 ) -> list[tuple[int, Any]]:
-    """Up to `limit` (id, value) rows after `cursor` in keyset order (_segments). by_index=False
-    orders by `value + 0, id + 0`, which no index serves: the rows are found by the filters'
-    index (a step range's, range_first) and the top of them sorted."""
+    """Up to `limit` (id, value) rows after `cursor` in keyset order (_segments): a walk of the
+    sort index from the cursor."""
     asc = order == "asc"
-
-    def key(name: str) -> OrderBy:
-        kind = BigIntegerField if name == id_field else FloatField
-        expr = F(name) if by_index else ExpressionWrapper(F(name) + Value(0), output_field=kind())
-        return expr.asc() if asc else expr.desc()
-
     rows: list[tuple[int, Any]] = []
     for part, keys in _segments(qs, value_field, id_field, asc, cursor):
-        part = part.order_by(*map(key, keys))
+        part = part.order_by(*[k if asc else f"-{k}" for k in keys])
         rows += list(part.values_list(id_field, value_field)[: limit - len(rows)])
         if len(rows) >= limit:
             break

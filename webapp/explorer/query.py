@@ -97,7 +97,6 @@ class _Source:
     value_field: str
     prefix: str = "rollout__"
     step_field: str = "step"
-    by_index: bool = True  # an index by value serves the walk whatever the filters
     per_step: bool = False  # an index keyed (run, [component,] step, value, id) serves step tops
 
 
@@ -113,18 +112,12 @@ def _source(
         return _Source(qs, "rollout_id", "value", step_field=step_field)
     if q.sort in comps:
         qs = RewardScore.objects.filter(run=run, component=comps[q.sort])
-        return _Source(qs, "rollout_id", "value", by_index=False, per_step=True)
+        return _Source(qs, "rollout_id", "value", per_step=True)
     if q.sort in TOKEN_SORTS:  # the (run, <summary>, rollout) index of RolloutTokens
         qs = RolloutTokens.objects.filter(run=run)
         return _Source(qs, "rollout_id", q.sort[len(TOKEN_PREFIX) :])
-    return _Source(
-        Rollout.objects.filter(run=run),
-        "id",
-        q.sort,
-        prefix="",
-        by_index=False,
-        per_step=q.sort == "reward",
-    )
+    qs = Rollout.objects.filter(run=run)
+    return _Source(qs, "id", q.sort, prefix="", per_step=q.sort != "step")
 
 
 def sort_value(
@@ -161,8 +154,7 @@ def _page_hits(
     if steps is not None:
         hits = per_step_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, steps)
     elif q.search is None:
-        by_index = src.by_index or not search.range_first(run, q, value_field)
-        hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1, by_index)
+        hits = keyset_fetch(qs, value_field, outer, q.order, q.cursor, q.limit + 1)
     else:
         hits = search.search_page(run, qs, value_field, outer, q)
     more = len(hits) > q.limit

@@ -207,15 +207,18 @@ class Rollout(models.Model):
             models.Index(
                 fields=["run", "length", "id"], include=["step"], name="rollout_run_length"
             ),
-            # The sort columns INCLUDEd: a narrow step range sorted by one of them is read from
-            # this index alone and its top taken (PostgresSearch.range_first), not walked for.
+            # Sorted by step (keyset on step, id); the sort columns INCLUDEd for index-only reads
+            # of a step's values.
             models.Index(
                 fields=["run", "step", "id"],
                 include=["reward", "advantage", "length"],
                 name="rollout_run_step",
             ),
-            # A step range sorted by reward: per-step tops, as score_step (migration 0012).
+            # A step range sorted by one of them: each step's top, merged, as score_step
+            # (migration 0012; paging.per_step_fetch).
             models.Index(fields=["run", "step", "reward", "id"], name="rollout_run_step_reward"),
+            models.Index(fields=["run", "step", "advantage", "id"], name="rollout_run_step_adv"),
+            models.Index(fields=["run", "step", "length", "id"], name="rollout_run_step_length"),
         ]
 
     def __str__(self) -> str:

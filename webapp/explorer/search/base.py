@@ -65,10 +65,6 @@ class SearchBackend:
         """The run's size as the search plans weigh it (0: they do not)."""
         return 0
 
-    def range_first(self, run: Run, q: ExplorerQuery, value_field: str) -> bool:
-        """Whether a step range's page is read from the range, not walked for (query.py)."""
-        return False
-
     def range_steps(self, run: Run, q: ExplorerQuery) -> list[int] | None:
         """The run's steps in the query's step range when its page is a merge of per-step tops
         (paging.per_step_fetch); None: read it another way (no range, or no such plan here)."""

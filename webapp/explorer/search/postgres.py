@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, BooleanField, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, BooleanField, QuerySet, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast
 
@@ -28,7 +28,9 @@ from webapp.runs.models import Run
 
 SEARCH_INDEX = "rollout_search_run_trgm"  # migration 0008: GIN (run_id, UPPER(search_text) trgm)
 WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for them (narrow)
-RANGE_SHARE = 0.2  # a step range of at most this share of the run is read whole (range_first)
+# A step range of more steps than this walks the sort index (the step range checked inside it)
+# instead of merging each step's top: steps x page size entries grow past one walk's cost.
+MERGED_STEPS = 2000
 
 # The word index (migration 0010): each rollout's distinct words (text.search_words), prefixed by
 # their run, in a GIN index; each run's vocabulary (SearchWord) under a trigram index. A term's runs
@@ -268,30 +270,15 @@ class PostgresSearch(SearchBackend):
 
     def range_steps(self, run: Run, q: ExplorerQuery) -> list[int] | None:
         """The range's steps, from the per-step statistics (one row a step): a page sorted by a
-        component or the reward is then each step's top, merged (score_step and
-        rollout_run_step_reward are keyed by step, then value): steps x page size entries,
-        ~5 ms for 11 steps and ~60 ms for all 500 at 10M rollouts (docs/performance.md)."""
+        component, the reward, the advantage or the length is then each step's top, merged
+        (score_step and rollout_run_step_<field> are keyed by step, then value): steps x page size
+        entries, whatever the run's size (docs/performance.md has the figures at 10M). Past
+        MERGED_STEPS steps, None: the sort index is walked."""
         if q.step_min is None and q.step_max is None:
             return None
         rows = StepStat.objects.filter(q.step_range("step"), run=run, component_id=0)
-        return list(rows.order_by("step").values_list("step", flat=True))
-
-    def range_first(self, run: Run, q: ExplorerQuery, value_field: str) -> bool:
-        """Whether a step range's page is read from the range (its rows through rollout_run_step or
-        score_step, which carry the sort values, then the top of them sorted) instead of walking
-        the sort index. The walk skips every row of the other steps that sorts before the range's:
-        when the values climb over the run, as reward does, the best of the first steps come after
-        all the rest (0.15 us an entry, 78 ms at 1M rollouts, and growing with the run); reading
-        the range costs 0.3-0.45 us a row of the range, whatever the order. A range of at most
-        RANGE_SHARE of the run is read (<= ~30 ms at 1M rollouts, 10 ms for 11 steps of 500); a
-        wider one is walked, at least one entry in five being a hit on average. Postgres only
-        (the INCLUDE columns)."""
-        if value_field == "step" or (q.step_min is None and q.step_max is None):
-            return False
-        counts = StepStat.objects.filter(run=run, component_id=0).aggregate(
-            run=Sum("n_rollouts"), range=Sum("n_rollouts", filter=q.step_range("step"))
-        )
-        return (counts["range"] or 0) <= RANGE_SHARE * (counts["run"] or 0)
+        steps = list(rows.order_by("step").values_list("step", flat=True)[: MERGED_STEPS + 1])
+        return None if len(steps) > MERGED_STEPS else steps
 
     def snippet_rows(self, qs: QuerySet, ids: list[int], search: SearchQuery) -> dict[int, Rollout]:
         rows = qs.in_bulk(ids)
