@@ -3,7 +3,7 @@ step range: the worst case for a walk of the sort index is a range whose rows so
 rewards of the first steps, when reward climbs over the run), so every later step's rows are
 skipped first.
 
-Two plans. With a range of at most MERGED_STEPS steps, each step's top rows, merged
+Two plans. With a range of at most MERGED_ENTRIES / page size steps, each step's top rows, merged
 (paging.per_step_fetch over score_step / rollout_run_step_<field>, keyed by step then value,
 migration 0012): steps x page size entries whatever the run's size. Past it, the sort index is
 walked with the step range checked inside it (INCLUDE step, migration 0011), never by a heap fetch
@@ -96,7 +96,7 @@ def climbed(run):
 @pytest.fixture(params=["per_step", "walk"])
 def climbing(request, climbed, monkeypatch):
     if request.param == "walk":
-        monkeypatch.setattr(postgres, "MERGED_STEPS", 0)
+        monkeypatch.setattr(postgres, "MERGED_ENTRIES", 0)
     return climbed
 
 
@@ -174,7 +174,7 @@ SORT_INDEXES = [
 def test_a_walk_checks_the_step_range_inside_the_sort_index(climbed, field, index, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
-    monkeypatch.setattr(postgres, "MERGED_STEPS", 1)  # steps 0-1: two, walked
+    monkeypatch.setattr(postgres, "MERGED_ENTRIES", 4)  # steps 0-1 x 4 rows (limit 3): walked
     sql = explorer_sql(climbed, sort=field, order="desc", step_min=0, step_max=1)
     plan = plan_of(sql, *STEP_INDEXES)  # any index led by (run, step) offers the range
     assert f"Index Only Scan Backward using {index}" in plan, plan

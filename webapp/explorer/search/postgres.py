@@ -28,9 +28,10 @@ from webapp.runs.models import Run
 
 SEARCH_INDEX = "rollout_search_run_trgm"  # migration 0008: GIN (run_id, UPPER(search_text) trgm)
 WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for them (narrow)
-# A step range of more steps than this walks the sort index (the step range checked inside it)
-# instead of merging each step's top: steps x page size entries grow past one walk's cost.
-MERGED_STEPS = 2000
+# A step range whose per-step tops would hold more entries than this (steps x page size) walks
+# the sort index instead (the step range checked inside it): a wide range at a large page size (an
+# export's) costs less walked than merged.
+MERGED_ENTRIES = 100_000
 
 # The word index (migration 0010): each rollout's distinct words (text.search_words), prefixed by
 # their run, in a GIN index; each run's vocabulary (SearchWord) under a trigram index. A term's runs
@@ -273,12 +274,13 @@ class PostgresSearch(SearchBackend):
         component, the reward, the advantage or the length is then each step's top, merged
         (score_step and rollout_run_step_<field> are keyed by step, then value): steps x page size
         entries, whatever the run's size (docs/performance.md has the figures at 10M). Past
-        MERGED_STEPS steps, None: the sort index is walked."""
+        MERGED_ENTRIES entries, None: the sort index is walked."""
         if q.step_min is None and q.step_max is None:
             return None
         rows = StepStat.objects.filter(q.step_range("step"), run=run, component_id=0)
-        steps = list(rows.order_by("step").values_list("step", flat=True)[: MERGED_STEPS + 1])
-        return None if len(steps) > MERGED_STEPS else steps
+        most = MERGED_ENTRIES // (q.limit + 1)
+        steps = list(rows.order_by("step").values_list("step", flat=True)[: most + 1])
+        return None if len(steps) > most else steps
 
     def snippet_rows(self, qs: QuerySet, ids: list[int], search: SearchQuery) -> dict[int, Rollout]:
         rows = qs.in_bulk(ids)
