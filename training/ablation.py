@@ -9,8 +9,10 @@ of equal size G (how GRPO samples) take a row-wise fast path on an (M, G) array.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +26,8 @@ from .diagnostics import (
     regular_blocks,
 )
 
+A = TypeVar("A")
+B = TypeVar("B")
 NO_SIGNAL = "this component produced (almost) no training signal in this run"
 
 
@@ -52,6 +56,20 @@ class Baseline:
     eps: float = (
         stats.EPS
     )  # the trainer's constant in the advantage denominator (TRL 1e-4, verl 1e-6)
+
+
+PARALLEL_ROWS = 200_000  # past this many rows the two sides are computed on two threads
+
+
+def both(f: Callable[[], A], g: Callable[[], B], rows: int) -> tuple[A, B]:
+    """f() and g(), on two threads for a large run: numpy releases the GIL in its loops, so the
+    run's own side and the spec's take two cores (~1.7x at 10M rollouts on two)."""
+    if rows < PARALLEL_ROWS:
+        return f(), g()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(f)
+        second = g()
+        return first.result(), second
 
 
 def tie_averaged_ranks(values: np.ndarray, gidx: np.ndarray) -> np.ndarray:
@@ -127,7 +145,7 @@ def group_spearman(
         def prep(a):
             return _rows(np.nan_to_num(np.asarray(a, dtype=np.float64), nan=-np.inf), blocks, m)  # noqa: E731
 
-        ro, rn = _block_ranks(prep(old)), _block_ranks(prep(new))
+        ro, rn = both(lambda: _block_ranks(prep(old)), lambda: _block_ranks(prep(new)), old.size)
         do, dn = ro - ro.mean(axis=1, keepdims=True), rn - rn.mean(axis=1, keepdims=True)
         cov, vo, vn = (do * dn).sum(axis=1), (do * do).sum(axis=1), (dn * dn).sum(axis=1)
     else:
@@ -181,25 +199,28 @@ def ablate(
         if not np.array_equal(perm, np.arange(perm.size)):
             data, g = data.select(perm), g[perm]
         blocks, layout = (None, size), {"group_size": size}
-    base = stats.compute_advantages(
-        data.matrix,
-        data.weights,
-        **layout,
-        scale_rewards=baseline.scale_rewards,
-        aggregation=baseline.aggregation,
-        batch_ids=data.steps,
-        eps=baseline.eps,
-    )
     keep, w = resolve_weights(data.components, spec)
     kept = [c for c, k in zip(data.components, keep, strict=True) if k]
-    new = stats.compute_advantages(
-        data.matrix[:, keep],
-        w,
-        **layout,
-        scale_rewards=spec.scale_rewards,
-        aggregation=spec.aggregation,
-        batch_ids=data.steps,
-        eps=baseline.eps,
+    base, new = both(
+        lambda: stats.compute_advantages(
+            data.matrix,
+            data.weights,
+            **layout,
+            scale_rewards=baseline.scale_rewards,
+            aggregation=baseline.aggregation,
+            batch_ids=data.steps,
+            eps=baseline.eps,
+        ),
+        lambda: stats.compute_advantages(
+            data.matrix[:, keep],
+            w,
+            **layout,
+            scale_rewards=spec.scale_rewards,
+            aggregation=spec.aggregation,
+            batch_ids=data.steps,
+            eps=baseline.eps,
+        ),
+        data.n,
     )
     a0, a1 = base.advantages, new.advantages
     delta = np.abs(a1 - a0)

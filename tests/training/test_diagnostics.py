@@ -684,3 +684,30 @@ def test_it_suspects_the_verifier_when_an_outcome_never_leaves_its_floor() -> No
         f.title.startswith("'correct' scored 0 in every rollout from step 0")
         and "verifier actually runs" in f.fix
     )
+
+
+def test_an_ablation_on_two_threads_answers_as_on_one(monkeypatch) -> None:
+    """Past PARALLEL_ROWS the run's side and the spec's are computed on two threads: the same
+    numbers, to the bit."""
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 5, (4000, 3)) / 4.0
+    x[::13, 1] = np.nan
+    data = dg.RunArrays(
+        [C("a", 1.0), C("b", 0.5), C("c", 2.0)], x, np.repeat(np.arange(500), 8),
+        np.repeat(np.arange(10), 400),
+    )  # fmt: skip
+    spec = abl.AblationSpec(drop=("b",), weights={"a": 3.0})
+    calls = []
+    real = abl.ThreadPoolExecutor
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(abl, "ThreadPoolExecutor", counting)
+    serial = abl.ablate(data, spec)
+    assert not calls
+    monkeypatch.setattr(abl, "PARALLEL_ROWS", 0)
+    threaded = abl.ablate(data, spec)
+    assert len(calls) == 2  # the advantages and the ranks
+    assert json.dumps(serial, sort_keys=True) == json.dumps(threaded, sort_keys=True)

@@ -10,9 +10,7 @@ process encodes the next (docs/tokens.md, "Performance").
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
-from typing import Any
 
 from django.db import connection
 
@@ -42,7 +40,6 @@ TOKEN_TYPES = (
     "int4",
 )  # fmt: skip
 STEP_COLUMNS = stats.TokenSums._fields
-ENCODE_THREADS = 1  # rollouts encoded at once (bench/tokens.py measures 1 against 2)
 
 
 def token_rows(
@@ -65,36 +62,20 @@ def _rows(
     rollout_ids: list[int],
     by_step: dict[int, list[stats.TokenSums]],
 ) -> Iterator[tuple]:
-    """The rows of `token_rows`, in batch order; each rollout's sums go into `by_step`. With
-    ENCODE_THREADS > 1 the rollouts are encoded on a thread pool (numpy and zstd release the
-    GIL) while the caller writes the rows already encoded."""
-    todo = []
+    """The rows of `token_rows`, one at a time; each rollout's sums go into `by_step`."""
     i = 0
     for g in groups:
         for r in g.rollouts:
-            if r.tokens is not None:
-                todo.append((rollout_ids[i], g.step, r))
+            t = r.tokens
+            if t is not None:
+                roles = [str(m.get("role", "")) for m in r.transcript]
+                sums = stats.rollout_sums(t, roles)
+                by_step.setdefault(g.step, []).append(sums)
+                fields = ",".join(t.present())
+                blob = codec.encode(t)
+                summary = stats.summary(sums, t, roles)
+                yield (rollout_ids[i], run_id, g.step, len(t), fields, blob, *summary)
             i += 1
-    if ENCODE_THREADS > 1 and len(todo) > 1:
-        with ThreadPoolExecutor(max_workers=ENCODE_THREADS) as pool:
-            for (rid, step, _), (sums, row) in zip(todo, pool.map(_encode, todo), strict=True):
-                by_step.setdefault(step, []).append(sums)
-                yield (rid, run_id, *row)
-        return
-    for item in todo:
-        sums, row = _encode(item)
-        by_step.setdefault(item[1], []).append(sums)
-        yield (item[0], run_id, *row)
-
-
-def _encode(item: tuple[int, int, Any]) -> tuple[stats.TokenSums, tuple]:
-    """One rollout's sums and its row from `step` on (TOKEN_COLUMNS[2:])."""
-    _, step, r = item
-    t = r.tokens
-    roles = [str(m.get("role", "")) for m in r.transcript]
-    sums = stats.rollout_sums(t, roles)
-    blob = codec.encode(t)
-    return sums, (step, len(t), ",".join(t.present()), blob, *stats.summary(sums, t, roles))
 
 
 def store(run_id: int, groups: list[GroupIn], rollout_ids: list[int]) -> int:
