@@ -216,6 +216,26 @@ def test_a_document_with_too_many_words_is_stored_without_them(run, monkeypatch)
     assert len(_ids(run, "zebrafinch")) == 1
 
 
+@pytest.mark.postgres
+def test_the_words_of_a_long_document_are_stored_under_lz4(run):
+    """Migration 0013: the column compresses with lz4 (smaller than pglz here, and cheaper)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    many = " ".join(f"word{i}x{i * 7919 % 10007}" for i in range(600))  # a ~10 KB tsvector
+    group = {"step": 0, "key": "k", "prompt": "p", "rollouts": []}
+    group["rollouts"] = [{"index": 0, "completion": many, "rewards": {"correct": 1.0}}]
+    ingest_groups(run, {"groups": [group]})
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_column_compression(search_words), pg_column_size(search_words), "
+            "octet_length(search_words::text) FROM rollouts_rollout WHERE run_id = %s",
+            [run.id],
+        )
+        method, stored, raw = cur.fetchone()
+    assert method == "lz4" and stored < raw
+    assert len(_ids(run, "word599x")) == 1
+
+
 def test_a_word_no_stored_word_holds_reads_only_rows_stored_without_words(mixed):
     if connection.vendor != "postgresql":
         pytest.skip("the word index is Postgres's")
