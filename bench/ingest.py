@@ -112,10 +112,9 @@ def bench_service(groups: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
-def bench_raw_copy(groups: list[dict]) -> float:
-    """The floor: the same rows, prebuilt as tuples (stats and packed scores included), COPY'd in
-    batches of the same size."""
-    run = new_run(f"bench-copy-{time.time()}")
+def prepare_rows(groups: list[dict], run) -> list[tuple]:
+    """The rows the service would write for `groups` in `run`, prebuilt as tuples per batch of
+    GROUPS_PER_BATCH groups (stats, packed scores, previews, search text and words included)."""
     comps = {c.name: c.id for c in run.environment.components.all()}
     prepared = []
     for i in track(range(0, len(groups), GROUPS_PER_BATCH), "raw COPY (prebuilding rows)", "batch"):
@@ -215,32 +214,173 @@ def bench_raw_copy(groups: list[dict]) -> float:
                     )
                 )
         prepared.append((g_rows, r_rows, s_rows, st_rows, sorted(vocab)))
-    sqls = (
-        "COPY rollouts_group (id, run_id, step, key, prompt, prompt_text, split, size, "
-        "reward_mean, reward_std, zero_std, all_unscorable, packed_scores, packed_components) FROM "
-        "STDIN",
-        "COPY rollouts_rollout (id, group_id, run_id, step, split, index, transcript, completion, "
+    return prepared
+
+
+COPY_TABLES = (
+    (
+        "rollouts_group",
+        "id, run_id, step, key, prompt, prompt_text, split, size, reward_mean, "
+        "reward_std, zero_std, all_unscorable, packed_scores, packed_components",
+    ),
+    (
+        "rollouts_rollout",
+        "id, group_id, run_id, step, split, index, transcript, completion, "
         "reward, advantage, length, truncated, finish_reason, parse_error, state, preview_head, "
-        "preview_tail, n_turns, n_tool_calls, text_chars, search_text, search_words) FROM STDIN",
-        "COPY rollouts_rewardscore (rollout_id, component_id, run_id, step, value, reason) FROM "
-        "STDIN",
-        "COPY rollouts_groupcomponentstat (group_id, component_id, run_id, step, count, mean, std, "
-        "min, max, zero_std) FROM STDIN",
-    )
+        "preview_tail, n_turns, n_tool_calls, text_chars, search_text, search_words",
+    ),
+    ("rollouts_rewardscore", "rollout_id, component_id, run_id, step, value, reason"),
+    (
+        "rollouts_groupcomponentstat",
+        "group_id, component_id, run_id, step, count, mean, std, min, max, zero_std",
+    ),
+)
+# The search indexes a choice may build on the scratch copy of rollouts_rollout.
+SEARCH_INDEXES = {
+    "words": "USING gin (search_words)",  # migration 0010
+    "trigram": "USING gin (run_id, UPPER(search_text) gin_trgm_ops)",  # 0008, dropped by 0014
+    "non-ASCII trigram": "USING gin (run_id, rd_search_nonascii(search_text) gin_trgm_ops)",  # 0014
+}
+
+
+def copy_rows(
+    prepared: list[tuple], run_id: int, schema: str = "public", desc: str = "raw COPY"
+) -> float:
+    """COPY prebuilt rows (prepare_rows) batch by batch, one transaction a batch, into the
+    project's tables or their copies in `schema`; the seconds the COPYs and commits took."""
     t0 = time.perf_counter()  # only the COPY and the commit are timed: the floor
-    for tables in track(prepared, "raw COPY", "batch"):
+    for tables in track(prepared, desc, "batch"):
         with transaction.atomic(), connection.cursor() as dc:
-            for sql, rows in zip(sqls, tables[:4], strict=True):
-                with dc.cursor.copy(sql) as cp:
+            for (table, columns), rows in zip(COPY_TABLES, tables[:4], strict=True):
+                with dc.cursor.copy(f"COPY {schema}.{table} ({columns}) FROM STDIN") as cp:
                     for row in rows:
                         cp.write_row(row)
             dc.execute(  # the run's vocabulary, as the service adds it (prebuilt word list)
-                "INSERT INTO rollouts_searchword (run_id, word) SELECT %s, w "
+                f"INSERT INTO {schema}.rollouts_searchword (run_id, word) SELECT %s, w "
                 "FROM unnest(%s::text[]) AS w ORDER BY w ON CONFLICT DO NOTHING",
-                [run.id, tables[4]],
+                [run_id, tables[4]],
             )
-    elapsed = time.perf_counter() - t0
-    return elapsed
+    return time.perf_counter() - t0
+
+
+def bench_raw_copy(groups: list[dict]) -> float:
+    """The floor: the same rows, prebuilt as tuples, COPY'd in batches of the same size into the
+    project's tables (every index on)."""
+    run = new_run(f"bench-copy-{time.time()}")
+    return copy_rows(prepare_rows(groups, run), run.id)
+
+
+@contextlib.contextmanager
+def scratch_tables(search: tuple[str, ...], gin: dict[str, str] | None = None, lz4: bool = False):
+    """Copies of the ingested tables (columns, storage, compression, indexes; no foreign keys) in
+    a scratch schema, the rollouts' search indexes replaced by those named in `search`
+    (SEARCH_INDEXES keys), with `gin` storage parameters (e.g. {"gin_pending_list_limit":
+    "262144"}); `lz4`: the transcript and search text compressed with lz4 instead of pglz.
+    Yields the schema and those indexes' names; dropped afterwards."""
+    schema = "bench_scratch"
+    tables = [t for t, _ in COPY_TABLES] + ["rollouts_searchword"]
+    made: list[str] = []
+    with connection.cursor() as cur:
+        cur.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        cur.execute(f"CREATE SCHEMA {schema}")
+        for t in tables:
+            cur.execute(f"CREATE TABLE {schema}.{t} (LIKE public.{t} INCLUDING ALL)")
+        cur.execute(
+            "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x "
+            "JOIN pg_class c ON c.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = 'rollouts_rollout'",
+            [schema],
+        )
+        for index, definition in cur.fetchall():
+            if "USING gin" in definition:  # LIKE names the copies after their columns
+                cur.execute(f"DROP INDEX {schema}.{index}")
+        if lz4:
+            for column in ("transcript", "search_text"):
+                cur.execute(
+                    f"ALTER TABLE {schema}.rollouts_rollout ALTER COLUMN {column} "
+                    "SET COMPRESSION lz4"
+                )
+        with_ = f" WITH ({', '.join(f'{k} = {v}' for k, v in gin.items())})" if gin else ""
+        for k, kind in enumerate(search):
+            made.append(f"{schema}.search_{k}")
+            table = f"{schema}.rollouts_rollout"
+            cur.execute(f"CREATE INDEX search_{k} ON {table} {SEARCH_INDEXES[kind]}{with_}")
+    try:
+        yield schema, made
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+INDEX_CHOICES = {
+    # name: (search indexes, GIN storage parameters, pending list cleaned after the COPY, lz4)
+    "before 0014: words + trigram": (("words", "trigram"), None, False, False),
+    "now: words + non-ASCII trigram": (("words", "non-ASCII trigram"), None, False, False),
+    "no search index (floor 2)": ((), None, False, False),
+    "words only": (("words",), None, False, False),
+    "before, pending list 256 MB": (
+        ("words", "trigram"),
+        {"gin_pending_list_limit": "262144"},
+        True,
+        False,
+    ),
+    "now, text under lz4": (("words", "non-ASCII trigram"), None, False, True),
+    "floor 2, text under lz4": ((), None, False, True),
+}
+
+
+NON_ASCII = ["naïve", "—", "“quoted”", "café", "…", "→", "✓", "Straße", "日本語", "señal"]
+
+
+def with_non_ascii(groups: list[dict], k: int, seed: int = 0) -> list[dict]:
+    """The groups with `k` tokens holding non-ASCII characters (NON_ASCII: the dashes, quotes
+    and accents of real model text) appended to each rollout's last message."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in groups:
+        rollouts = []
+        for r in g["rollouts"]:
+            tr = [dict(m) for m in _transcript(r)]
+            extra = " ".join(NON_ASCII[i] for i in rng.integers(0, len(NON_ASCII), k))
+            tr[-1]["content"] = f"{tr[-1].get('content') or ''} {extra}"
+            rollouts.append({**r, "transcript": tr})
+        out.append({**g, "rollouts": rollouts})
+    return out
+
+
+def bench_index_choices(groups: list[dict], rounds: int) -> None:
+    """Item 6 of issue 30: what the search indexes cost the write path. The same prebuilt rows
+    COPY'd into scratch copies of the tables under each choice, the choices alternated round by
+    round (the machine is noisy); a pending-list choice also reports its cleanup, timed apart."""
+    run = new_run(f"bench-copy-{time.time()}")
+    prepared = prepare_rows(groups, run)
+    n = len(groups) * G
+    times: dict[str, list[float]] = {name: [] for name in INDEX_CHOICES}
+    cleanup: dict[str, list[float]] = {name: [] for name in INDEX_CHOICES}
+    for _ in range(rounds):
+        for name, (search, gin, clean, lz4) in INDEX_CHOICES.items():
+            with scratch_tables(search, gin, lz4) as (schema, kept):
+                times[name].append(copy_rows(prepared, run.id, schema, name))
+                if clean:
+                    t0 = time.perf_counter()
+                    with connection.cursor() as cur:
+                        for index in kept:
+                            cur.execute("SELECT gin_clean_pending_list(%s::regclass)", [index])
+                    cleanup[name].append(time.perf_counter() - t0)
+    base = n / float(np.median(times["before 0014: words + trigram"]))
+    print(f"index choices: {n:,} realistic rollouts, median of {rounds} alternated rounds")
+    for name in INDEX_CHOICES:
+        rate = n / float(np.median(times[name]))
+        line = f"  {name:<32} {rate:>6,.0f} rollouts/s  {ratio(rate, base)} of before 0014"
+        if cleanup[name]:
+            total = n / (float(np.median(times[name])) + float(np.median(cleanup[name])))
+            line += f"; with its cleanup {total:,.0f}/s ({ratio(total, base)})"
+        report(line)
+    print(load_line())
+    from webapp.runs.models import Run
+
+    Run.objects.filter(name__startswith="bench-copy-").delete()
 
 
 def text_of(prompt) -> str:
@@ -307,11 +447,31 @@ def main() -> None:
     parser.add_argument(
         "--realistic", action="store_true", help="multi-turn transcripts (no ORM loop)"
     )
+    parser.add_argument(
+        "--index-choices",
+        action="store_true",
+        help="with --realistic: the COPY floor under each search-index choice (issue 30, 6)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated rounds of --index-choices"
+    )
+    parser.add_argument(
+        "--non-ascii",
+        type=int,
+        default=0,
+        help="with --index-choices: tokens with non-ASCII characters added to each rollout",
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/ingest.py measures the Postgres COPY path: set DATABASE_URL=postgres://...")
     require_postgres()  # creates the database when missing
     call_command("migrate", verbosity=0)
+    if args.realistic and args.index_choices:
+        groups = make_realistic_groups(args.rollouts, seed=0)
+        if args.non_ascii:
+            print(f"{args.non_ascii} non-ASCII tokens added to each rollout's last message")
+            groups = with_non_ascii(groups, args.non_ascii)
+        return bench_index_choices(groups, args.rounds)
     if args.realistic:
         return bench_realistic(args.rollouts)
     groups = make_groups(args.rollouts, seed=0)

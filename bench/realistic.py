@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,7 +53,10 @@ RARE_WORDS = {
     "zephyrine": (1e-3, "tool_args"),
     "marmotide": (1e-3, "reason"),
     "xylobranch": (1e-4, "tool_result"),
+    # No ASCII letter: only the trigram index over non-ASCII tokens (migration 0014) narrows it.
+    "βελονάκι": (1e-3, "tool_result"),  # not in tool arguments: json.dumps escapes it there
 }
+NON_ASCII_WORD = "βελονάκι"
 COMMON_WORD = "assert"  # in most tool results: the "common word" search
 # Words of the generated vocabulary (Vocabulary(default_rng(7))) in a middling share of
 # rollouts, about 0.4%, 1.4% and 10% (time_pages prints the share it measures on a sample).
@@ -388,7 +392,7 @@ def index_sizes() -> None:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT c.relname, pg_size_pretty(pg_relation_size(c.oid)) FROM pg_class c WHERE "
-            "c.relname IN ('rollout_search_run_trgm', 'rollout_search_words', "
+            "c.relname IN ('rollout_search_nonascii', 'rollout_search_words', "
             "'searchword_run_trgm', 'rollouts_searchword') ORDER BY 1"
         )
         print("search storage: " + ", ".join(f"{n} {size}" for n, size in cur.fetchall()))
@@ -440,6 +444,11 @@ def page_urls(run: Any) -> list[tuple[str, str, int | None]]:
         *(
             (f"explorer search middling word ({w})", f"{ex}?sort=tool_use&order=desc&q={w}", 300)
             for w in MIDDLE_WORDS
+        ),
+        (
+            f"explorer search non-ASCII word ({NON_ASCII_WORD})",
+            f"{ex}?sort=tool_use&order=desc&q={quote(NON_ASCII_WORD)}",
+            300,
         ),
         ("group view (8 rollouts)", f"/groups/{mid.group_id}/", 150),
         ("no-signal groups", f"/runs/{run.id}/no-signal/", None),

@@ -43,14 +43,23 @@ def zstd_jsonl(groups: list[dict]) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", type=int, default=20_000)
+    p.add_argument(
+        "--non-ascii",
+        type=int,
+        default=0,
+        help="tokens with non-ASCII characters added to each rollout (bench.ingest.with_non_ascii)",
+    )
     args = p.parse_args(argv)
     setup_django()
     from django.db import connection
 
-    from bench.ingest import GROUPS_PER_BATCH, make_realistic_groups, new_run
+    from bench.ingest import GROUPS_PER_BATCH, make_realistic_groups, new_run, with_non_ascii
     from webapp.rollouts.ingest import ingest_groups
 
     groups = make_realistic_groups(args.rollouts, seed=11)
+    if args.non_ascii:
+        groups = with_non_ascii(groups, args.non_ascii)
+        print(f"{args.non_ascii} non-ASCII tokens added to each rollout's last message")
     n = sum(len(g["rollouts"]) for g in groups)
     run = new_run(f"bench-storage-{time.time():.0f}")
     with connection.cursor() as cur:

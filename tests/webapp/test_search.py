@@ -125,6 +125,21 @@ def searched(run, env3, personas):
     return run, other
 
 
+@pytest.fixture
+def accented(run, env3, personas):
+    """`run` with 7 rollouts whose reward reasons say "επιτυχία" (no ASCII letter: only the trigram
+    index over non-ASCII tokens can narrow it), one of them holding "βελόνα" in a tool result; a
+    twin run with both in 2 rollouts."""
+    marks = [{"reason": "επιτυχία", **({"result": "βελόνα"} if i == 0 else {})} for i in range(5)]
+    ingest_groups(
+        run, {"groups": [group(0, "g0", marks), group(1, "g1", [{"reason": "επιτυχία"}] * 2)]}
+    )
+    other = create_run(name="other", kind="grpo", environment=env3, config={}, status="running")
+    both = {"reason": "επιτυχία", "result": "βελόνα"}
+    ingest_groups(other, {"groups": [group(0, "g0", [both] * 2)]})
+    return run, other
+
+
 def test_it_finds_every_part_of_a_transcript_and_nothing_from_another_run(searched):
     run, other = searched
     mine = {r.index: r.id for r in Rollout.objects.filter(run=run, step=0)}
@@ -381,14 +396,14 @@ def test_it_backfills_previews_and_search_text_of_existing_rows(run):
 
 
 @pytest.mark.postgres
-def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
+def test_it_probes_a_search_through_the_run_scoped_trigram_index(accented):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
     from webapp.explorer.search import backend
     from webapp.explorer.search.base import run_size
     from webapp.rollouts.text import parse_query
 
-    run, _ = searched
+    run, _ = accented
     with connection.cursor() as cur:
         # On a table this small the planner rightly prefers any run_id btree and a filter; at scale
         # the rows are long and it does not. Without them (rolled back with the test) the plan shows
@@ -398,11 +413,11 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
             "rollout_run_step_reward, rollout_run_step_adv, rollout_run_step_length"
         )
     with CaptureQueriesContext(connection) as ctx:
-        assert len(backend().probe(run, parse_query("resultneedle"), 50, run_size(run))[0]) == 1
+        assert len(backend().probe(run, parse_query("βελόνα"), 50, run_size(run))[0]) == 1
     sql = next(
         q["sql"]
         for q in ctx.captured_queries
-        if q["sql"].startswith("SELECT") and "LIKE" in q["sql"]
+        if q["sql"].startswith("SELECT") and "rd_search_nonascii" in q["sql"]
     )
     with connection.cursor() as cur:  # the probe's own planner settings, then its query's plan
         cur.execute("SET enable_seqscan = off; SET enable_indexscan = off")
@@ -410,41 +425,42 @@ def test_it_probes_a_search_through_the_run_scoped_trigram_index(searched):
         plan = "\n".join(r[0] for r in cur.fetchall())
         cur.execute("RESET enable_seqscan; RESET enable_indexscan")
     # Both conditions inside the index: another run's rows are never rechecked.
-    assert "rollout_search_run_trgm" in plan and "Index Cond: ((run_id = '" in plan, plan
+    assert "rollout_search_nonascii" in plan and "Index Cond: ((run_id = '" in plan, plan
+    assert "rd_search_nonascii(search_text) ~~ '%ΒΕΛΌΝΑ%'" in plan, plan
 
 
 @pytest.mark.postgres
 def test_it_fetches_hits_or_walks_the_sort_order_by_the_index_candidate_count(
-    searched, monkeypatch
+    accented, monkeypatch
 ):
     if connection.vendor != "postgresql":
         pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
     from webapp.explorer.search import backend, base
     from webapp.rollouts.text import parse_query
 
-    run, _ = searched
+    run, _ = accented
     with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
         cur.execute(
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length, "
             "rollout_run_step_reward, rollout_run_step_adv, rollout_run_step_length"
         )
     # In every reward reason: 7 rollouts in `run`, 2 in the other run.
-    every = parse_query('"tests pass"')
+    every = parse_query('"pass επιτυχία"')
     search = backend()
-    assert search.candidates(run, parse_query("resultneedle")) == 1
+    assert search.candidates(run, parse_query("βελόνα")) == 1
     assert search.candidates(run, every) == 7
     assert base.run_size(run) == 7
     monkeypatch.setattr(base, "SEARCH_PROBE", 1)
     fetched, _ = search.probe(run, every, 50, 7)  # 7 <= sqrt(51 x 7): fetch them all
     assert len(fetched) == 7
     assert search.probe(run, every, 1, 7) == (None, 7)  # 7 > sqrt(2 x 7): walk 7 rows at most
-    walked = ids(run, '"tests pass"', limit=1)
+    walked = ids(run, '"pass επιτυχία"', limit=1)
     assert len(walked) == len(set(walked)) == 7
 
 
 @pytest.mark.postgres
 def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_are_candidates(
-    searched, monkeypatch
+    accented, monkeypatch
 ):
     """A word with few hits among many index candidates: the walk is bounded, then
     the hits fetched."""
@@ -453,7 +469,7 @@ def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_ar
     from webapp.explorer.search import base
     from webapp.explorer.search.postgres import PostgresSearch
 
-    run, _ = searched
+    run, _ = accented
     with connection.cursor() as cur:  # as above: at this size the planner would read a run_id btree
         cur.execute(
             "DROP INDEX rollout_run_step, rollout_run_reward, rollout_run_adv, rollout_run_length, "
@@ -469,6 +485,68 @@ def test_it_fetches_after_all_when_the_walk_has_checked_as_many_rows_as_there_ar
     monkeypatch.setattr(
         pg, "fetch_hits", lambda *a, **kw: fetches.append(a) or real_fetch(*a, **kw)
     )
-    expected = list(Rollout.objects.filter(run=run, search_text__icontains="resultneedle"))
-    assert [r.id for r in expected] == ids(run, "resultneedle", limit=1) and len(expected) == 1
+    expected = list(Rollout.objects.filter(run=run, search_text__icontains="βελόνα"))
+    assert [r.id for r in expected] == ids(run, "βελόνα", limit=1) and len(expected) == 1
     assert fetches  # the walk stopped after 1 row checked (the candidate count): hits fetched
+
+
+@pytest.mark.postgres
+def test_the_trigram_index_holds_only_the_tokens_with_a_non_ascii_character(accented):
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    run, _ = accented
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT search_text, rd_search_nonascii(search_text) FROM rollouts_rollout "
+            "WHERE run_id = %s",
+            [run.id],
+        )
+        rows = cur.fetchall()
+        cur.execute("SELECT rd_search_nonascii(%s), rd_search_nonascii(%s)", ["ascii only", ""])
+        assert cur.fetchone() == ("", "")
+    assert len(rows) == 7
+    for doc, projected in rows:
+        assert projected.split() == [t for t in doc.upper().split() if not t.isascii()]
+        assert "ΕΠΙΤΥΧΊΑ" in projected.split()
+    assert sum("ΒΕΛΌΝΑ" in projected for _, projected in rows) == 1
+
+
+@pytest.mark.postgres
+def test_a_search_no_index_narrows_walks_the_sort_order_and_finds_every_hit(searched, monkeypatch):
+    """An ASCII term the word index cannot serve (forced here) has no trigram condition: the probe
+    reads no rows and the sort order is walked, finding every hit."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    from webapp.explorer.search import backend
+    from webapp.explorer.search.postgres import PostgresSearch
+    from webapp.rollouts.text import parse_query
+
+    run, _ = searched
+    monkeypatch.setattr(PostgresSearch, "word_plan", lambda self, run, search: None)
+    assert backend().candidates(run, parse_query("needle")) is None
+    assert backend().probe(run, parse_query("needle"), 2, 7) == (None, None)
+    found = Rollout.objects.filter(run=run, search_text__icontains="needle")
+    expected = set(found.values_list("id", flat=True))
+    assert len(expected) == len(PARTS)
+    assert set(ids(run, "needle", limit=2)) == expected
+
+
+@pytest.mark.postgres
+def test_a_search_whose_every_run_is_common_is_narrowed_by_the_rarest(searched, monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Postgres (DATABASE_URL=postgres://...)")
+    from webapp.explorer.search import backend, postgres
+    from webapp.rollouts.text import parse_query
+
+    run, _ = searched
+    monkeypatch.setattr(postgres, "VOCAB_CAP", 0)  # every run is "in too many words"
+    phrase = '"resultneedle line"'  # RESULTNEEDLE is in 1 word of the run, LINE in 1 or more
+    plan = backend().word_plan(run, parse_query(phrase))
+    assert plan is not None and not plan.exact and plan.tsquery.count("(") == 1  # one run narrows
+    assert "RESULTNEEDLE" in plan.tsquery  # the rarer
+    found = Rollout.objects.filter(run=run, search_text__icontains="resultneedle line")
+    expected = list(found.values_list("id", flat=True))
+    assert len(expected) == 1 and ids(run, phrase) == expected
+    monkeypatch.setattr(postgres, "VOCAB_FALLBACK", 0)  # and none narrows: walked
+    assert backend().word_plan(run, parse_query(phrase)) is None
+    assert ids(run, phrase) == expected

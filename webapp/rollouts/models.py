@@ -158,8 +158,8 @@ class Rollout(models.Model):
     n_tool_calls = models.IntegerField(default=0, db_default=0)
     text_chars = models.IntegerField(default=0, db_default=0)  # characters of visible agent text
     # Prompt + every message (tool calls and results) + reward reasons, whitespace collapsed.
-    # Postgres: a pg_trgm GIN index on UPPER(search_text) (migration 0007; docs/performance.md
-    # says why trigram).
+    # Postgres: a pg_trgm GIN index on its tokens holding a non-ASCII character (migration 0014,
+    # rd_search_nonascii: what the word index below cannot serve; docs/performance.md).
     search_text = models.TextField(blank=True, default="", db_default="")
     # Its distinct words (text.search_words), written with it by ingestion; Postgres GIN-indexes
     # them with the run id (migration 0010). NULL: not word-indexed (written another way, or too

@@ -111,21 +111,29 @@ def _words(s: str) -> set[str]:
     return set(_word_list(s))
 
 
-def _word_list(s: str) -> list[str]:
-    """Maximal runs of ASCII letters and digits, upper-cased, exactly as Postgres's UPPER (the
-    search's definition) sees them: it upper-cases two non-ASCII letters to ASCII (dotless i to I,
-    long s to S) and leaves every other non-ASCII character non-ASCII (ß stays ß, where Python
-    would write SS), so those only separate words."""
+def _translated(s: str) -> str:
+    """The text upper-cased as Postgres's UPPER (the search's definition) sees it, every character
+    but A-Z and 0-9 a space: it upper-cases two non-ASCII letters to ASCII (dotless i to I, long s
+    to S) and leaves every other non-ASCII character non-ASCII (ß stays ß, where Python would
+    write SS), so those only separate words."""
     if "ı" in s or "ſ" in s:
         s = s.replace("ı", "I").replace("ſ", "S")
     raw = s.encode("utf-8", "replace").upper().translate(_WORD_BYTES)  # bytes.upper: ASCII only
-    return raw.decode("ascii").split()  # in order of appearance
+    return raw.decode("ascii")
+
+
+def _word_list(s: str) -> list[str]:
+    """Maximal runs of ASCII letters and digits, upper-cased (_translated), in order of
+    appearance."""
+    return _translated(s).split()
 
 
 def search_words(doc: str) -> set[str] | None:
     """The document's distinct words (words longer than WORD_CHARS as windows), or None past
     MAX_WORDS. A document contains a run of letters and digits iff one of its words does."""
     words = _words(doc)
+    if max(map(len, words), default=0) <= WORD_CHARS:  # the usual case: no word to window
+        return None if len(words) > MAX_WORDS else words
     long = [w for w in words if len(w) > WORD_CHARS]
     for w in long:
         words.discard(w)
@@ -141,8 +149,12 @@ def words_lexeme(run_id: int, word: str) -> str:
 
 
 def words_tsvector(run_id: int, words: set[str] | None) -> str | None:
-    """The tsvector literal of a rollout's words (Rollout.search_words)."""
-    return None if words is None else " ".join([words_lexeme(run_id, w) for w in words])
+    """The tsvector literal of a rollout's words (Rollout.search_words): each as words_lexeme
+    writes it, in one join."""
+    if words is None:
+        return None
+    prefix = words_lexeme(run_id, "")
+    return prefix + (" " + prefix).join(words) if words else ""
 
 
 def term_runs(term: str) -> list[str]:
@@ -157,6 +169,18 @@ def is_one_word(term: str) -> bool:
     """A term whose stored words decide it exactly: one run of ASCII letters and digits, at most
     WORD_STEP long (a document contains it iff one of its words contains it)."""
     return MIN_TERM_CHARS <= len(term) <= WORD_STEP and term.isascii() and term.isalnum()
+
+
+def nonascii_pieces(term: str) -> list[str]:
+    """The pieces of a search term (split at whitespace) that hold a non-ASCII character once
+    upper-cased as Postgres does (dotless i and long s become ASCII). Each lies inside one token of
+    the document that holds a non-ASCII character, so the trigram index over those tokens alone
+    (migration 0014, rd_search_nonascii) finds every document containing the term."""
+    out = []
+    for piece in term.split():
+        if not piece.replace("ı", "I").replace("ſ", "S").isascii():
+            out.append(piece)
+    return out
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ DENSE = 20  # a first round with 1 hit in DENSE rows or more (5%) keeps walking:
 
 def search_q(search: SearchQuery, prefix: str) -> Q:
     """Case-insensitive substrings of the whole rollout's search text. Postgres: UPPER(...) LIKE,
-    which the trigram GIN index on UPPER(search_text) serves; SQLite: a scan (the demo's size)."""
+    checked on the rows an index offers (postgres.py); SQLite: a scan (the demo's size)."""
     cond = Q()
     for term in search.include:
         cond &= Q(**{f"{prefix}search_text__icontains": term})

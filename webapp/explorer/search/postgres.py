@@ -1,7 +1,8 @@
 """The search backend for Postgres: a cost-based planner over two indexes. The word index answers
-most searches (a word's rollouts, counted by the index alone); the trigram index the rest, its
-candidates counted by running its bitmap scan once under EXPLAIN ANALYZE. Each plan fetches every
-hit or walks the sort order, whichever costs fewer rechecks (docs/performance.md has the numbers).
+every term with a run of 3+ ASCII letters or digits (a word's rollouts, counted by the index
+alone); the trigram index, over the tokens holding a non-ASCII character only (migration 0014),
+the rest, its candidates counted by running its bitmap scan once under EXPLAIN ANALYZE. Each plan
+fetches every hit or walks the sort order, whichever costs fewer rechecks (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from webapp.rollouts.models import Rollout, StepStat
 from webapp.rollouts.text import SNIPPET_BEFORE, SNIPPET_CHARS, SearchQuery
 from webapp.runs.models import Run
 
-SEARCH_INDEX = "rollout_search_run_trgm"  # migration 0008: GIN (run_id, UPPER(search_text) trgm)
+# Migration 0014: GIN (run_id, rd_search_nonascii(search_text) trgm): the upper-cased tokens of the
+# text that hold a non-ASCII character (text.nonascii_pieces), empty for an ASCII-only text.
+SEARCH_INDEX = "rollout_search_nonascii"
 WALK_HITS = 2  # hits past WALK_HITS x sqrt(run size): walk the sort index for them (narrow)
 # A step range whose per-step tops would hold more entries than this (steps x page size) walks
 # the sort index instead (the step range checked inside it): a wide range at a large page size (an
@@ -40,6 +43,9 @@ MERGED_ENTRIES = 100_000
 # one-word term with no document rechecked, and narrows any other term to real candidates.
 WORDS_INDEX = "rollout_search_words"
 VOCAB_CAP = 2000  # words containing one run: past this the run is not used to narrow the search
+# ... unless every run of the search is past it and no term has a non-ASCII piece: then the run in
+# the fewest words narrows it, up to this many (a common run: its rollouts are rechecked).
+VOCAB_FALLBACK = 20_000
 # A fetched hit costs a heap visit (~a few us); a row the walk checks costs a recheck of its text
 # (~0.1-0.3 ms at ~11 KB): the ratio of the two prices the plans of an exact word search.
 RECHECK_PER_FETCH = 50
@@ -68,14 +74,29 @@ def _index_rows(node: dict[str, Any], index: str = SEARCH_INDEX) -> Iterator[int
         yield from _index_rows(child, index)
 
 
-def _vocabulary(cur: Any, run: Run, run_text: str) -> list[str]:
-    """The run's stored words containing `run_text` (up to VOCAB_CAP + 1). Runs hold only A-Z and
+def _vocabulary(cur: Any, run: Run, run_text: str, cap: int = VOCAB_CAP) -> list[str]:
+    """The run's stored words containing `run_text` (up to cap + 1). Runs hold only A-Z and
     0-9: no LIKE escaping, and the words need no tsquery quoting."""
     cur.execute(
         "SELECT word FROM rollouts_searchword WHERE run_id = %s::bigint AND word LIKE %s LIMIT %s",
-        [run.id, f"%{run_text}%", VOCAB_CAP + 1],
+        [run.id, f"%{run_text}%", cap + 1],
     )
     return [w for (w,) in cur.fetchall()]
+
+
+def index_q(search: SearchQuery) -> RawSQL | None:
+    """The trigram index's condition for a search: every non-ASCII piece of its terms inside the
+    text's non-ASCII tokens (implied by the search's own condition, which still decides). None
+    when no term has one: the index has nothing to offer."""
+    pieces = [p for term in search.include for p in text.nonascii_pieces(term)]
+    if not pieces:
+        return None
+    like = "rd_search_nonascii(rollouts_rollout.search_text) LIKE UPPER(%s)"
+    patterns = tuple(
+        "%" + p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for p in dict.fromkeys(pieces)
+    )
+    return RawSQL(" AND ".join([like] * len(patterns)), patterns, output_field=BooleanField())
 
 
 def _words_match(plan: WordPlan) -> RawSQL:
@@ -110,8 +131,11 @@ class PostgresSearch(SearchBackend):
         LIMIT 1 (the bitmap is built whole before the first row is read; the heap is then read
         only up to the first hit). The count is an upper bound of the hits; for words of 3+
         characters the two are nearly always equal. None when the planner read another index (a
-        table too small for the trigram index to pay)."""
-        sql, params = run_search(run, search).values("id")[:1].query.sql_with_params()
+        table too small for the trigram index to pay, or a search without a non-ASCII piece)."""
+        cond = index_q(search)
+        if cond is None:
+            return None
+        sql, params = run_search(run, search).filter(cond).values("id")[:1].query.sql_with_params()
         with self.plan(enable_seqscan="off", enable_indexscan="off"), connection.cursor() as cur:
             cur.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + sql, params)
             plan = cur.fetchone()[0]
@@ -130,6 +154,8 @@ class PostgresSearch(SearchBackend):
         planner chose another index): fetch up to SEARCH_PROBE + 1, walk past that. The index
         leads with run_id (btree_gin), so other runs cost nothing."""
         candidates = self.candidates(run, search)
+        if candidates is None and index_q(search) is None:
+            return None, None  # no index narrows it: walk the sort order (no rows fetched first)
         if candidates is None:
             ids = self.fetch_hits(run, search, base.SEARCH_PROBE)
             return (ids, None) if len(ids) <= base.SEARCH_PROBE else (None, None)
@@ -137,9 +163,13 @@ class PostgresSearch(SearchBackend):
         return (self.fetch_hits(run, search), None) if candidates <= cap else (None, candidates)
 
     def fetch_hits(self, run: Run, search: SearchQuery, cap: int | None = None) -> list[int]:
-        """Through the trigram index alone."""
-        with self.plan(enable_seqscan="off", enable_indexscan="off"):
+        """Through the trigram index alone (when the search has a non-ASCII piece)."""
+        cond = index_q(search)
+        if cond is None:
             return super().fetch_hits(run, search, cap)
+        ids = run_search(run, search).filter(cond).values_list("id", flat=True)
+        with self.plan(enable_seqscan="off", enable_indexscan="off"):
+            return list(ids if cap is None else ids[: cap + 1])
 
     def recheck(self, ids: list[int], search: SearchQuery) -> set[int]:
         with self.plan(enable_bitmapscan="off", enable_seqscan="off"):  # never the trigram index
@@ -176,9 +206,12 @@ class PostgresSearch(SearchBackend):
 
     def word_plan(self, run: Run, search: SearchQuery) -> WordPlan | None:
         """The word-index query for a search, or None when no term has a run of 3+ letters and
-        digits that the vocabulary narrows (the trigram plans serve it). A one-word exclusion is
-        answered by the index too (`& !(...)`); any other is rechecked against the text."""
-        clauses, exact = [], all(map(text.is_one_word, search.include))
+        digits that the vocabulary narrows and a term has a non-ASCII piece (the trigram plans
+        serve it), or when nothing narrows it (the sort order is walked). When every run is in
+        more than VOCAB_CAP words, the one in the fewest narrows it (up to VOCAB_FALLBACK). A
+        one-word exclusion is answered by the index too (`& !(...)`); any other is rechecked
+        against the text."""
+        clauses, exact, common = [], all(map(text.is_one_word, search.include)), []
         with connection.cursor() as cur:
             for run_text in dict.fromkeys(r for t in search.include for r in text.term_runs(t)):
                 words = _vocabulary(cur, run, run_text)
@@ -186,10 +219,16 @@ class PostgresSearch(SearchBackend):
                     return WordPlan("", True)
                 if len(words) > VOCAB_CAP:
                     exact = False
+                    common.append(run_text)
                     continue
                 clauses.append("(" + " | ".join(text.words_lexeme(run.id, w) for w in words) + ")")
-            if not clauses:
+            if not clauses and (not common or index_q(search) is not None):
                 return None
+            if not clauses:
+                words = min((_vocabulary(cur, run, r, VOCAB_FALLBACK) for r in common), key=len)
+                if len(words) > VOCAB_FALLBACK:
+                    return None
+                clauses.append("(" + " | ".join(text.words_lexeme(run.id, w) for w in words) + ")")
             for term in search.exclude:
                 words = _vocabulary(cur, run, term.upper()) if text.is_one_word(term) else None
                 if words is None or len(words) > VOCAB_CAP:
@@ -256,7 +295,9 @@ class PostgresSearch(SearchBackend):
         without words; the trigram condition when the word index cannot serve the search."""
         plan = self.word_plan(run, search)
         if plan is None:
-            return super().matching(run, base_qs, search)
+            cond = index_q(search)
+            parts = super().matching(run, base_qs, search)
+            return parts if cond is None else [qs.filter(cond) for qs in parts]
         parts = [base_qs.filter(search_words__isnull=True).filter(search_q(search, ""))]
         if plan.tsquery:
             hits = base_qs.filter(_words_match(plan))
