@@ -550,3 +550,27 @@ def test_a_search_whose_every_run_is_common_is_narrowed_by_the_rarest(searched, 
     monkeypatch.setattr(postgres, "VOCAB_FALLBACK", 0)  # and none narrows: walked
     assert backend().word_plan(run, parse_query(phrase)) is None
     assert ids(run, phrase) == expected
+
+
+def test_a_behaviour_counts_every_rollout_a_non_ascii_search_holds(accented):
+    """matching_rollouts (what a behaviour counts per step) answers a term only the trigram index
+    over non-ASCII tokens narrows, with exclusions, the same as a scan of the text."""
+    from webapp.explorer.query import matching_rollouts
+
+    run, _ = accented
+    comps = run.components()
+
+    def matched(text: str) -> set[int]:
+        parts = matching_rollouts(run, ExplorerQuery(text=text), comps)
+        return {i for part in parts for i in part.values_list("id", flat=True)}
+
+    mine = Rollout.objects.filter(run=run)
+    needle = set(mine.filter(search_text__icontains="βελόνα").values_list("id", flat=True))
+    every = set(mine.values_list("id", flat=True))
+    assert len(needle) == 1 and len(every) == 7
+    assert matched("βελόνα") == needle == set(ids(run, "βελόνα"))
+    if connection.vendor == "postgresql":  # SQLite's LIKE folds the case of ASCII letters only
+        assert matched("ΒΕΛΌΝΑ") == needle  # case-insensitive, as UPPER sees it
+    assert matched("επιτυχία -βελόνα") == every - needle == set(ids(run, "επιτυχία -βελόνα"))
+    assert matched('"pass επιτυχία"') == every
+    assert matched("βελόναX") == set()
