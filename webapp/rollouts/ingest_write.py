@@ -45,7 +45,7 @@ def insert(tables: Sequence[Table]) -> None:
     # IntegrityError, which ingest_groups retries.
     with connection.wrap_database_errors, connection.cursor() as cur:
         for t in tables:
-            if not t.rows:
+            if isinstance(t.rows, list) and not t.rows:
                 continue
             columns = ", ".join(q(c) for c in t.columns)
             if connection.vendor == "postgresql":

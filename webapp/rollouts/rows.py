@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ import orjson
 from webapp.rollouts import packed, text
 from webapp.rollouts.ingest_stats import BatchStats, stored_zero_std
 from webapp.rollouts.models import Group, GroupComponentStat, RewardComponent, RewardScore, Rollout
-from webapp.rollouts.validation import GroupIn
+from webapp.rollouts.validation import GroupIn, derive_text
 
 GROUP_COLUMNS = (
     "id",
@@ -81,7 +82,7 @@ GROUP_STAT_COLUMNS = GROUP_COLUMNS[8:12]
 class Table:
     name: str
     columns: tuple[str, ...]
-    rows: list[tuple]
+    rows: Iterable[tuple]  # a list, or (the rollouts) rows built as the writer reads them
 
 
 def dumps(value: Any) -> str:
@@ -177,49 +178,67 @@ def _rollout_and_score_rows(
     # The hot loop of ingestion (N rollouts, N x K scores): plain lists, no numpy scalars.
     reward, advantage, matrix = _nullable(s.reward), _nullable(s.advantage), s.matrix.tolist()
     columns = [(j, c.id, c.name) for j, c in enumerate(comps)]
-    rollouts, scores = [], []
+    scores = []
     i = 0
-    for gid, g in zip(group_ids, groups, strict=True):
+    for g in groups:
         step = g.step
         for r in g.rollouts:
-            rid, sm = rollout_ids[i], r.summary
-            rollouts.append(
-                (
-                    rid,
-                    gid,
-                    run_id,
-                    step,
-                    g.split,
-                    r.index,
-                    dumps(r.transcript),
-                    r.completion,
-                    reward[i],
-                    advantage[i],
-                    r.length,
-                    r.truncated,
-                    r.finish_reason,
-                    r.parse_error,
-                    None if r.state is None else dumps(r.state),
-                    sm.head,
-                    sm.tail,
-                    sm.turns,
-                    sm.tool_calls,
-                    sm.chars,
-                    r.search_text,
-                    text.words_tsvector(run_id, r.search_words),
-                )
-            )
-            values, given = matrix[i], r.rewards
+            rid, values, given = rollout_ids[i], matrix[i], r.rewards
             for j, cid, name in columns:
                 got = given.get(name)
                 if got is not None:  # a score row for each component sent, null or not
                     v = values[j]
                     scores.append((rid, cid, run_id, step, None if v != v else v, got[1]))
             i += 1
+    rollouts = _rollout_rows(run_id, groups, group_ids, rollout_ids, reward, advantage)
     return (
         Table(Rollout._meta.db_table, ROLLOUT_COLUMNS, rollouts),
         Table(RewardScore._meta.db_table, SCORE_COLUMNS, scores),
     )
+
+
+def _rollout_rows(
+    run_id: int,
+    groups: list[GroupIn],
+    group_ids: list[int],
+    rollout_ids: list[int],
+    reward: list[float | None],
+    advantage: list[float | None],
+) -> Iterator[tuple]:
+    """The rollout rows, each rollout's text derived (validation.derive_text) as its row is read:
+    fed to a COPY, Python derives the next rollout's text while Postgres stores the last one
+    (compression, indexes) on the other core."""
+    i = 0
+    for gid, g in zip(group_ids, groups, strict=True):
+        step = g.step
+        for r in g.rollouts:
+            derive_text(g, r)
+            rid, sm = rollout_ids[i], r.summary
+            yield (
+                rid,
+                gid,
+                run_id,
+                step,
+                g.split,
+                r.index,
+                dumps(r.transcript),
+                r.completion,
+                reward[i],
+                advantage[i],
+                r.length,
+                r.truncated,
+                r.finish_reason,
+                r.parse_error,
+                None if r.state is None else dumps(r.state),
+                sm.head,
+                sm.tail,
+                sm.turns,
+                sm.tool_calls,
+                sm.chars,
+                r.search_text,
+                text.words_tsvector(run_id, r.search_words),
+            )
+            i += 1
 
 
 def stat_rows(

@@ -59,7 +59,7 @@ class RolloutIn:
     finish_reason: str
     parse_error: str
     state: Any
-    summary: text.TextSummary | None = None  # preview columns, set once the batch is valid
+    summary: text.TextSummary | None = None  # preview columns (derive_text), None until derived
     search_text: str = ""
     search_words: set[str] | None = None  # its distinct words (text.search_words); Postgres
     # "reward": null sent explicitly: the trainer did not score it, so it is never re-derived
@@ -216,19 +216,28 @@ def validate_batch(body: Any, components: set[str], vocab: int | None = None) ->
             groups.append(group)
     if errs:
         raise FieldError.of(errs.items)
-    words = connection.vendor == "postgresql"  # the word index (SQLite, the demo, scans)
-    for group in groups:  # only for a valid batch: the text work is a good part of ingestion
+    for group in groups:
         group.prompt_text = _flatten_prompt(group.prompt)
-        for r in group.rollouts:
-            r.summary = text.summarize(r.transcript, group.prompt)
-            r.search_text = text.search_document(
-                group.prompt_text,
-                group.prompt,
-                r.transcript,
-                [reason for _, reason in r.rewards.values()],
-            )
-            r.search_words = text.search_words(r.search_text) if words else None
     return groups
+
+
+def derive_text(group: GroupIn, r: RolloutIn) -> RolloutIn:
+    """A valid rollout's previews, search document and (Postgres) its words: a good part of
+    ingestion's CPU, so the writer derives them row by row while the database stores the rows
+    before (rows.py streams them into the COPY), and never for a group already stored. Once."""
+    if r.summary is None:
+        r.summary = text.summarize(r.transcript, group.prompt)
+        r.search_text = text.search_document(
+            group.prompt_text,
+            group.prompt,
+            r.transcript,
+            [reason for _, reason in r.rewards.values()],
+        )
+        # the word index: Postgres (SQLite, the demo, scans)
+        r.search_words = (
+            text.search_words(r.search_text) if connection.vendor == "postgresql" else None
+        )
+    return r
 
 
 def _parse_group(
